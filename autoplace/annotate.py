@@ -1,0 +1,205 @@
+"""Write a plan back into a Relax module as virtual-device annotations.
+
+The result is in *realized* form: every parameter and binding carries its plan device in its type
+(``R.Tensor(..., vdevice="llvm:1")``) and a ``R.to_vdevice`` copy sits exactly where a tensor
+crosses devices, once per tensor and destination device. ``relax.transform.RealizeVDevice`` leaves
+such a module unchanged. Hints alone (``R.hint_on_device``) are not enough: RealizeVDevice
+propagates a parameter's device backwards through its first consumer and can move an op off the
+device its hint named (seen with a weight shared by ops on two devices).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
+from autoplace.plan import Plan
+
+if TYPE_CHECKING:
+    import tvm
+
+
+def vdevices(plan: Plan) -> list:
+    """One ``relax.VDevice`` per device the plan uses, in ``plan.devices`` order."""
+    from tvm import relax
+
+    used = plan.used_devices()
+    seen = {}
+    for d in used:
+        key = (d.kind, d.index)
+        if key in seen:
+            raise ValueError(f"devices {seen[key]!r} and {d.name!r} are both {d.kind}:{d.index}; "
+                             "give each placed device its own runtime index")
+        seen[key] = d.name
+    return [relax.VDevice(_target(d), d.index, "global") for d in used]
+
+
+def _target(device):
+    import tvm
+
+    if device.is_gpu:
+        return tvm.target.Target(device.target, host="llvm")
+    return tvm.target.Target(device.target)
+
+
+def annotate(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> tvm.IRModule:
+    """Return a new module with ``plan`` written into ``mod[func_name]`` (``mod`` is unchanged).
+
+    Parameters and weights live on the device of their first consumer and are copied to the
+    others; constants are placed, not copied, on the device of each consumer.
+    """
+    return annotate_lifted(mod, plan, func_name, lift_constants=False)[0]
+
+
+def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants: bool = True):
+    """Like :func:`annotate`, optionally turning each tensor constant into a trailing parameter.
+
+    TVM 0.27's VM loads every constant onto the first device whatever its vdevice, so a build
+    lifts constants to parameters that the caller uploads once to the right device. Returns
+    ``(module, lifted)`` with ``lifted`` a list of ``(tvm tensor value, device position)``.
+    """
+    import tvm
+    from tvm import ir, relax
+
+    graph = OpGraph.from_relax(mod, func_name)
+    plan.validate(graph)
+    vdevs = vdevices(plan)
+    used = [d.name for d in plan.used_devices()]
+    dev_of_node = [used.index(a) for a in plan.assignment]
+    func = mod[func_name]
+
+    def with_vdevice(ty, k):
+        if isinstance(ty, relax.TensorType):
+            return relax.TensorType(ty.shape, ty.dtype, vdevs[k])
+        if isinstance(ty, relax.TupleType):
+            return relax.TupleType([with_vdevice(f, k) for f in ty.fields])
+        return ty
+
+    # Parameters: on the device of their first consumer.
+    new_of = {}  # old var -> new var
+    loc = {}  # new var -> device position, for tensors with one device
+    params = []
+    for p, gin in zip(func.params, graph.inputs):
+        k = dev_of_node[gin.consumers[0]] if gin.consumers else 0
+        v = relax.Var(p.name, with_vdevice(p.ty, k))
+        new_of[p], loc[v] = v, k
+        params.append(v)
+
+    lifted, lifted_vars = [], {}  # constants turned into parameters, when lift_constants
+    copies = {}  # (new var, device) -> copied var
+    consts = {}  # old var bound to a constant -> the constant
+    blocks = []
+    node_index = 0
+    in_dataflow = False
+
+    def placed(expr, k, bindings):
+        """``expr`` as seen by an op on device ``k``: copied or re-placed when needed."""
+        if isinstance(expr, relax.Var) and expr in consts:
+            expr = consts[expr]
+        if _is_tensor_const(expr):
+            if not lift_constants:
+                return ir.expr.GenericConst(expr.value, with_vdevice(expr.ty, k))
+            if (expr, k) not in lifted_vars:
+                v = relax.Var(f"const{len(lifted)}_{used[k]}", with_vdevice(expr.ty, k))
+                lifted_vars[(expr, k)] = v
+                lifted.append((expr.value, k))
+            return lifted_vars[(expr, k)]
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([placed(f, k, bindings) for f in expr.fields])
+        if not isinstance(expr, relax.Var):
+            return expr
+        v = new_of[expr]
+        src = loc.get(v)
+        if src is None or src == k:
+            return v
+        if (v, k) not in copies:
+            var_cls = relax.DataflowVar if in_dataflow else relax.Var
+            c = var_cls(f"{v.name}_to_{used[k]}", with_vdevice(v.ty, k))
+            bindings.append(relax.VarBinding(c, relax.op.to_vdevice(v, vdevs[k])))
+            copies[(v, k)], loc[c] = c, k
+        return copies[(v, k)]
+
+    def fresh(var, ty):
+        cls = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+        return cls(var.name, ty)
+
+    binding_iter = iter_bindings(func)
+    for block in func.body.blocks:
+        out = []
+        in_dataflow = isinstance(block, relax.DataflowBlock)
+        for _ in block.bindings:
+            b = next(binding_iter)
+            var, value = b.var, b.value
+            if is_op_call(value):
+                k = dev_of_node[node_index]
+                node_index += 1
+                args = [placed(a, k, out) for a in value.args]
+                call = relax.Call(value.op, args, value.attrs, value.ty_args)
+                nv = fresh(var, with_vdevice(var.ty, k))
+                loc[nv] = k
+            elif _is_tensor_const(value):
+                consts[var] = value
+                continue
+            elif isinstance(value, relax.Var) and value in consts:
+                consts[var] = consts[value]
+                continue
+            else:  # alias, tuple-get-item, tuple: stay with their source
+                call = _remap(value, new_of)
+                src = _source_device(value, new_of, loc)
+                nv = fresh(var, var.ty if src is None else with_vdevice(var.ty, src))
+                if src is not None:
+                    loc[nv] = src
+            out.append(relax.VarBinding(nv, call))
+            new_of[var] = nv
+        blocks.append(relax.DataflowBlock(out) if in_dataflow else relax.BindingBlock(out))
+
+    ret = func.body.body
+    ret = consts.get(ret, ret) if isinstance(ret, relax.Var) else ret
+    ret = _remap(ret, new_of)
+    params += list(lifted_vars.values())
+    new_func = relax.Function(params, relax.SeqExpr(blocks, ret), _type_of(ret), func.is_pure,
+                              func.attrs)
+    new_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    new_mod[func_name] = new_func
+    new_mod.update_global_info("vdevice", vdevs)
+    return relax.transform.Normalize()(new_mod), lifted
+
+
+def _type_of(expr):
+    from tvm import relax
+
+    if isinstance(expr, relax.Tuple):
+        return relax.TupleType([_type_of(f) for f in expr.fields])
+    return expr.ty
+
+
+def _is_tensor_const(expr) -> bool:
+    from tvm import ir, relax
+
+    return isinstance(expr, ir.expr.GenericConst) and isinstance(expr.ty, relax.TensorType)
+
+
+def _remap(expr, new_of):
+    from tvm import relax
+
+    if isinstance(expr, relax.Var):
+        return new_of[expr]
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([_remap(f, new_of) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(_remap(expr.tuple_value, new_of), expr.index)
+    return expr
+
+
+def _source_device(expr, new_of, loc):
+    """The device of an alias or tuple-get-item's source; None for a tuple of several devices."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Var):
+        return loc.get(new_of[expr])
+    if isinstance(expr, relax.TupleGetItem):
+        return _source_device(expr.tuple_value, new_of, loc)
+    if isinstance(expr, relax.Tuple):
+        devs = {_source_device(f, new_of, loc) for f in expr.fields}
+        return devs.pop() if len(devs) == 1 else None
+    return None

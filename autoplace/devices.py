@@ -1,0 +1,134 @@
+"""Devices that ops can be placed on, and the links that copy tensors between them."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tvm
+
+# Rough peaks of TVM's *default (untuned)* kernels, used only by the roofline estimate until a
+# device is profiled: TVM_NOTES.md measured ~2 GFLOP/s for an untuned 256x256 CPU matmul.
+_CPU_PEAK_FLOPS = 4e9
+_CPU_MEM_BW = 10e9
+_GPU_PEAK_FLOPS = 20e12
+_GPU_MEM_BW = 2e12
+
+_KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2)}
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device autoplace can put ops on.
+
+    Parameters
+    ----------
+    name : str
+        Unique name used in plans (``"cpu0"``, ``"gpu"``...).
+    kind : str
+        Runtime device kind: ``"cpu"`` or ``"cuda"``.
+    index : int
+        Runtime device index (``tvm.cpu(index)``, ``tvm.cuda(index)``).
+    target : str
+        TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``).
+    memory_bytes : float
+        Memory capacity available to the model; ``inf`` for unlimited.
+    peak_flops, mem_bandwidth : float
+        Used by the roofline estimate when nothing was measured.
+    unsupported_ops : frozenset of str
+        Op types (``"nn.conv2d"``) this device cannot run.
+    """
+
+    name: str
+    kind: str = "cpu"
+    index: int = 0
+    target: str = "llvm"
+    memory_bytes: float = math.inf
+    peak_flops: float = _CPU_PEAK_FLOPS
+    mem_bandwidth: float = _CPU_MEM_BW
+    unsupported_ops: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"device {self.name!r}: unknown kind {self.kind!r}; "
+                             f"use one of {sorted(_KINDS)}")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
+            raise ValueError(f"device name {self.name!r}: use letters, digits, '_', '.', '-'")
+        object.__setattr__(self, "unsupported_ops", frozenset(self.unsupported_ops))
+
+    @classmethod
+    def cpu(cls, index: int = 0, *, name: str | None = None, **kwargs) -> Device:
+        """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index."""
+        return cls(name=name or f"cpu{index}", kind="cpu", index=index, target="llvm", **kwargs)
+
+    @classmethod
+    def cuda(cls, index: int = 0, *, name: str | None = None, target: str = "nvidia/nvidia-h100",
+             **kwargs) -> Device:
+        """A CUDA GPU; ``target`` should name its architecture (bare ``"cuda"`` means sm_50)."""
+        kwargs.setdefault("peak_flops", _GPU_PEAK_FLOPS)
+        kwargs.setdefault("mem_bandwidth", _GPU_MEM_BW)
+        return cls(name=name or f"cuda{index}", kind="cuda", index=index, target=target, **kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Device:
+        """Parse ``"cpu:0"`` or ``"cuda:0"`` (the CLI's device syntax)."""
+        m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", spec.strip())
+        if not m:
+            raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N'")
+        kind, index = m.group(1), int(m.group(2) or 0)
+        return getattr(cls, kind)(index)
+
+    def can_run(self, op_type: str) -> bool:
+        return op_type.removeprefix("relax.") not in self.unsupported_ops
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind != "cpu"
+
+    def tvm_target(self) -> tvm.target.Target:
+        import tvm
+
+        return tvm.target.Target(self.target)
+
+    def tvm_device(self) -> tvm.runtime.Device:
+        import tvm
+
+        return tvm.runtime.device(_KINDS[self.kind][0] if self.kind == "cuda" else "cpu", self.index)
+
+    @property
+    def dl_device_type(self) -> int:
+        """DLPack device type code (1 = CPU, 2 = CUDA)."""
+        return _KINDS[self.kind][1]
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "kind", "index", "target", "memory_bytes",
+                                            "peak_flops", "mem_bandwidth")}
+        d["unsupported_ops"] = sorted(self.unsupported_ops)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Device:
+        return cls(**{**d, "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
+
+
+@dataclass(frozen=True)
+class Link:
+    """A copy path from ``src`` to ``dst``: moving ``x`` bytes takes ``alpha + x / beta`` seconds."""
+
+    src: str
+    dst: str
+    alpha: float = 5e-6
+    beta: float = 5e9
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.beta
+
+    @classmethod
+    def default(cls, src: Device, dst: Device) -> Link:
+        """Rough defaults until measured: a memory copy between CPUs, PCIe to or from a GPU."""
+        if src.is_gpu or dst.is_gpu:
+            return cls(src.name, dst.name, alpha=10e-6, beta=12e9)
+        return cls(src.name, dst.name)

@@ -1,0 +1,46 @@
+"""Bring models into Relax: PyTorch through ``torch.export``, and ONNX files."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    import tvm
+
+
+def from_torch(model: torch.nn.Module, example_inputs: Sequence[np.ndarray]) -> tvm.IRModule:
+    """Export ``model`` (in eval mode) with static shapes and import it; weights become constants."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("from_torch needs PyTorch: pip install 'autoplace[frontends]'") from e
+    from tvm.relax.frontend.torch import from_exported_program
+
+    args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in example_inputs)
+    with torch.no_grad():
+        exported = torch.export.export(model.eval(), args)
+    return from_exported_program(exported)
+
+
+def from_onnx(path: str | Path) -> tvm.IRModule:
+    """Import an ONNX file; its initializers become constants."""
+    try:
+        import onnx
+    except ImportError as e:
+        raise ImportError("from_onnx needs the onnx package: pip install 'autoplace[frontends]'") from e
+    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ONNX file at {path}")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as e:  # onnx raises several unrelated types for a bad file
+        raise ValueError(f"{path} is not a valid ONNX model: {e}") from e
+    return _from_onnx(model)

@@ -1,0 +1,14 @@
+"""The op graph of a Relax function: nodes are op calls, edges are tensors."""
+
+from autoplace.graph.flops import count_flops
+from autoplace.graph.opgraph import (
+    Edge,
+    GraphInput,
+    OpGraph,
+    OpNode,
+    TensorInfo,
+    UnsupportedModelError,
+)
+
+__all__ = ["Edge", "GraphInput", "OpGraph", "OpNode", "TensorInfo", "UnsupportedModelError",
+           "count_flops"]

@@ -1,0 +1,185 @@
+"""A placement plan: the device (and optionally the pipeline stage) of every node of an op graph."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import TYPE_CHECKING
+
+from autoplace.devices import Device
+
+if TYPE_CHECKING:
+    from autoplace.graph import OpGraph
+
+PLAN_FORMAT_VERSION = 1
+OBJECTIVES = ("latency", "throughput", "manual")
+COST_SOURCES = ("measured", "learned", "roofline")
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its graph or devices; the message says which node and why."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Device per node (by name), optional stage per node, and what the plan is predicted to take.
+
+    Build one with :meth:`from_assignment` (or get it from ``optimize``), never by mutating one:
+    use ``dataclasses.replace``.
+    """
+
+    nodes: tuple[str, ...]
+    devices: tuple[Device, ...]
+    assignment: tuple[str, ...]
+    stages: tuple[int, ...] | None = None
+    objective: str = "manual"
+    predicted_s: float | None = None
+    cost_sources: tuple[str, ...] | None = None
+    solver: str = "manual"
+
+    def __post_init__(self):
+        names = [d.name for d in self.devices]
+        if len(set(names)) != len(names):
+            raise PlanError(f"device names must be unique, got {names}")
+        if len(self.assignment) != len(self.nodes):
+            raise PlanError(f"{len(self.nodes)} nodes but {len(self.assignment)} assignments")
+        unknown = sorted(set(self.assignment) - set(names))
+        if unknown:
+            raise PlanError(f"plan uses unknown device(s) {unknown}; devices are {names}")
+        if self.stages is not None and len(self.stages) != len(self.nodes):
+            raise PlanError(f"{len(self.nodes)} nodes but {len(self.stages)} stages")
+        if self.objective not in OBJECTIVES:
+            raise PlanError(f"objective {self.objective!r} is not one of {OBJECTIVES}")
+        if self.cost_sources is not None:
+            if len(self.cost_sources) != len(self.nodes):
+                raise PlanError(f"{len(self.nodes)} nodes but {len(self.cost_sources)} cost sources")
+            bad = sorted(set(self.cost_sources) - set(COST_SOURCES))
+            if bad:
+                raise PlanError(f"unknown cost source(s) {bad}; use {COST_SOURCES}")
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_assignment(
+        cls,
+        graph: OpGraph,
+        devices: Sequence[Device],
+        assignment: Mapping[str, str] | Sequence[str],
+        **fields,
+    ) -> Plan:
+        """A plan from node name -> device name (or a device name per node, in graph order).
+
+        Raises
+        ------
+        PlanError
+            For an unknown node or device, a node left unplaced, or an op placed on a device
+            that cannot run it.
+        """
+        node_names = [n.name for n in graph.nodes]
+        if isinstance(assignment, Mapping):
+            extra = sorted(set(assignment) - set(node_names))
+            if extra:
+                raise PlanError(f"assignment names node(s) not in the graph: {extra[:5]}")
+            missing = [n for n in node_names if n not in assignment]
+            if missing:
+                raise PlanError(f"{len(missing)} node(s) left unplaced, first {missing[:5]}: "
+                                "every node needs a device")
+            assigned = tuple(assignment[n] for n in node_names)
+        else:
+            assigned = tuple(assignment)
+            if len(assigned) != len(node_names):
+                raise PlanError(f"got {len(assigned)} devices for {len(node_names)} nodes")
+        plan = cls(tuple(node_names), tuple(devices), assigned, **fields)
+        plan.validate(graph)
+        return plan
+
+    # ------------------------------------------------------------------ queries
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(f"no device {name!r} in the plan (devices: {[d.name for d in self.devices]})")
+
+    def device_of(self, node: str) -> Device:
+        try:
+            return self.device(self.assignment[self.nodes.index(node)])
+        except ValueError:
+            raise KeyError(f"no node {node!r} in the plan") from None
+
+    def device_indices(self) -> list[int]:
+        """The index into ``devices`` of each node's device, in node order."""
+        pos = {d.name: k for k, d in enumerate(self.devices)}
+        return [pos[a] for a in self.assignment]
+
+    def used_devices(self) -> tuple[Device, ...]:
+        used = set(self.assignment)
+        return tuple(d for d in self.devices if d.name in used)
+
+    def validate(self, graph: OpGraph) -> None:
+        """Check the plan against ``graph``: same nodes, every op on a device that can run it."""
+        if tuple(n.name for n in graph.nodes) != self.nodes:
+            raise PlanError("the plan was made for another graph: its node names differ "
+                            f"({len(self.nodes)} in the plan, {len(graph.nodes)} in the graph)")
+        for node, dev_name in zip(graph.nodes, self.assignment):
+            dev = self.device(dev_name)
+            if not dev.can_run(node.op_type):
+                raise PlanError(f"node {node.name!r} ({node.op_type}) is placed on {dev.name!r}, "
+                                f"which cannot run {node.op_type}; place it on another device")
+
+    # ------------------------------------------------------------------ text forms
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format_version": PLAN_FORMAT_VERSION,
+            "objective": self.objective,
+            "solver": self.solver,
+            "predicted_s": self.predicted_s,
+            "devices": [d.to_dict() for d in self.devices],
+            "nodes": list(self.nodes),
+            "assignment": list(self.assignment),
+            "stages": None if self.stages is None else list(self.stages),
+            "cost_sources": None if self.cost_sources is None else list(self.cost_sources),
+        }, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"not a plan: invalid JSON ({e})") from None
+        if not isinstance(d, dict) or "format_version" not in d:
+            raise PlanError("not a plan: no 'format_version' field")
+        if d["format_version"] != PLAN_FORMAT_VERSION:
+            raise PlanError(f"plan format version {d['format_version']} is not supported "
+                            f"(this autoplace reads version {PLAN_FORMAT_VERSION})")
+        try:
+            return cls(
+                nodes=tuple(d["nodes"]),
+                devices=tuple(Device.from_dict(x) for x in d["devices"]),
+                assignment=tuple(d["assignment"]),
+                stages=None if d.get("stages") is None else tuple(d["stages"]),
+                objective=d["objective"],
+                predicted_s=d.get("predicted_s"),
+                cost_sources=None if d.get("cost_sources") is None else tuple(d["cost_sources"]),
+                solver=d.get("solver", "manual"),
+            )
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"not a plan: missing or malformed field {e}") from None
+
+    def __str__(self) -> str:
+        pred = "" if self.predicted_s is None else f", predicted {self.predicted_s * 1e3:.3f} ms"
+        head = (f"Plan({self.objective}, {len(self.nodes)} nodes on "
+                f"{len(self.used_devices())}/{len(self.devices)} devices{pred}, solver {self.solver})")
+        lines, i = [head], 0
+        keys = self.assignment if self.stages is None else list(zip(self.assignment, self.stages))
+        for key, run in groupby(keys):
+            n = len(list(run))
+            dev, stage = (key, None) if self.stages is None else key
+            where = dev if stage is None else f"{dev} stage {stage}"
+            span = f"{i}" if n == 1 else f"{i}-{i + n - 1}"
+            lines.append(f"  {span:>9}  {where}  ({self.nodes[i]}{' .. ' + self.nodes[i + n - 1] if n > 1 else ''})")
+            i += n
+        return "\n".join(lines)

@@ -134,7 +134,10 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 k = dev_of_node[node_index]
                 node_index += 1
                 args = [placed(a, k, out) for a in value.args]
-                call = relax.Call(value.op, args, value.attrs, value.ty_args)
+                ty_args = value.ty_args
+                if value.op.name == "relax.call_tir":  # its output type is given, not inferred
+                    ty_args = [with_vdevice(t, k) for t in ty_args]
+                call = relax.Call(value.op, args, value.attrs, ty_args)
                 nv = fresh(var, with_vdevice(var.ty, k))
                 loc[nv] = k
             elif _is_tensor_const(value):

@@ -287,15 +287,15 @@ def _build(mod, func_name: str) -> OpGraph:
         var, value = binding.var, binding.value
         where = f"binding {var.name!r}"
         if is_op_call(value):
-            if value.op.name in ("relax.call_tir", "relax.call_dps_packed", "relax.call_tir_inplace"):
+            if value.op.name in ("relax.call_dps_packed", "relax.call_tir_inplace"):
                 raise UnsupportedModelError(
-                    f"{where} is an already-lowered {value.op.name}: pass the module before "
-                    "LegalizeOps (as the torch and ONNX frontends produce it)")
+                    f"{where} is a {value.op.name}, which cannot be placed: pass the module "
+                    "before it is lowered (as the torch and ONNX frontends produce it)")
             ins, extra, param_bytes, preds = [], [], 0, {}
             for a in value.args:
                 srcs = arg_sources(a, where)
                 if not srcs and not isinstance(a, (relax.Var, relax.Tuple)):
-                    extra.append(str(a))
+                    extra.append(a.name_hint if isinstance(a, ir.GlobalVar) else str(a))
                 for kind, idx, t in srcs:
                     ins.append(t)
                     if kind == "node":

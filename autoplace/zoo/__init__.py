@@ -60,3 +60,20 @@ def load(name: str, seed: int = 0) -> ZooModel:
         inputs = torch_models.example_inputs(shapes, rng)
         return ZooModel(name, from_torch(model, inputs), inputs, desc)
     raise KeyError(f"no zoo model {name!r}; available: {', '.join(names())}")
+
+
+def from_spec(spec: str, seed: int = 0) -> ZooModel:
+    """``zoo:NAME`` or a path to an ``.onnx`` file (random inputs of the model's input shapes)."""
+    if spec.startswith("zoo:"):
+        return load(spec[4:], seed)
+    if spec.endswith(".onnx"):
+        from autoplace.frontends import from_onnx
+        from autoplace.graph import OpGraph
+
+        mod = from_onnx(spec)
+        rng = np.random.default_rng(seed)
+        graph = OpGraph.from_relax(mod)
+        inputs = [rng.standard_normal(i.tensor.shape).astype(i.tensor.dtype) for i in graph.inputs]
+        return ZooModel(spec, mod, inputs, f"ONNX file {spec}")
+    raise ValueError(f"model {spec!r}: expected 'zoo:NAME' (one of {', '.join(names())}) "
+                     "or a path ending in .onnx")

@@ -1,0 +1,5 @@
+import sys
+
+from autoplace.cli import main
+
+sys.exit(main())

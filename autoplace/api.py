@@ -1,0 +1,188 @@
+"""``optimize``: op graph -> costs -> problem -> solver -> plan -> annotated module."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.annotate import annotate
+from autoplace.devices import Device, Link
+from autoplace.graph import OpGraph
+from autoplace.manual import rule_assignment
+from autoplace.plan import Plan
+from autoplace.predict import RooflineCostModel
+from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
+
+if TYPE_CHECKING:
+    import tvm
+
+    from autoplace.run import CompiledModel
+
+log = logging.getLogger(__name__)
+
+OBJECTIVES = ("latency", "throughput")
+
+
+def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
+    """``(n, d)`` seconds per node per device (``inf`` where a device cannot run the op) and the
+    source of each node's costs."""
+    model = cost_model if cost_model is not None else RooflineCostModel()
+    if not hasattr(model, "predict"):
+        raise TypeError(f"cost_model must have predict(graph, device); got {type(model).__name__}")
+    cost = np.column_stack([np.asarray(model.predict(graph, d), dtype=float) for d in devices])
+    if cost.shape != (len(graph.nodes), len(devices)):
+        raise ValueError(f"cost model returned shape {cost.shape}, expected "
+                         f"({len(graph.nodes)}, {len(devices)})")
+    for k, d in enumerate(devices):
+        for n in graph.nodes:
+            if not d.can_run(n.op_type):
+                cost[n.index, k] = np.inf
+    sources = tuple([getattr(model, "source", "learned")] * len(graph.nodes))
+    return cost, sources
+
+
+def build_problem(
+    graph: OpGraph,
+    devices: Sequence[Device],
+    cost: np.ndarray,
+    links: Mapping[tuple[str, str], Link] | None = None,
+    pins: Mapping[int, str] | None = None,
+) -> Problem:
+    """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins."""
+    d = len(devices)
+    alpha, beta = np.zeros((d, d)), np.full((d, d), np.inf)
+    links = links or {}
+    for a, da in enumerate(devices):
+        for b, db in enumerate(devices):
+            if a != b:
+                link = links.get((da.name, db.name)) or Link.default(da, db)
+                alpha[a, b], beta[a, b] = link.alpha, link.beta
+    pos = {dev.name: k for k, dev in enumerate(devices)}
+    pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)
+    for i, name in (pins or {}).items():
+        pin_arr[i] = pos[name]
+    return Problem.build(
+        cost,
+        [(e.src, e.dst) for e in graph.edges],
+        [n.out_bytes for n in graph.nodes],
+        alpha=alpha, beta=beta,
+        node_mem=[n.param_bytes + n.out_bytes for n in graph.nodes],
+        mem_cap=[dev.memory_bytes for dev in devices],
+        pins=pin_arr,
+        node_names=[n.name for n in graph.nodes],
+        device_names=[dev.name for dev in devices],
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class OptimizeResult:
+    """What ``optimize`` found: the plan, the annotated module and how it compares."""
+
+    plan: Plan
+    mod: Any
+    graph: OpGraph
+    problem: Problem
+    solution: Solution
+    baselines: Mapping[str, float] = field(default_factory=dict)
+    source_mod: Any = None
+
+    @property
+    def predicted_latency_s(self) -> float:
+        """Predicted seconds per inference (latency) or per input (throughput)."""
+        return self.solution.value
+
+    def compile(self) -> CompiledModel:
+        """Build the plan for its devices; the result takes and returns numpy arrays."""
+        from autoplace.run import compile
+
+        return compile(self.source_mod, self.plan, self.graph.func_name)
+
+    def summary(self) -> str:
+        """Plan, predicted time, and the baselines beside it."""
+        s = self.solution
+        lines = [str(self.plan),
+                 f"predicted {s.objective}: {s.value * 1e3:.4f} ms  (solver {s.solver}, "
+                 f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
+        for name, value in self.baselines.items():
+            ratio = value / s.value if s.value > 0 else float("nan")
+            lines.append(f"  baseline {name:<10} {value * 1e3:.4f} ms  ({ratio:.2f}x the plan)")
+        return "\n".join(lines)
+
+
+def optimize(
+    mod: tvm.IRModule,
+    devices: Sequence[Device],
+    *,
+    objective: str = "latency",
+    cost_model=None,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    links: Mapping[tuple[str, str], Link] | None = None,
+    pins: Sequence[tuple[str, str]] = (),
+    func_name: str = "main",
+) -> OptimizeResult:
+    """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module (from ``autoplace.frontends``, the zoo, or your own).
+    devices : sequence of Device
+        Where ops may run; names must be unique.
+    objective : {"latency", "throughput"}
+        One inference as fast as possible, or the most inputs per second through a pipeline.
+    cost_model : object with ``predict(graph, device)``, optional
+        Seconds per node; defaults to :class:`autoplace.predict.RooflineCostModel`.
+    solver : str
+        A name of :data:`autoplace.solve.SOLVERS`.
+    time_limit : float
+        Seconds the solver may take; on time-out the best plan found is returned with its gap.
+    links : mapping (src name, dst name) -> Link, optional
+        Measured links; missing pairs get :meth:`Link.default`.
+    pins : sequence of (rule, device name)
+        Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
+
+    Returns
+    -------
+    OptimizeResult
+        ``.plan``, ``.mod`` (annotated), ``.predicted_latency_s``, ``.baselines``, ``.compile()``.
+    """
+    devices = list(devices)
+    if not devices:
+        raise ValueError("optimize needs at least one device, e.g. [autoplace.Device.cpu(0)]")
+    if not all(isinstance(d, Device) for d in devices):
+        raise TypeError("devices must be autoplace.Device objects (Device.cpu(0), Device.cuda(0))")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    if solver not in SOLVERS and not solver.startswith("single:"):
+        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    if time_limit <= 0:
+        raise ValueError(f"time_limit must be positive seconds, got {time_limit}")
+
+    graph = OpGraph.from_relax(mod, func_name)
+    cost, sources = node_costs(graph, devices, cost_model)
+    problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins))
+    solution = solve(problem, objective, solver, time_limit=time_limit)
+    plan = Plan.from_assignment(
+        graph, devices, [devices[k].name for k in solution.assignment],
+        stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),
+        objective=objective, predicted_s=float(solution.value), cost_sources=sources,
+        solver=solution.solver)
+    return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
+                          _baselines(problem, objective, devices), mod)
+
+
+def _baselines(problem: Problem, objective: str, devices: Sequence[Device]) -> dict[str, float]:
+    """Predicted value of each single device and of the greedy rules, where feasible."""
+    out = {}
+    names = [(f"single:{k}", f"only {d.name}") for k, d in enumerate(devices)]
+    for solver, label in names + [("priority", "priority"), ("greedy", "greedy")]:
+        try:
+            out[label] = solve(problem, objective, solver).value
+        except InfeasibleError as e:
+            log.info("baseline %s infeasible: %s", label, e)
+    return out

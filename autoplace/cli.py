@@ -1,0 +1,155 @@
+"""The ``autoplace`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import numpy as np
+
+EPILOG_DEMO = """examples:
+  autoplace demo                       # resnet (or branchy_cnn without torch) over two CPU devices
+  autoplace demo --model zoo:inception --objective latency
+"""
+EPILOG_OPTIMIZE = """examples:
+  autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1
+  autoplace optimize --model model.onnx --device cpu:0 --device cpu:1 --rule 'op:nn.conv2d#0=cpu0' --json
+"""
+
+
+def _devices(specs):
+    from autoplace import Device
+
+    devs = [Device.from_spec(s) for s in specs]
+    if len({d.name for d in devs}) != len(devs):
+        raise ValueError(f"devices must differ, got {specs}")
+    return devs
+
+
+def _rules(specs):
+    rules = []
+    for s in specs:
+        if "=" not in s:
+            raise ValueError(f"rule {s!r}: expected PATTERN=DEVICE, e.g. 'op:nn.conv2d=cpu0'")
+        pattern, dev = s.rsplit("=", 1)
+        rules.append((pattern, dev))
+    return rules
+
+
+def _default_model() -> str:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "zoo:branchy_cnn"
+    return "zoo:resnet"
+
+
+def _optimize_and_run(args) -> dict:
+    import autoplace
+    from autoplace import zoo
+
+    t0 = time.perf_counter()
+    model = zoo.from_spec(args.model or _default_model())
+    devices = _devices(args.device)
+    res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
+                             time_limit=args.time_limit, pins=_rules(args.rule))
+    t_opt = time.perf_counter() - t0
+    run = res.compile()
+    outs = run(*model.inputs)
+    reference = autoplace.compile(
+        model.mod, autoplace.place(res.graph, devices, [("*", devices[0].name)]))(*model.inputs)
+    err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, reference))
+    return {
+        "model": model.name, "graph": res.graph.summary(), "result": res,
+        "report": {
+            "model": model.name,
+            "objective": args.objective,
+            "devices": [d.name for d in devices],
+            "predicted_s": res.predicted_latency_s,
+            "bound_s": res.solution.bound,
+            "status": res.solution.status,
+            "solver": res.solution.solver,
+            "baselines_s": dict(res.baselines),
+            "copies": len([e for e in res.graph.edges
+                           if res.plan.assignment[e.src] != res.plan.assignment[e.dst]]),
+            "max_abs_err_vs_single_device": err,
+            "optimize_s": t_opt,
+            "plan": json.loads(res.plan.to_json()),
+        },
+    }
+
+
+def _cmd_demo(args) -> int:
+    out = _optimize_and_run(args)
+    rep = out["report"]
+    print(f"model {out['model']}: {out['graph']}")
+    print(out["result"].summary())
+    print(f"tensors crossing devices: {rep['copies']}")
+    print(f"compiled for {', '.join(rep['devices'])} and ran: max |difference| from the "
+          f"single-device build = {rep['max_abs_err_vs_single_device']:.3g}")
+    return 0
+
+
+def _cmd_optimize(args) -> int:
+    out = _optimize_and_run(args)
+    if args.json:
+        print(json.dumps(out["report"], indent=1))
+    else:
+        print(out["result"].summary())
+        print(f"max |difference| from the single-device build: "
+              f"{out['report']['max_abs_err_vs_single_device']:.3g}")
+    return 0
+
+
+def _add_run_options(p):
+    p.add_argument("--model", help="zoo:NAME or a path to an .onnx file "
+                                   "(zoo: mlp, branchy_cnn, resnet, mobilenet, inception, transformer)")
+    p.add_argument("--device", action="append", help="cpu:N or cuda:N; repeat for each device")
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--solver", default="auto", help="solver name (default: auto)")
+    p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
+    p.add_argument("--rule", action="append", default=[],
+                   help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autoplace", description="Automatic device placement for TVM Relax models.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="optimize a zoo model over two CPU devices, build and run it",
+                       epilog=EPILOG_DEMO, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_options(p)
+    p.set_defaults(func=_cmd_demo, device=None)
+
+    p = sub.add_parser("optimize", help="optimize a model's placement, build and run it",
+                       epilog=EPILOG_OPTIMIZE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_options(p)
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.set_defaults(func=_cmd_optimize)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "device", None) is None:
+        args.device = ["cpu:0", "cpu:1"]
+    from autoplace import InfeasibleError, PlanError, UnsupportedModelError
+
+    try:
+        return args.func(args)
+    except (InfeasibleError, PlanError, UnsupportedModelError, ValueError, KeyError,
+            FileNotFoundError) as e:
+        print(f"autoplace {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -107,11 +107,15 @@ class Device:
         d = {k: getattr(self, k) for k in ("name", "kind", "index", "target", "memory_bytes",
                                             "peak_flops", "mem_bandwidth")}
         d["unsupported_ops"] = sorted(self.unsupported_ops)
+        if math.isinf(self.memory_bytes):
+            d["memory_bytes"] = None  # strict JSON has no Infinity
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Device:
-        return cls(**{**d, "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
+        memory = d.get("memory_bytes")
+        return cls(**{**d, "memory_bytes": math.inf if memory is None else float(memory),
+                      "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,16 @@
+# The two commands README.md opens with. Each sets up .venv on a fresh machine first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test
+demo: $(VENV)/.installed
+	$(VENV)/bin/autoplace demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@

@@ -1,0 +1,81 @@
+"""optimize(): the whole path on real modules, its result, and the errors a user can make."""
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import Device, InfeasibleError, zoo
+
+
+def test_surface_from_the_issue(devs):
+    model = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(model.mod)
+    plan = autoplace.Plan.from_assignment(g, devs, {n.name: devs[i % 2].name
+                                                    for i, n in enumerate(g.nodes)})
+    outs = autoplace.compile(model.mod, plan)(*model.inputs)
+    res = autoplace.optimize(model.mod, devs)
+    assert autoplace.Plan.from_json(res.plan.to_json()) == res.plan
+    assert res.predicted_latency_s > 0
+    assert "vdevice" in res.mod.script() and "vdevice" not in model.mod.script()
+    np.testing.assert_allclose(res.compile()(*model.inputs)[0], outs[0], rtol=1e-5)
+
+
+def test_plan_predicts_no_worse_than_any_baseline(devs):
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=5)
+    assert set(res.baselines) == {"only a", "only b", "priority", "greedy"}
+    for value in res.baselines.values():
+        assert res.predicted_latency_s <= value * (1 + 1e-9)
+    assert res.plan.cost_sources == ("roofline",) * len(res.graph)
+    assert "predicted latency" in res.summary()
+
+
+def test_devices_that_cannot_run_an_op_never_get_it():
+    devs = [Device.cpu(0, name="a", unsupported_ops={"nn.conv2d"}), Device.cpu(1, name="b")]
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=5)
+    for node, dev in zip(res.graph.nodes, res.plan.assignment):
+        if node.op_type == "nn.conv2d":
+            assert dev == "b"
+
+
+def test_pins_are_respected(devs):
+    res = autoplace.optimize(zoo.load("mlp").mod, devs, pins=[("op:nn.relu", "b"), ("name:mm0", "a")])
+    for node, dev in zip(res.graph.nodes, res.plan.assignment):
+        if node.op_type == "nn.relu":
+            assert dev == "b"
+    assert res.plan.device_of("mm0").name == "a"
+
+
+def test_memory_too_small_everywhere_is_infeasible():
+    tiny = [Device.cpu(0, name="a", memory_bytes=1000), Device.cpu(1, name="b", memory_bytes=1000)]
+    with pytest.raises(InfeasibleError):
+        autoplace.optimize(zoo.load("mlp").mod, tiny)
+
+
+def test_op_no_device_can_run_names_it():
+    devs = [Device.cpu(0, name="a", unsupported_ops={"nn.softmax"}),
+            Device.cpu(1, name="b", unsupported_ops={"nn.softmax"})]
+    with pytest.raises(InfeasibleError, match="gv|softmax|no device"):
+        autoplace.optimize(zoo.load("branchy_cnn").mod, devs)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(devices=[]), ValueError, "at least one device"),
+    (dict(devices=["cpu:0"]), TypeError, "autoplace.Device"),
+    (dict(objective="energy"), ValueError, "objective 'energy'"),
+    (dict(solver="magic"), ValueError, "unknown solver 'magic'"),
+    (dict(time_limit=0), ValueError, "time_limit must be positive"),
+    (dict(pins=[("op:nn.relu", "gpu")]), autoplace.PlanError, "names device 'gpu'"),
+    (dict(cost_model=object()), TypeError, "predict"),
+])
+def test_bad_arguments(devs, kwargs, error, message):
+    kwargs = {"devices": devs, **kwargs}
+    with pytest.raises(error, match=message):
+        autoplace.optimize(zoo.load("mlp").mod, kwargs.pop("devices"), **kwargs)
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+    g = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
+    dev = Device.cpu(0, peak_flops=1e9, mem_bandwidth=1e9)
+    t = autoplace.RooflineCostModel(launch_s=0.0).predict(g, dev)
+    mm = g.nodes[0]  # 8x64 @ 64x64: 65536 FLOPs, (2048 + 16384 + 2048) bytes
+    assert t[0] == pytest.approx(max(mm.flops, mm.bytes_read + mm.bytes_written) / 1e9)

@@ -1,0 +1,46 @@
+"""The command line as a user runs it: a real subprocess, its output and exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "autoplace", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_demo_builds_runs_and_reports_the_difference():
+    r = _run("demo", "--model", "zoo:branchy_cnn", "--time-limit", "2")
+    assert r.returncode == 0, r.stderr
+    assert "predicted latency" in r.stdout
+    assert "max |difference| from the single-device build = 0" in r.stdout
+
+
+def test_optimize_json_report():
+    r = _run("optimize", "--model", "zoo:mlp", "--device", "cpu:0", "--device", "cpu:1",
+             "--rule", "op:nn.relu=cpu1", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["devices"] == ["cpu0", "cpu1"] and rep["max_abs_err_vs_single_device"] == 0
+    relus = [a for n, a in zip(rep["plan"]["nodes"], rep["plan"]["assignment"]) if "relu" in n]
+    assert relus and set(relus) == {"cpu1"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optimize", "--model", "zoo:nope"], "no zoo model 'nope'"),
+    (["optimize", "--model", "model.pt"], "expected 'zoo:NAME'"),
+    (["optimize", "--model", "zoo:mlp", "--device", "tpu:0"], "expected 'cpu:N' or 'cuda:N'"),
+    (["optimize", "--model", "zoo:mlp", "--rule", "op:nn.relu"], "expected PATTERN=DEVICE"),
+])
+def test_errors_exit_2_with_a_message(args, message):
+    r = _run(*args)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_has_examples():
+    r = _run("optimize", "--help")
+    assert r.returncode == 0 and "examples:" in r.stdout

@@ -1,0 +1,129 @@
+"""Plans, devices and manual rules: text forms, validation and the errors a user sees."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import autoplace
+from autoplace import Device, Plan, PlanError
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@I.ir_module
+class Chain:
+    @R.function
+    def main(x: R.Tensor((2, 4), "float32"), w: R.Tensor((4, 4), "float32")):
+        with R.dataflow():
+            c0 = R.matmul(x, w)
+            r0 = R.nn.relu(c0)
+            c1 = R.matmul(r0, w)
+            r1 = R.nn.relu(c1)
+            s = R.nn.softmax(r1)
+            R.output(s)
+        return s
+
+
+@pytest.fixture
+def graph():
+    return autoplace.OpGraph.from_relax(Chain)
+
+
+def test_json_round_trip_and_golden_file(graph, devs):
+    plan = Plan.from_assignment(graph, devs, ["a", "a", "b", "b", "a"], stages=(0, 0, 1, 1, 2),
+                                objective="throughput", predicted_s=1.25e-3,
+                                cost_sources=("roofline",) * 5, solver="dp")
+    assert Plan.from_json(plan.to_json()) == plan
+    assert plan.to_json() == (GOLDEN / "plan_v1.json").read_text()
+    assert str(plan) == (GOLDEN / "plan_v1.txt").read_text()
+
+
+def test_plan_is_immutable(graph, devs):
+    plan = Plan.from_assignment(graph, devs, ["a"] * 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.solver = "x"
+    assert dataclasses.replace(plan, solver="x").solver == "x" and plan.solver == "manual"
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ({"c0": "a"}, "4 node\\(s\\) left unplaced"),
+    ({"c0": "a", "r0": "a", "c1": "a", "r1": "a", "s": "a", "zz": "a"}, "not in the graph: \\['zz'\\]"),
+    (["a", "a", "a", "a", "gpu"], "unknown device\\(s\\) \\['gpu'\\]"),
+    (["a", "a"], "got 2 devices for 5 nodes"),
+])
+def test_bad_assignments_say_what_to_fix(graph, devs, assignment, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_assignment(graph, devs, assignment)
+
+
+def test_op_on_a_device_that_cannot_run_it(graph):
+    devs = [Device.cpu(0, name="a"), Device.cpu(1, name="npu", unsupported_ops={"nn.softmax"})]
+    with pytest.raises(PlanError, match="'s' \\(nn.softmax\\) is placed on 'npu', which cannot run"):
+        Plan.from_assignment(graph, devs, ["a", "a", "a", "a", "npu"])
+
+
+def test_plan_for_another_graph(graph, devs):
+    plan = Plan.from_assignment(graph, devs, ["a"] * 5)
+    other = autoplace.OpGraph.from_relax(autoplace.zoo.load("mlp").mod)
+    with pytest.raises(PlanError, match="made for another graph"):
+        plan.validate(other)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "invalid JSON"),
+    ('{"nodes": []}', "no 'format_version'"),
+    ('{"format_version": 99}', "version 99 is not supported"),
+    ('{"format_version": 1, "nodes": []}', "missing or malformed field"),
+])
+def test_malformed_plan_text(text, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(text)
+
+
+def test_device_specs_and_errors():
+    assert Device.from_spec("cpu:1") == Device.cpu(1)
+    assert Device.from_spec("cuda:0").target == "nvidia/nvidia-h100"
+    with pytest.raises(ValueError, match="expected 'cpu:N' or 'cuda:N'"):
+        Device.from_spec("tpu:0")
+    with pytest.raises(ValueError, match="unknown kind"):
+        Device("x", kind="fpga")
+    assert Device.from_dict(Device.cuda(1).to_dict()) == Device.cuda(1)
+
+
+def test_link_time_is_alpha_plus_bytes_over_beta():
+    link = autoplace.Link("a", "b", alpha=1e-5, beta=1e9)
+    assert link.time(2e6) == pytest.approx(1e-5 + 2e-3)
+
+
+# ---------------------------------------------------------------------------- manual rules
+
+def test_first_conv_on_a_rest_on_b(devs):
+    g = autoplace.OpGraph.from_relax(autoplace.zoo.load("branchy_cnn").mod)
+    plan = autoplace.place(g, devs, [("op:nn.conv2d#0", "a"), ("*", "b")])
+    convs = [n.index for n in g.nodes if n.op_type == "nn.conv2d"]
+    assert plan.assignment[convs[0]] == "a"
+    assert [a for i, a in enumerate(plan.assignment) if i != convs[0]] == ["b"] * (len(g) - 1)
+
+
+def test_rule_kinds_and_first_match_wins(graph, devs):
+    plan = autoplace.place(graph, devs, [("name:r*", "b"), ("index:0-2", "a"), ("op:nn.*", "a")],
+                           default="b")
+    # c0: index 0-2 -> a; r0: name r* -> b (first rule); c1: index -> a; r1: b; s: op nn.* -> a.
+    assert plan.assignment == ("a", "b", "a", "b", "a")
+    plan = autoplace.place(graph, devs, [("op:matmul#1", "b")], default="a")
+    assert plan.assignment == ("a", "a", "b", "a", "a")
+
+
+@pytest.mark.parametrize("rules, message", [
+    ([("op:conv2d", "a")], "matches no node"),
+    ([("conv", "a")], "say what it matches"),
+    ([("index:3-9", "a")], "only 5 nodes"),
+    ([("*", "gpu")], "names device 'gpu'"),
+    ([("op:matmul", "a")], "3 node\\(s\\) match no rule"),
+])
+def test_bad_rules(graph, devs, rules, message):
+    with pytest.raises(PlanError, match=message):
+        autoplace.place(graph, devs, rules)

@@ -131,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.set_defaults(func=_cmd_optimize)
+
+    from autoplace.solve.dnn_partitioning import register_cli, run_cli
+
+    register_cli(sub)
+    sub.choices["solve"].set_defaults(func=run_cli)
     return parser
 
 
@@ -146,7 +151,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (InfeasibleError, PlanError, UnsupportedModelError, ValueError, KeyError,
-            FileNotFoundError) as e:
+            OSError) as e:
         print(f"autoplace {args.command}: error: {e}", file=sys.stderr)
         return 2
 

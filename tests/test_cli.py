@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,25 @@ def test_errors_exit_2_with_a_message(args, message):
     r = _run(*args)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
+
+
+@pytest.mark.skipif(not BENCH.is_dir(), reason="the shared benchmark folder is not beside the repo")
+def test_solve_prints_the_benchmark_plan_json():
+    r = _run("solve", str(BENCH / "throughput" / "bert24_inference.json"), "--objective",
+             "throughput", "--contiguous", "--time-limit", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["maxLoad"] > 0 and "cpus" in plan and "fpgas" in plan
+    placed = [n for part in plan["cpus"] + plan["fpgas"] for n in part["nodes"]]
+    assert len(placed) == len(set(placed)) == 32  # bert24 has 32 nodes, each placed once
+
+
+def test_solve_missing_file_is_a_clear_error(tmp_path):
+    r = _run("solve", str(tmp_path / "nope.json"), "--json")
+    assert r.returncode == 2 and "nope.json" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_help_has_examples():

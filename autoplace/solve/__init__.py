@@ -1,0 +1,128 @@
+"""Placement solvers over the array-only :class:`Problem`; all share one signature and one scorer.
+
+>>> sol = solve(problem, "latency", "heft")          # doctest: +SKIP
+>>> sol.value, sol.bound, sol.status                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from . import baselines
+from .problem import OBJECTIVES, InfeasibleError, Problem, Solution
+from .simulate import check_feasible, precheck, simulate_latency, simulate_throughput
+
+__all__ = ["Problem", "Solution", "InfeasibleError", "solve", "SOLVERS", "simulate_latency",
+           "simulate_throughput", "check_feasible"]
+
+log = logging.getLogger(__name__)
+
+
+def _single(problem, objective, time_limit, **options):
+    return baselines.single(problem, objective, options.get("device"))
+
+
+def _priority(problem, objective, time_limit, **options):
+    return baselines.priority(problem, objective)
+
+
+def _greedy(problem, objective, time_limit, **options):
+    return baselines.greedy(problem, objective)
+
+
+def _heft(problem, objective, time_limit, **options):
+    return baselines.heft(problem, objective)
+
+
+def best_baseline(problem: Problem, objective: str) -> Solution:
+    """The best of the baselines that succeed; raises the first cause when none does."""
+    best, errors = None, []
+    for rule in (baselines.heft, baselines.greedy, baselines.priority, baselines.single):
+        try:
+            sol = rule(problem, objective)
+        except InfeasibleError as e:
+            errors.append(e)
+            continue
+        if best is None or sol.value < best.value:
+            best = sol
+    if best is None:
+        raise errors[0]
+    return best
+
+
+def _brute(problem, objective, time_limit, **options):
+    from .bruteforce import brute_force
+    return brute_force(problem, objective, time_limit=time_limit)
+
+
+def _cpsat(problem, objective, time_limit, **options):
+    from .cpsat import solve_cpsat
+    return solve_cpsat(problem, objective, time_limit=time_limit, **options)
+
+
+def _auto(problem, objective, time_limit, **options):
+    if problem.num_nodes > AUTO_CPSAT_MAX_NODES:
+        return best_baseline(problem, objective)
+    return _cpsat(problem, objective, time_limit, **options)
+
+
+#: Above this many nodes ``"auto"`` returns the best baseline instead of running CP-SAT.
+AUTO_CPSAT_MAX_NODES = 2000
+
+#: Solver name -> ``f(problem, objective, time_limit, **options) -> Solution``.
+#: ``"single:<k>"`` (everything on device ``k``) is also accepted by :func:`solve`.
+SOLVERS: dict[str, Callable[..., Solution]] = {
+    "auto": _auto,
+    "single": _single,
+    "priority": _priority,
+    "greedy": _greedy,
+    "heft": _heft,
+    "brute": _brute,
+    "cpsat": _cpsat,
+}
+
+
+def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
+          time_limit: float = 10.0, **options) -> Solution:
+    """Place ``problem``'s nodes on devices, minimizing ``objective``.
+
+    Parameters
+    ----------
+    problem : Problem
+    objective : {"latency", "throughput"}
+        Single-input makespan, or time per input of the pipeline.
+    solver : str
+        A key of :data:`SOLVERS`, or ``"single:<k>"``.
+    time_limit : float
+        Seconds the solver may use (heuristics ignore it).
+    **options
+        Passed to the solver.
+
+    Returns
+    -------
+    Solution
+        ``value`` re-scored by the simulator.
+
+    Raises
+    ------
+    InfeasibleError
+        No placement exists (the message names the cause), or the solver's rule found none.
+    ValueError
+        Unknown objective or solver.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+    if solver.startswith("single:"):
+        options = {**options, "device": int(solver.split(":", 1)[1])}
+        solver = "single"
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} "
+                         "or 'single:<k>'")
+    precheck(problem)
+    t0 = time.perf_counter()
+    sol = SOLVERS[solver](problem, objective, time_limit, **options)
+    log.info("%s/%s: value %.6g bound %.6g status %s in %.2fs", solver, objective, sol.value,
+             sol.bound, sol.status, time.perf_counter() - t0)
+    return sol

@@ -1,0 +1,327 @@
+"""CP-SAT models (OR-Tools) for both objectives, warm-started from the best baseline.
+
+Times are integers: every duration is multiplied by ``scale`` (so the warm start's makespan is
+about ``RESOLUTION`` units) and rounded *down*. The integer model is then a relaxation of the
+real one, so ``BestObjectiveBound() / scale`` is a proven lower bound; the plan found is
+re-scored by the simulator, which is the ``value`` returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ._common import make_solution
+from .problem import InfeasibleError, Problem, Solution
+from .simulate import allowed_devices, copies_needed, orders_from_times
+
+log = logging.getLogger(__name__)
+
+#: Integer time units the warm start's objective is scaled to.
+RESOLUTION = 1_000_000
+#: Integer memory units the largest node size or capacity is scaled to.
+MEMORY_RESOLUTION = 1_000_000_000
+
+
+def _consumers(problem: Problem) -> list[list[int]]:
+    succ: list[list[int]] = [[] for _ in range(problem.num_nodes)]
+    for u, v in problem.edges.tolist():
+        succ[u].append(v)
+    return succ
+
+
+def _placement_vars(model, problem: Problem, allowed: np.ndarray):
+    """x[i, k]: node i on device k; need[u, k]: u's output is copied to k; z[u, j, k]: that
+    copy goes over link (j, k). Adds the constraints tying them together."""
+    n, d = problem.num_nodes, problem.num_devices
+    succ = _consumers(problem)
+    x = {(i, k): model.NewBoolVar(f"x{i}_{k}") for i in range(n) for k in range(d)
+         if allowed[i, k]}
+    # Every node runs on exactly one device it may use (support, pins, group pins).
+    for i in range(n):
+        model.AddExactlyOne(x[i, k] for k in range(d) if allowed[i, k])
+    # Members of a colocation group share a device.
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        members = np.flatnonzero(problem.groups == g)
+        for i in members[1:]:
+            for k in np.flatnonzero(allowed[members[0]]):
+                model.Add(x[i, k] == x[members[0], k])
+    # Each device holds at most its memory capacity (in bytes when sizes are whole numbers,
+    # else in MEMORY_RESOLUTION-ths of the largest quantity, rounded to within 1e-6 of a unit).
+    finite = problem.mem_cap[np.isfinite(problem.mem_cap)]
+    top = max(problem.node_mem.max(initial=0.0), finite.max(initial=0.0))
+    whole = all(float(v).is_integer() for v in (*problem.node_mem, *finite)) and top < 2**50
+    unit = 1.0 if whole else top / MEMORY_RESOLUTION
+    for k in range(d):
+        if np.isfinite(problem.mem_cap[k]) and top > 0:
+            model.Add(sum(math.ceil(problem.node_mem[i] / unit - 1e-6) * x[i, k]
+                          for i in range(n) if allowed[i, k])
+                      <= math.floor(problem.mem_cap[k] / unit + 1e-6))
+    need, z = {}, {}
+    for u in range(n):
+        for k in range(d):
+            users = [x[v, k] for v in succ[u] if allowed[v, k]]
+            if not users:
+                continue
+            need[u, k] = model.NewBoolVar(f"need{u}_{k}")
+            # A copy to k exists exactly when u is elsewhere and some consumer of u is on k.
+            for xv in users:
+                model.AddBoolOr([xv.Not(), need[u, k]] + ([x[u, k]] if (u, k) in x else []))
+            model.AddBoolOr(users).OnlyEnforceIf(need[u, k])
+            if (u, k) in x:
+                model.AddImplication(need[u, k], x[u, k].Not())
+            # The copy travels on the link from u's device: z = x[u, j] and need[u, k].
+            for j in range(d):
+                if j != k and (u, j) in x:
+                    z[u, j, k] = model.NewBoolVar(f"z{u}_{j}_{k}")
+                    model.AddMultiplicationEquality(z[u, j, k], [x[u, j], need[u, k]])
+    return x, need, z
+
+
+def _status(solver, code, cp_model) -> str | None:
+    if code == cp_model.OPTIMAL:
+        return "OPTIMAL"
+    if code == cp_model.FEASIBLE:
+        return "FEASIBLE"
+    if code in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+        return None
+    return "UNKNOWN"
+
+
+def _run(model, time_limit: float, workers: int, cp_model):
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.num_workers = workers
+    code = solver.Solve(model)
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"invalid CP-SAT model: {model.Validate()}")
+    return solver, code
+
+
+def _latency(problem: Problem, warm: Solution | None, time_limit: float, workers: int) -> Solution:
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    n, d = problem.num_nodes, problem.num_devices
+    allowed = allowed_devices(problem)
+    upper = warm.value if warm else _serial_time(problem)
+    scale = RESOLUTION / max(upper, 1e-12)
+    horizon = int(math.ceil(upper * scale)) + 1
+    model = cp_model.CpModel()
+
+    # --- Variables -------------------------------------------------------------------------
+    x, need, z = _placement_vars(model, problem, allowed)
+    start = [model.NewIntVar(0, horizon, f"s{i}") for i in range(n)]
+    end = [model.NewIntVar(0, horizon, f"e{i}") for i in range(n)]
+    dur = {(i, k): int(problem.cost[i, k] * scale) for (i, k) in x}
+    node_iv = {(i, k): model.NewOptionalFixedSizeIntervalVar(start[i], dur[i, k], x[i, k],
+                                                             f"run{i}_{k}") for (i, k) in x}
+    cstart = {key: model.NewIntVar(0, horizon, f"cs{key}") for key in need}
+    cend = {key: model.NewIntVar(0, horizon, f"ce{key}") for key in need}
+    cdur = {(u, j, k): int(problem.transfer_time(u, j, k) * scale) for (u, j, k) in z}
+    copy_iv = {(u, j, k): model.NewOptionalFixedSizeIntervalVar(cstart[u, k], cdur[u, j, k],
+                                                                z[u, j, k], f"cp{u}_{j}_{k}")
+               for (u, j, k) in z}
+    makespan = model.NewIntVar(0, horizon, "makespan")
+
+    # --- Constraints -----------------------------------------------------------------------
+    # A node ends its device's duration after it starts.
+    for i in range(n):
+        model.Add(end[i] == start[i] + sum(dur[i, k] * x[i, k] for k in range(d)
+                                           if (i, k) in x))
+    # A copy ends its link's duration after it starts (zero when there is no copy).
+    for (u, k) in need:
+        model.Add(cend[u, k] == cstart[u, k] + sum(cdur[u, j, k] * z[u, j, k]
+                                                   for j in range(d) if (u, j, k) in z))
+        # A copy starts after its producer ends.
+        model.Add(cstart[u, k] >= end[u])
+    # A consumer starts after its producer ends, and after the copy to its device arrives.
+    for u, v in problem.edges.tolist():
+        model.Add(start[v] >= end[u])
+        for k in range(d):
+            if (v, k) in x and (u, k) in need:
+                model.Add(start[v] >= cend[u, k]).OnlyEnforceIf([x[v, k], need[u, k]])
+    # A device runs one node at a time.
+    for k in range(d):
+        model.AddNoOverlap(iv for (i, kk), iv in node_iv.items() if kk == k)
+    # A directed link carries one copy at a time.
+    for j in range(d):
+        for k in range(d):
+            ivs = [iv for (u, jj, kk), iv in copy_iv.items() if (jj, kk) == (j, k)]
+            if len(ivs) > 1:
+                model.AddNoOverlap(ivs)
+    # The makespan is the last end.
+    for i in range(n):
+        model.Add(makespan >= end[i])
+
+    # --- Objective -------------------------------------------------------------------------
+    model.Minimize(makespan)
+    if warm:
+        _hint_latency(model, problem, warm, scale, x, need, z, start, cstart)
+
+    # --- Solve -----------------------------------------------------------------------------
+    solver, code = _run(model, time_limit, workers, cp_model)
+    status = _status(solver, code, cp_model)
+    if status is None:
+        raise InfeasibleError("CP-SAT proved the latency model infeasible (support, pins, "
+                              "groups and memory admit no placement)")
+    if status == "UNKNOWN":
+        return _fallback(warm, time_limit)
+    a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
+                  for i in range(n)], dtype=np.int64)
+    s = np.array([solver.Value(v) for v in start], dtype=float)
+    e = np.array([solver.Value(v) for v in end], dtype=float)
+    copies = {c: (solver.Value(cstart[c]), solver.Value(cend[c]))
+              for c in copies_needed(problem, a)}
+    order, transfer_order = orders_from_times(s, e, copies)
+    bound = solver.BestObjectiveBound() / scale
+    sol = make_solution(problem, "latency", a, "cpsat", status=status, bound=bound, order=order,
+                        transfer_order=transfer_order, started=t0)
+    return _no_worse(sol, warm)
+
+
+def _serial_time(problem: Problem) -> float:
+    """An upper bound on any semi-active schedule: every node at its slowest supported cost and
+    every possible copy, one after another."""
+    slowest = np.where(problem.supported, problem.cost, 0.0).max(axis=1).sum()
+    d = problem.num_devices
+    per_copy = (problem.alpha + problem.out_bytes.max(initial=0.0) / problem.beta).max()
+    return float(slowest + problem.num_nodes * (d - 1) * per_copy) if d > 1 else float(slowest)
+
+
+def _fallback(warm: Solution | None, time_limit: float) -> Solution:
+    """CP-SAT found nothing in time: the warm start (HEURISTIC), or an error without one."""
+    if warm is None:
+        raise InfeasibleError(f"no placement found: every baseline failed and CP-SAT found none "
+                              f"in {time_limit:.1f} s (infeasibility not proven)")
+    log.warning("CP-SAT found no solution in %.1f s; returning the warm start %s",
+                time_limit, warm.solver)
+    return replace(warm, status="HEURISTIC")
+
+
+def _no_worse(sol: Solution, warm: Solution | None) -> Solution:
+    """``sol``, or the warm start with CP-SAT's bound when the warm start simulates better."""
+    if warm is None or sol.value <= warm.value:
+        return sol
+    return replace(warm, bound=max(warm.bound, min(sol.bound, warm.value)), solver="cpsat",
+                   status="OPTIMAL" if sol.bound >= warm.value * (1 - 1e-9) else "FEASIBLE")
+
+
+def _hint_latency(model, problem, warm, scale, x, need, z, start, cstart):
+    """AddHint the warm start's schedule (floors of its times keep every precedence)."""
+    a = warm.assignment
+    from .simulate import simulate_latency
+    sched = simulate_latency(problem, a, warm.order, warm.transfer_order)
+    for (i, k), var in x.items():
+        model.AddHint(var, int(a[i] == k))
+    needed = {(t.node, t.dst): t for t in sched.transfers}
+    for (u, k), var in need.items():
+        model.AddHint(var, int((u, k) in needed))
+        t = needed.get((u, k))
+        model.AddHint(cstart[u, k], int(math.floor(t.start * scale)) if t else
+                      int(math.floor(sched.finish[u] * scale)))
+    for (u, j, k), var in z.items():
+        model.AddHint(var, int((u, k) in needed and a[u] == j))
+    for i in range(problem.num_nodes):
+        model.AddHint(start[i], int(math.floor(sched.start[i] * scale)))
+
+
+def _throughput(problem: Problem, warm: Solution | None, time_limit: float, workers: int,
+                contiguous: bool) -> Solution:
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    n, d = problem.num_nodes, problem.num_devices
+    allowed = allowed_devices(problem)
+    upper = warm.value if warm else _serial_time(problem)
+    scale = RESOLUTION / max(upper, 1e-12)
+    model = cp_model.CpModel()
+
+    # --- Variables -------------------------------------------------------------------------
+    x, need, z = _placement_vars(model, problem, allowed)
+    cap = int(math.ceil(upper * scale)) + 1
+    period = model.NewIntVar(0, cap, "period")
+
+    # --- Constraints -----------------------------------------------------------------------
+    # Every device's summed compute fits in the period.
+    for k in range(d):
+        model.Add(sum(int(problem.cost[i, k] * scale) * x[i, k] for i in range(n)
+                      if (i, k) in x) <= period)
+    # Every directed link's summed copy time fits in the period.
+    for j in range(d):
+        for k in range(d):
+            terms = [int(problem.transfer_time(u, j, k) * scale) * var
+                     for (u, jj, kk), var in z.items() if (jj, kk) == (j, k)]
+            if terms:
+                model.Add(sum(terms) <= period)
+    if contiguous:
+        # Devices take distinct pipeline positions and no edge goes back: every device's
+        # node set is convex, so the devices form a chain of stages.
+        pos = [model.NewIntVar(0, d - 1, f"pos{k}") for k in range(d)]
+        model.AddAllDifferent(pos)
+        dev = [model.NewIntVar(0, d - 1, f"dev{i}") for i in range(n)]
+        rank = [model.NewIntVar(0, d - 1, f"rank{i}") for i in range(n)]
+        for i in range(n):
+            model.Add(dev[i] == sum(k * x[i, k] for k in range(d) if (i, k) in x))
+            model.AddElement(dev[i], pos, rank[i])
+        for u, v in problem.edges.tolist():
+            model.Add(rank[u] <= rank[v])
+
+    # --- Objective -------------------------------------------------------------------------
+    model.Minimize(period)
+    for (i, k), var in x.items() if warm else ():
+        model.AddHint(var, int(warm.assignment[i] == k))
+
+    # --- Solve -----------------------------------------------------------------------------
+    solver, code = _run(model, time_limit, workers, cp_model)
+    status = _status(solver, code, cp_model)
+    if status is None:
+        raise InfeasibleError("CP-SAT proved the throughput model infeasible (support, pins, "
+                              "groups, memory" + (", contiguity" if contiguous else "") + ")")
+    if status == "UNKNOWN":
+        return _fallback(warm, time_limit)
+    a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
+                  for i in range(n)], dtype=np.int64)
+    sol = make_solution(problem, "throughput", a, "cpsat", status=status,
+                        bound=solver.BestObjectiveBound() / scale, started=t0)
+    return _no_worse(sol, warm)
+
+
+def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
+                warm_start: Solution | None = None, workers: int = 2,
+                contiguous: bool = False) -> Solution:
+    """Solve with CP-SAT, warm-started from ``warm_start`` or the best baseline.
+
+    Parameters
+    ----------
+    problem : Problem
+    objective : {"latency", "throughput"}
+    time_limit : float
+        Seconds for CP-SAT.
+    warm_start : Solution, optional
+        Hinted to CP-SAT and returned (status HEURISTIC) if CP-SAT finds nothing better.
+    workers : int
+        CP-SAT search workers.
+    contiguous : bool
+        Throughput only: every device's node set must be convex (a pipeline of stages).
+
+    Returns
+    -------
+    Solution
+        ``value`` from the simulator; ``bound`` from CP-SAT's best objective bound.
+    """
+    from . import best_baseline
+
+    if warm_start is None:
+        try:
+            warm_start = best_baseline(problem, objective)
+        except InfeasibleError as e:
+            log.info("no baseline placement (%s); CP-SAT starts cold", e)
+    warm = warm_start
+    if objective == "latency":
+        return _latency(problem, warm, time_limit, workers)
+    return _throughput(problem, warm, time_limit, workers, contiguous)

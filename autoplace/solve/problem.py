@@ -1,0 +1,178 @@
+"""The array-only placement problem every solver takes, and the solution every solver returns.
+
+Solvers see numbers, not IR: node costs per device, the tensors that flow along edges, link
+alpha/beta, memory. Only the edges of the system (``autoplace.api``) know TVM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OBJECTIVES = ("latency", "throughput")
+STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """A device-placement problem over ``n`` nodes (in topological order) and ``d`` devices.
+
+    Parameters
+    ----------
+    cost : (n, d) float array
+        Seconds node ``i`` takes on device ``k``; ``np.inf`` where ``k`` cannot run ``i``.
+    edges : (m, 2) int array
+        ``(src, dst)`` pairs with ``src < dst``. Every edge leaving ``src`` carries the same tensor,
+        the output of ``src``: it is copied once per destination device, not once per consumer.
+    out_bytes : (n,) float array
+        Bytes of each node's output tensor.
+    alpha, beta : (d, d) float arrays
+        Link latency (s) and bandwidth (bytes/s) from device ``a`` to ``b``. A copy of ``x`` bytes
+        costs ``alpha[a, b] + x / beta[a, b]``; the diagonal is never used.
+    node_mem : (n,) float array
+        Bytes a node keeps resident on its device (its parameters and output).
+    mem_cap : (d,) float array
+        Memory capacity of each device in bytes; ``np.inf`` for unlimited.
+    pins : (n,) int array
+        Device a node must run on, or ``-1``.
+    groups : (n,) int array
+        Colocation group (nodes sharing a non-negative id share a device), or ``-1``.
+    node_names, device_names : tuples of str
+        Used only in error messages and reports.
+    """
+
+    cost: np.ndarray
+    edges: np.ndarray
+    out_bytes: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    node_mem: np.ndarray
+    mem_cap: np.ndarray
+    pins: np.ndarray
+    groups: np.ndarray
+    node_names: tuple[str, ...] = field(default=())
+    device_names: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def build(
+        cls,
+        cost,
+        edges=(),
+        out_bytes=None,
+        *,
+        alpha=0.0,
+        beta=np.inf,
+        node_mem=None,
+        mem_cap=None,
+        pins=None,
+        groups=None,
+        node_names=(),
+        device_names=(),
+    ) -> Problem:
+        """Build a problem with defaults for everything but ``cost``, and validate it."""
+        cost = np.asarray(cost, dtype=float)
+        if cost.ndim != 2:
+            raise ValueError(f"cost must be an (n, d) array, got shape {cost.shape}")
+        n, d = cost.shape
+        edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+
+        def full(x, shape, default, dtype=float):
+            return np.full(shape, default, dtype=dtype) if x is None else np.broadcast_to(
+                np.asarray(x, dtype=dtype), shape).copy()
+
+        p = cls(
+            cost=cost,
+            edges=edges,
+            out_bytes=full(out_bytes, (n,), 0.0),
+            alpha=full(alpha, (d, d), 0.0),
+            beta=full(beta, (d, d), np.inf),
+            node_mem=full(node_mem, (n,), 0.0),
+            mem_cap=full(mem_cap, (d,), np.inf),
+            pins=full(pins, (n,), -1, np.int64),
+            groups=full(groups, (n,), -1, np.int64),
+            node_names=tuple(node_names) or tuple(f"n{i}" for i in range(n)),
+            device_names=tuple(device_names) or tuple(f"d{k}" for k in range(d)),
+        )
+        p.validate()
+        return p
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cost.shape[0]
+
+    @property
+    def num_devices(self) -> int:
+        return self.cost.shape[1]
+
+    @property
+    def supported(self) -> np.ndarray:
+        """(n, d) bool: which device can run which node."""
+        return np.isfinite(self.cost)
+
+    def transfer_time(self, node: int, src: int, dst: int) -> float:
+        """Seconds to copy ``node``'s output from device ``src`` to ``dst`` (0 on one device)."""
+        if src == dst:
+            return 0.0
+        return float(self.alpha[src, dst] + self.out_bytes[node] / self.beta[src, dst])
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first inconsistency found."""
+        n, d = self.cost.shape
+        if d == 0:
+            raise ValueError("a problem needs at least one device")
+        shapes = {"out_bytes": (n,), "node_mem": (n,), "pins": (n,), "groups": (n,),
+                  "alpha": (d, d), "beta": (d, d), "mem_cap": (d,)}
+        for name, shape in shapes.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {shape}")
+        if len(self.node_names) != n or len(self.device_names) != d:
+            raise ValueError("node_names and device_names must have one entry per node and device")
+        if np.isnan(self.cost).any() or (self.cost < 0).any():
+            raise ValueError("cost must be non-negative (use np.inf for unsupported)")
+        if self.edges.size:
+            src, dst = self.edges[:, 0], self.edges[:, 1]
+            if src.min() < 0 or dst.max() >= n:
+                raise ValueError(f"an edge names a node outside 0..{n - 1}")
+            bad = np.flatnonzero(src >= dst)
+            if bad.size:
+                s, t = self.edges[bad[0]]
+                raise ValueError(
+                    f"edge {self.node_names[s]} -> {self.node_names[t]} goes backwards: "
+                    "nodes must be numbered in topological order (src < dst)")
+        if ((self.pins < -1) | (self.pins >= d)).any():
+            raise ValueError(f"pins must be -1 or a device index in 0..{d - 1}")
+
+
+@dataclass(frozen=True, eq=False)
+class Solution:
+    """What a solver returns: a device per node, optionally a stage per node, and its score.
+
+    ``value`` is the objective as scored by the simulator (seconds: the makespan for latency,
+    the time per input for throughput); ``bound`` is a proven lower bound (``value`` when
+    OPTIMAL, ``0.0`` or a trivial bound for heuristics); ``gap = (value - bound) / value``.
+    For latency, ``order`` (node priority) and ``transfer_order`` (``(node, dst_device)`` copies
+    in link order) replay the schedule in ``simulate_latency`` and give exactly ``value``.
+    """
+
+    assignment: np.ndarray
+    objective: str
+    value: float
+    bound: float
+    status: str
+    solver: str
+    stages: np.ndarray | None = None
+    start: np.ndarray | None = None
+    wall_s: float = 0.0
+    order: np.ndarray | None = None
+    transfer_order: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def gap(self) -> float:
+        if self.value <= 0:
+            return 0.0
+        return max(0.0, (self.value - self.bound) / self.value)
+
+
+class InfeasibleError(ValueError):
+    """No placement satisfies the problem's constraints; the message names the cause."""

@@ -1,0 +1,327 @@
+"""The one scorer: every number a solver claims is re-computed here by code that did not produce it.
+
+Latency model (:func:`simulate_latency`)
+    Tasks are the nodes and the copies. A node runs on its device for ``cost[i, a[i]]`` seconds;
+    a device runs one node at a time. A node's output is copied once per *destination device*
+    that consumes it (not once per consumer), on the directed link ``(a[u], k)``, which carries
+    one copy at a time and takes ``alpha + bytes / beta``. A node starts when its device is free
+    and all its inputs are there. The order in which each device runs its nodes comes from a
+    priority ``order`` (default: the topological numbering, i.e. list scheduling); the order in
+    which each link sends its copies comes from ``transfer_order`` (default: in the order of each
+    copy's first consumer in ``order``, ties by producer). Given those sequences the schedule is
+    the earliest one (semi-active), so replaying the sequences of any valid schedule gives a
+    makespan no larger than it.
+
+Throughput model (:func:`simulate_throughput`)
+    Time per input of the pipeline: the maximum over devices of their summed compute and over
+    directed links of their summed copy time (one copy per tensor per destination device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import networkx as nx
+import numpy as np
+
+from .problem import InfeasibleError, Problem
+
+
+class Transfer(NamedTuple):
+    """One copy of ``node``'s output from device ``src`` to device ``dst``."""
+
+    node: int
+    src: int
+    dst: int
+    start: float
+    finish: float
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """The simulated single-input schedule of one assignment.
+
+    Attributes
+    ----------
+    makespan : float
+        Finish time of the last node (0 for an empty problem).
+    start, finish : (n,) float arrays
+        Start and finish time of every node.
+    transfers : tuple of Transfer
+        Every copy, in the order each link sends them.
+    busy : (d,) float array
+        Summed compute seconds per device.
+    order : (n,) int array
+        The node priority order the devices followed.
+    """
+
+    makespan: float
+    start: np.ndarray
+    finish: np.ndarray
+    transfers: tuple[Transfer, ...]
+    busy: np.ndarray
+    order: np.ndarray
+
+
+def _assignment(problem: Problem, assignment) -> np.ndarray:
+    a = np.asarray(assignment, dtype=np.int64)
+    if a.shape != (problem.num_nodes,):
+        raise ValueError(f"assignment has shape {a.shape}, expected ({problem.num_nodes},)")
+    if a.size and (a.min() < 0 or a.max() >= problem.num_devices):
+        raise ValueError(f"assignment names a device outside 0..{problem.num_devices - 1}")
+    return a
+
+
+def _check_supported(problem: Problem, a: np.ndarray) -> None:
+    bad = np.flatnonzero(~problem.supported[np.arange(a.size), a])
+    if bad.size:
+        i = int(bad[0])
+        raise InfeasibleError(f"node {problem.node_names[i]!r} is not supported on device "
+                              f"{problem.device_names[a[i]]!r}")
+
+
+def copies_needed(problem: Problem, assignment) -> list[tuple[int, int]]:
+    """The ``(node, destination device)`` copies an assignment needs, sorted.
+
+    Examples
+    --------
+    Node 0 on device 0 feeds nodes 1 and 2, both on device 1: one copy, not two.
+
+    >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (0, 2)])
+    >>> copies_needed(p, [0, 1, 1])
+    [(0, 1)]
+    """
+    a = _assignment(problem, assignment)
+    if not problem.edges.size:
+        return []
+    u, v = problem.edges[:, 0], problem.edges[:, 1]
+    cross = a[u] != a[v]
+    pairs = np.unique(u[cross] * problem.num_devices + a[v][cross])
+    return [(int(p // problem.num_devices), int(p % problem.num_devices)) for p in pairs]
+
+
+def simulate_latency(problem: Problem, assignment, order: Sequence[int] | None = None,
+                     transfer_order: Sequence[tuple[int, int]] | None = None) -> Schedule:
+    """Score one input's makespan under the latency model (see the module docstring).
+
+    Parameters
+    ----------
+    problem : Problem
+    assignment : (n,) ints
+        Device of every node.
+    order : sequence of int, optional
+        Node priority: each device runs its nodes in this order. Default ``0..n-1``.
+    transfer_order : sequence of (node, dst_device), optional
+        Each link sends its copies in this order; must list exactly the needed copies.
+        Default: by first consumer in ``order``, ties by producer.
+
+    Returns
+    -------
+    Schedule
+
+    Raises
+    ------
+    InfeasibleError
+        A node is on a device that cannot run it.
+    ValueError
+        ``order``/``transfer_order`` are not permutations, or contradict the edges.
+    """
+    a = _assignment(problem, assignment)
+    _check_supported(problem, a)
+    n, d = problem.num_nodes, problem.num_devices
+    order = np.arange(n) if order is None else np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(n)):
+        raise ValueError("order must be a permutation of the nodes")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for u, v in problem.edges.tolist():
+        preds[v].append(u)
+    needed = copies_needed(problem, a)
+    if transfer_order is None:
+        first = {}
+        for u, v in problem.edges.tolist():
+            if a[u] != a[v]:
+                key = (u, int(a[v]))
+                first[key] = min(first.get(key, n), int(pos[v]))
+        transfer_order = sorted(needed, key=lambda c: (first[c], c[0]))
+    transfer_order = [(int(u), int(k)) for u, k in transfer_order]
+    if sorted(transfer_order) != needed:
+        raise ValueError(f"transfer_order must list exactly the needed copies {needed}")
+
+    # Task graph: nodes 0..n-1, copies n..n+c-1; arcs are data dependencies and resource sequences.
+    cid = {c: n + j for j, c in enumerate(transfer_order)}
+    dur = np.concatenate([problem.cost[np.arange(n), a],
+                          [problem.transfer_time(u, int(a[u]), k) for u, k in transfer_order]])
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n + len(cid)))
+    for v in range(n):
+        for u in preds[v]:
+            g.add_edge(u, v) if a[u] == a[v] else g.add_edge(cid[(u, int(a[v]))], v)
+    for (u, _), t in cid.items():
+        g.add_edge(u, t)
+    last_dev: dict[int, int] = {}
+    for v in order.tolist():
+        if a[v] in last_dev:
+            g.add_edge(last_dev[a[v]], v)
+        last_dev[a[v]] = v
+    last_link: dict[tuple[int, int], int] = {}
+    for u, k in transfer_order:
+        link = (int(a[u]), k)
+        if link in last_link:
+            g.add_edge(last_link[link], cid[(u, k)])
+        last_link[link] = cid[(u, k)]
+    try:
+        topo = list(nx.topological_sort(g))
+    except nx.NetworkXUnfeasible:
+        raise ValueError("order/transfer_order contradict the edges (a task would wait on itself)")
+    start = np.zeros(len(dur))
+    for t in topo:
+        ready = max((start[p] + dur[p] for p in g.predecessors(t)), default=0.0)
+        start[t] = ready
+    finish = start + dur
+    transfers = tuple(Transfer(u, int(a[u]), k, float(start[cid[(u, k)]]),
+                               float(finish[cid[(u, k)]])) for u, k in transfer_order)
+    return Schedule(
+        makespan=float(finish[:n].max(initial=0.0)),
+        start=start[:n].copy(),
+        finish=finish[:n].copy(),
+        transfers=transfers,
+        busy=np.bincount(a, weights=dur[:n], minlength=d).astype(float),
+        order=order,
+    )
+
+
+def link_loads(problem: Problem, assignment) -> np.ndarray:
+    """(d, d) summed copy seconds per directed link (one copy per tensor per destination)."""
+    a = _assignment(problem, assignment)
+    d = problem.num_devices
+    loads = np.zeros((d, d))
+    for u, k in copies_needed(problem, a):
+        loads[a[u], k] += problem.transfer_time(u, int(a[u]), k)
+    return loads
+
+
+def device_loads(problem: Problem, assignment) -> np.ndarray:
+    """(d,) summed compute seconds per device."""
+    a = _assignment(problem, assignment)
+    _check_supported(problem, a)
+    return np.bincount(a, weights=problem.cost[np.arange(a.size), a],
+                       minlength=problem.num_devices).astype(float)
+
+
+def simulate_throughput(problem: Problem, assignment) -> float:
+    """Time per input of the pipeline: the busiest device or directed link.
+
+    Examples
+    --------
+    Two nodes of 1 s on two devices, 4 bytes crossing a link of 1 s + 4 B / (2 B/s) = 3 s:
+
+    >>> p = Problem.build([[1.0, 1.0], [1.0, 1.0]], [(0, 1)], [4.0, 0.0], alpha=1.0, beta=2.0)
+    >>> simulate_throughput(p, [0, 1])
+    3.0
+    """
+    return float(max(device_loads(problem, assignment).max(initial=0.0),
+                     link_loads(problem, assignment).max(initial=0.0)))
+
+
+def check_feasible(problem: Problem, assignment) -> None:
+    """Raise :class:`InfeasibleError` naming the node/device if ``assignment`` breaks a constraint.
+
+    Checks support, pins, colocation groups and memory capacity.
+    """
+    a = _assignment(problem, assignment)
+    names, devs = problem.node_names, problem.device_names
+    _check_supported(problem, a)
+    bad = np.flatnonzero((problem.pins >= 0) & (problem.pins != a))
+    if bad.size:
+        i = int(bad[0])
+        raise InfeasibleError(f"node {names[i]!r} is pinned to {devs[problem.pins[i]]!r} "
+                              f"but placed on {devs[a[i]]!r}")
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        members = np.flatnonzero(problem.groups == g)
+        if np.unique(a[members]).size > 1:
+            raise InfeasibleError(
+                f"colocation group {int(g)} is split: {names[members[0]]!r} on "
+                f"{devs[a[members[0]]]!r} but "
+                f"{names[members[a[members] != a[members[0]]][0]]!r} elsewhere")
+    used = np.bincount(a, weights=problem.node_mem, minlength=problem.num_devices)
+    over = np.flatnonzero(used > problem.mem_cap * (1 + 1e-12))
+    if over.size:
+        k = int(over[0])
+        raise InfeasibleError(f"device {devs[k]!r} holds {used[k]:.6g} bytes, over its capacity "
+                              f"of {problem.mem_cap[k]:.6g} bytes")
+
+
+def allowed_devices(problem: Problem) -> np.ndarray:
+    """(n, d) bool: devices each node may use given support, pins and its group's pins/support."""
+    allowed = problem.supported.copy()
+    pinned = problem.pins >= 0
+    allowed[pinned] = False
+    allowed[np.flatnonzero(pinned), problem.pins[pinned]] = problem.supported[
+        np.flatnonzero(pinned), problem.pins[pinned]]
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        members = problem.groups == g
+        allowed[members] = allowed[members].all(axis=0)
+    return allowed
+
+
+def precheck(problem: Problem) -> None:
+    """Raise :class:`InfeasibleError` naming the cause when no placement can exist.
+
+    Detects: a node no device supports, a pin to a device that cannot run the node, two pins in
+    one colocation group, a group with no common device, a node or group larger than every
+    device it may use, and total memory above total capacity.
+    """
+    names, devs = problem.node_names, problem.device_names
+    none = np.flatnonzero(~problem.supported.any(axis=1))
+    if none.size:
+        raise InfeasibleError(f"node {names[none[0]]!r} is supported on no device")
+    for i in np.flatnonzero(problem.pins >= 0):
+        if not problem.supported[i, problem.pins[i]]:
+            raise InfeasibleError(f"node {names[i]!r} is pinned to {devs[problem.pins[i]]!r}, "
+                                  "which cannot run it")
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        members = np.flatnonzero(problem.groups == g)
+        gp = problem.pins[members]
+        if np.unique(gp[gp >= 0]).size > 1:
+            i, j = members[gp >= 0][:1][0], members[(gp >= 0) & (gp != gp[gp >= 0][0])][0]
+            raise InfeasibleError(
+                f"colocation group {int(g)} has contradictory pins: {names[i]!r} on "
+                f"{devs[problem.pins[i]]!r}, {names[j]!r} on {devs[problem.pins[j]]!r}")
+    allowed = allowed_devices(problem)
+    for i in np.flatnonzero(~allowed.any(axis=1)):
+        raise InfeasibleError(f"colocation group {int(problem.groups[i])} of node "
+                              f"{names[i]!r} has no device that can run all its members")
+    mem = problem.node_mem.copy()
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        members = problem.groups == g
+        mem[members] = problem.node_mem[members].sum()
+    fits = allowed & (mem[:, None] <= problem.mem_cap[None, :] * (1 + 1e-12))
+    for i in np.flatnonzero(~fits.any(axis=1)):
+        what = (f"node {names[i]!r}" if problem.groups[i] < 0
+                else f"colocation group {int(problem.groups[i])} (with node {names[i]!r})")
+        raise InfeasibleError(f"{what} needs {mem[i]:.6g} bytes, more than any device it may "
+                              "use can hold")
+    if problem.node_mem.sum() > problem.mem_cap.sum() * (1 + 1e-12):
+        raise InfeasibleError(f"the nodes need {problem.node_mem.sum():.6g} bytes in total, more "
+                              f"than the {problem.mem_cap.sum():.6g} bytes of all devices")
+
+
+def orders_from_times(start: np.ndarray, finish: np.ndarray,
+                      copies: dict[tuple[int, int], tuple[float, float]]
+                      ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Node order and transfer order that replay a valid schedule in :func:`simulate_latency`.
+
+    Tasks are sorted by ``(start, finish, producer, node-before-copy)``; this order is consistent
+    with every data dependency and every resource sequence of a valid schedule, so the replay
+    finishes no later than the schedule it came from.
+    """
+    keys = [(float(start[i]), float(finish[i]), i, 0, -1) for i in range(len(start))]
+    keys += [(s, f, u, 1, k) for (u, k), (s, f) in copies.items()]
+    keys.sort()
+    order = np.array([key[2] for key in keys if key[3] == 0], dtype=np.int64)
+    return order, [(key[2], key[4]) for key in keys if key[3] == 1]

@@ -1,0 +1,42 @@
+"""Solver scale on a random layered DAG, 4 devices (autoplace's own simulator).
+
+Run: ``.venv/bin/python benchmarks/solve_scale.py``
+"""
+
+import time
+
+import numpy as np
+
+from autoplace.solve import Problem, solve
+
+
+def random_dag(n, d, rng):
+    cost = rng.uniform(1e-4, 1e-3, (n, d))
+    cost[:, 1:][rng.random((n, d - 1)) < 0.1] = np.inf
+    src = np.arange(1, n)
+    edges = np.stack([rng.integers(np.maximum(0, src - 20), src), src], axis=1)
+    extra = rng.integers(0, n - 1, n // 4)
+    edges = np.concatenate([edges, np.stack([extra, extra + 1 + rng.integers(0, 30, extra.size)],
+                                            axis=1)])
+    edges = np.unique(edges[edges[:, 1] < n], axis=0)
+    return Problem.build(cost, edges, rng.uniform(1e3, 1e6, n), alpha=1e-5, beta=1e10)
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print(f"{'nodes':>7}{'solver':>10}{'objective':>12}{'value':>12}{'bound':>12}{'gap':>8}"
+          f"{'s':>8}")
+    for n in (100, 1000, 10000):
+        p = random_dag(n, 4, rng)
+        for solver, objective in (("heft", "latency"), ("greedy", "latency"),
+                                  ("greedy", "throughput"), ("cpsat", "latency")):
+            if solver == "cpsat" and n > 1000:
+                continue
+            t0 = time.perf_counter()
+            s = solve(p, objective, solver, time_limit=10.0)
+            print(f"{n:>7}{solver:>10}{objective:>12}{s.value:>12.5f}{s.bound:>12.5f}"
+                  f"{s.gap:>8.3f}{time.perf_counter() - t0:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

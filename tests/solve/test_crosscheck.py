@@ -1,0 +1,105 @@
+"""Random small problems: exact solvers agree, the simulator agrees with every claim, baselines
+never beat the optimum, infeasible inputs name their cause."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from autoplace.solve import InfeasibleError, Problem, simulate_latency, simulate_throughput, solve
+
+HEURISTICS = ("single", "priority", "greedy", "heft")
+
+
+@st.composite
+def problems(draw, max_nodes=6):
+    """A random DAG (edges src < dst) on 2-3 devices with support holes, pins, groups and
+    integer memory. Device 0 supports everything so most draws are feasible."""
+    n = draw(st.integers(2, max_nodes))
+    d = draw(st.integers(2, 3))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(1, 10, (n, d)).astype(float)
+    cost[:, 1:][rng.random((n, d - 1)) < 0.2] = np.inf
+    edges = [(i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < 0.4]
+    pins = np.where(rng.random(n) < 0.1, 0, -1)
+    groups = np.where(rng.random(n) < 0.2, 0, -1)
+    mem = rng.integers(0, 4, n)
+    cap = rng.integers(int(mem.sum() // d) + 1, int(mem.sum()) + 2, d)
+    return Problem.build(cost, edges, rng.integers(0, 10, n), alpha=rng.uniform(0, 1, (d, d)),
+                         beta=rng.uniform(1, 5, (d, d)), node_mem=mem, mem_cap=cap, pins=pins,
+                         groups=groups)
+
+
+def _solve_or_none(problem, objective, solver):
+    try:
+        return solve(problem, objective, solver, time_limit=20.0)
+    except InfeasibleError:
+        return None
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_latency_exact_solvers_agree_and_bound_baselines(problem):
+    brute = _solve_or_none(problem, "latency", "brute")
+    if brute is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, "latency", "cpsat")
+        return
+    cp = solve(problem, "latency", "cpsat", time_limit=20.0)
+    assert cp.status == "OPTIMAL"
+    assert cp.value == pytest.approx(brute.value, rel=1e-4)
+    for sol in (brute, cp):
+        replay = simulate_latency(problem, sol.assignment, sol.order, sol.transfer_order)
+        assert replay.makespan == pytest.approx(sol.value, rel=1e-12)
+        assert sol.bound <= sol.value * (1 + 1e-12)
+    assert cp.bound <= brute.value * (1 + 1e-9)
+    for name in HEURISTICS:
+        sol = _solve_or_none(problem, "latency", name)
+        if sol is not None:
+            assert sol.value >= brute.value * (1 - 1e-9), name
+            assert sol.value == pytest.approx(
+                simulate_latency(problem, sol.assignment, sol.order, sol.transfer_order).makespan)
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=8))
+def test_throughput_exact_solvers_agree_and_bound_baselines(problem):
+    brute = _solve_or_none(problem, "throughput", "brute")
+    if brute is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, "throughput", "cpsat")
+        return
+    cp = solve(problem, "throughput", "cpsat", time_limit=20.0)
+    assert cp.status == "OPTIMAL"
+    assert cp.value == pytest.approx(brute.value, rel=1e-4)
+    assert simulate_throughput(problem, cp.assignment) == pytest.approx(cp.value, rel=1e-12)
+    assert cp.bound <= brute.value * (1 + 1e-9)
+    for name in HEURISTICS:
+        sol = _solve_or_none(problem, "throughput", name)
+        if sol is not None:
+            assert sol.value >= brute.value * (1 - 1e-9), name
+
+
+@settings(max_examples=15, deadline=None, database=None)
+@given(problems(), st.sampled_from(["unsupported", "pins", "memory"]))
+def test_infeasible_inputs_name_their_cause(problem, cause):
+    n, d = problem.cost.shape
+    kw = dict(cost=problem.cost.copy(), edges=problem.edges, out_bytes=problem.out_bytes)
+    if cause == "unsupported":
+        kw["cost"][n - 1] = np.inf
+        message = f"'n{n - 1}' is supported on no device"
+    elif cause == "pins":
+        kw.update(groups=[0, 0] + [-1] * (n - 2), pins=[0, 1] + [-1] * (n - 2))
+        kw["cost"][:2] = 1.0
+        message = "group 0 has contradictory pins"
+    else:
+        assume(n > d)
+        kw.update(node_mem=np.ones(n), mem_cap=np.full(d, (n - 0.5) / d))
+        message = "bytes in total"
+    bad = Problem.build(**kw)
+    for solver in ("heft", "brute", "cpsat"):
+        with pytest.raises(InfeasibleError, match=message):
+            solve(bad, "latency", solver)

@@ -1,0 +1,82 @@
+"""Baselines and the registry, on examples small enough to work out by hand."""
+
+import numpy as np
+import pytest
+
+from autoplace.solve import SOLVERS, InfeasibleError, Problem, simulate_latency, solve
+
+
+def _fork():
+    # 0 -> 1, 0 -> 2. Costs: node 0 (1, 5), node 1 (2, 2), node 2 (2, 2). Copies 0.5 s.
+    # One device: 1 + 2 + 2 = 5. Best: 0 and 1 on d0, 2 on d1:
+    # 0 [0, 1], 1 [1, 3], copy [1, 1.5], 2 [1.5, 3.5] -> 3.5.
+    return Problem.build([[1.0, 5.0], [2.0, 2.0], [2.0, 2.0]], [(0, 1), (0, 2)], alpha=0.5)
+
+
+@pytest.mark.parametrize("solver, value", [
+    ("single", 5.0), ("single:0", 5.0), ("single:1", 9.0), ("priority", 5.0),
+    ("greedy", 3.5), ("heft", 3.5), ("brute", 3.5), ("cpsat", 3.5),
+])
+def test_fork_latency(solver, value):
+    sol = solve(_fork(), "latency", solver)
+    assert sol.value == pytest.approx(value, rel=1e-5)
+    replay = simulate_latency(_fork(), sol.assignment, sol.order, sol.transfer_order)
+    assert replay.makespan == pytest.approx(sol.value, rel=1e-12)
+    assert sol.bound <= sol.value + 1e-9
+
+
+def test_fork_throughput_optimum():
+    # Throughput: {0, 1} on d0 = 3 s, {2} on d1 = 2 s, link 0.5 s -> 3 s; {0} d0 and {1, 2} d1
+    # gives max(1, 4) = 4; so 3 is optimal (every 2-way split of 5 s of work has a side >= 3).
+    for solver in ("brute", "cpsat"):
+        sol = solve(_fork(), "throughput", solver)
+        assert sol.value == pytest.approx(3.0, rel=1e-5)
+        assert sol.status == "OPTIMAL"
+        assert sol.bound == pytest.approx(3.0, rel=1e-5)
+
+
+def test_priority_takes_the_first_device_that_runs_the_op():
+    # d0 cannot run node 1: ONNX Runtime style puts 0 and 2 on d0 and 1 on d1.
+    p = Problem.build([[1.0, 9.0], [np.inf, 1.0], [1.0, 9.0]], [(0, 1), (1, 2)])
+    assert solve(p, "latency", "priority").assignment.tolist() == [0, 1, 0]
+
+
+def test_two_chains_optimum_and_heft():
+    # Chains 0 -> 1 and 2 -> 3; every node 1 s on d0, 2 s on d1; copies 0.1 s.
+    # All on d0: 4. Optimum 3.1: 0 [0, 1], 1 [1, 2] on d0; 2 on d1 [0, 2], copy [2, 2.1],
+    # 3 on d0 [2.1, 3.1]. Anything on d1 costs 2 s and a head there delays its tail past 2.1,
+    # a tail there starts after 1.1; two nodes on d1 take 4 s.
+    p = Problem.build([[1.0, 2.0]] * 4, [(0, 1), (2, 3)], alpha=0.1)
+    assert solve(p, "latency", "brute").value == pytest.approx(3.1)
+    assert solve(p, "latency", "cpsat").value == pytest.approx(3.1)
+    assert 3.1 - 1e-9 <= solve(p, "latency", "heft").value <= 4.0
+
+
+def test_baselines_respect_memory_and_say_why_they_fail():
+    # Each node needs 6 bytes, devices hold 10: one node per device; greedy must spread.
+    p = Problem.build(np.ones((2, 2)), [(0, 1)], node_mem=6, mem_cap=10)
+    assert sorted(solve(p, "latency", "greedy").assignment.tolist()) == [0, 1]
+    with pytest.raises(InfeasibleError, match="no single device can run the whole model"):
+        solve(p, "latency", "single")
+
+
+def test_groups_and_pins_are_respected():
+    p = Problem.build(np.ones((4, 3)), [(0, 1), (1, 2), (2, 3)], groups=[5, -1, -1, 5],
+                      pins=[-1, -1, -1, 2])
+    for solver in ("priority", "greedy", "heft", "cpsat", "brute"):
+        a = solve(p, "latency", solver).assignment
+        assert a[0] == a[3] == 2, solver
+
+
+def test_infeasible_raises_before_solving():
+    p = Problem.build([[1.0, np.inf]], pins=[1], node_names=["conv"], device_names=["a", "b"])
+    for solver in SOLVERS:
+        with pytest.raises(InfeasibleError, match="'conv' is pinned to 'b'"):
+            solve(p, "throughput", solver)
+
+
+def test_unknown_names_are_errors():
+    with pytest.raises(ValueError, match="unknown solver 'magic'.*'heft'"):
+        solve(_fork(), "latency", "magic")
+    with pytest.raises(ValueError, match="unknown objective"):
+        solve(_fork(), "energy", "heft")

@@ -88,6 +88,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     lifted, lifted_vars = [], {}  # constants turned into parameters, when lift_constants
     copies = {}  # (new var, device) -> copied var
     consts = {}  # old var bound to a constant -> the constant
+    tuples = {}  # old var bound to a tuple literal -> the tuple (its fields may differ in device)
+    aliases = {}  # old var bound to another var -> that var
     blocks = []
     node_index = 0
     in_dataflow = False
@@ -96,6 +98,10 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         """``expr`` as seen by an op on device ``k``: copied or re-placed when needed."""
         if isinstance(expr, relax.Var) and expr in consts:
             expr = consts[expr]
+        while isinstance(expr, relax.Var) and expr in aliases:  # copy the tensor, not a name
+            expr = aliases[expr]
+        if isinstance(expr, relax.Var) and expr in tuples:  # placed field by field
+            expr = tuples[expr]
         if _is_tensor_const(expr):
             if not lift_constants:
                 return ir.expr.GenericConst(expr.value, with_vdevice(expr.ty, k))
@@ -147,9 +153,18 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 consts[var] = consts[value]
                 continue
             else:  # alias, tuple-get-item, tuple: stay with their source
+                if isinstance(value, relax.Tuple):
+                    tuples[var] = value
+                if isinstance(value, relax.TupleGetItem) and value.tuple_value in tuples:
+                    value = tuples[value.tuple_value].fields[value.index]  # the field itself
+                if isinstance(value, relax.Var):
+                    aliases[var] = value
                 call = _remap(value, new_of)
                 src = _source_device(value, new_of, loc)
-                nv = fresh(var, var.ty if src is None else with_vdevice(var.ty, src))
+                if isinstance(call, relax.Tuple):  # each field keeps its own device
+                    nv = fresh(var, _type_of(call))
+                else:
+                    nv = fresh(var, var.ty if src is None else with_vdevice(var.ty, src))
                 if src is not None:
                     loc[nv] = src
             out.append(relax.VarBinding(nv, call))

@@ -107,3 +107,34 @@ def test_lifted_constants_become_trailing_parameters(devs):
     assert len(got["main"].params) == 3 and len(lifted) == 1
     assert lifted[0][1] == 1  # on device position 1 (b)
     np.testing.assert_array_equal(lifted[0][0].numpy(), np.ones(4, "float32"))
+
+
+@I.ir_module
+class MixedTuple:
+    @R.function
+    def main(x: R.Tensor((2, 4), "float32")):
+        with R.dataflow():
+            p = R.nn.relu(x)
+            q = R.exp(x)
+            t = (p, q)
+            first = t[0]
+            both = R.concat(t, axis=0)
+            y = R.add(first, R.sum(both, axis=0))
+            R.output(y)
+        return y
+
+
+def test_tuple_of_tensors_on_two_devices(devs, rng):
+    # p on a, q on b, concat and add on b. x lives with p (its first consumer) and crosses for q.
+    # t[0] is p itself: concat (field by field) and add share one copy of p to b.
+    g = autoplace.OpGraph.from_relax(MixedTuple)
+    assert [n.op_type for n in g.nodes] == ["nn.relu", "exp", "concat", "sum", "add"]
+    plan = autoplace.Plan.from_assignment(g, devs, ["a", "b", "b", "b", "b"])
+    got = autoplace.annotate(MixedTuple, plan)
+    tvm.ir.assert_structural_equal(relax.transform.RealizeVDevice()(got), got)
+    assert [b.value.args[0].name for b in _to_vdevice_calls(got)] == ["x", "p"]
+    x = rng.standard_normal((2, 4)).astype("float32")
+    p, q = np.maximum(x, 0), np.exp(x)
+    expected = p + np.concatenate([p, q]).sum(axis=0)
+    out = autoplace.compile(MixedTuple, plan)(x)[0]
+    np.testing.assert_allclose(out, expected, rtol=1e-5)

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from autoplace.solve import Problem, solve
+from autoplace.solve import AUTO_CPSAT_MAX_NODES, Problem, solve
 
 
 def random_dag(n, d, rng):
@@ -29,8 +29,11 @@ def main():
     for n in (100, 1000, 10000):
         p = random_dag(n, 4, rng)
         for solver, objective in (("heft", "latency"), ("greedy", "latency"),
-                                  ("greedy", "throughput"), ("cpsat", "latency")):
-            if solver == "cpsat" and n > 1000:
+                                  ("greedy", "throughput"), ("cpsat", "latency"),
+                                  ("auto", "latency")):
+            # "auto" is CP-SAT up to AUTO_CPSAT_MAX_NODES, the best baseline above it.
+            big = n > AUTO_CPSAT_MAX_NODES
+            if (solver == "cpsat" and big) or (solver == "auto" and not big):
                 continue
             t0 = time.perf_counter()
             s = solve(p, objective, solver, time_limit=10.0)

@@ -8,7 +8,7 @@ import networkx as nx
 import numpy as np
 
 from .problem import Problem, Solution
-from .simulate import check_feasible, simulate_latency, simulate_throughput
+from .simulate import allowed_devices, check_feasible, simulate_latency, simulate_throughput
 
 
 def graph(problem: Problem) -> nx.DiGraph:
@@ -43,15 +43,33 @@ def stages_of(problem: Problem, assignment) -> np.ndarray:
 
 
 def trivial_bound(problem: Problem, objective: str) -> float:
-    """A cheap valid lower bound: total best-case work over all devices, the costliest node,
-    and (latency) the critical path with every node at its fastest and free communication."""
-    best = problem.cost.min(axis=1) if problem.num_nodes else np.zeros(0)
-    lb = max(float(best.sum()) / problem.num_devices, float(best.max(initial=0.0)))
+    """A cheap valid lower bound on any feasible plan's value, the largest of:
+
+    * the total work, each node at its cheapest allowed device, over the number of devices;
+    * work that must share one device: the nodes allowed only on device ``k``, and each
+      colocation group at its cheapest common device (this covers the costliest node);
+    * (latency) the critical path with every node at its cheapest allowed device and free copies.
+
+    "Allowed" honours support, pins and groups (:func:`simulate.allowed_devices`).
+    """
+    n, d = problem.cost.shape
+    if n == 0:
+        return 0.0
+    allowed = allowed_devices(problem)
+    cost = np.where(allowed, problem.cost, np.inf)
+    best = cost.min(axis=1)
+    lb = float(best.sum()) / d
+    only = allowed.sum(axis=1) == 1
+    forced = np.bincount(allowed[only].argmax(axis=1), weights=best[only], minlength=d)
+    lb = max(lb, float(forced.max()), float(best.max()))
+    for g in np.unique(problem.groups[problem.groups >= 0]):
+        lb = max(lb, float(cost[problem.groups == g].sum(axis=0).min()))
     if objective == "latency":
         path = best.copy()
-        for u, v in sorted(problem.edges.tolist(), key=lambda e: e[1]):
+        edges = problem.edges[np.argsort(problem.edges[:, 1], kind="stable")]
+        for u, v in edges.tolist():
             path[v] = max(path[v], path[u] + best[v])
-        lb = max(lb, float(path.max(initial=0.0)))
+        lb = max(lb, float(path.max()))
     return lb
 
 
@@ -60,21 +78,23 @@ def make_solution(problem: Problem, objective: str, assignment, solver: str, *,
                   transfer_order=None, started: float | None = None) -> Solution:
     """Check ``assignment`` and score it with the simulator into a :class:`Solution`.
 
-    ``bound`` defaults to :func:`trivial_bound`; a status of OPTIMAL also sets the bound to the
-    simulated value when the claimed bound is within 1e-9 relative of it.
+    The bound is the larger of ``bound`` (a solver's claim) and :func:`trivial_bound`, capped at
+    the simulated value.
     """
     a = np.asarray(assignment, dtype=np.int64)
     check_feasible(problem, a)
-    lb = trivial_bound(problem, objective) if bound is None else float(bound)
+    lb = trivial_bound(problem, objective)
+    if bound is not None:
+        lb = max(lb, float(bound))
     wall = 0.0 if started is None else time.perf_counter() - started
     if objective == "latency":
         s = simulate_latency(problem, a, order, transfer_order)
         value = s.makespan
-        lb = min(max(lb, trivial_bound(problem, objective)), value)
+        lb = min(lb, value)
         return Solution(assignment=a, objective=objective, value=value, bound=lb, status=status,
                         solver=solver, start=s.start, wall_s=wall, order=s.order,
                         transfer_order=tuple((t.node, t.dst) for t in s.transfers))
     value = simulate_throughput(problem, a)
-    lb = min(max(lb, trivial_bound(problem, objective)), value)
+    lb = min(lb, value)
     return Solution(assignment=a, objective=objective, value=value, bound=lb, status=status,
                     solver=solver, stages=stages_of(problem, a), wall_s=wall)

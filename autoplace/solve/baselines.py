@@ -48,7 +48,7 @@ class _Placer:
 
     def __init__(self, problem: Problem):
         self.p = problem
-        self.allowed = allowed_devices(problem)
+        self.allowed = [np.flatnonzero(row).tolist() for row in allowed_devices(problem)]
         self.free = problem.mem_cap.astype(float).copy()
         self.group_dev: dict[int, int] = {}
 
@@ -64,8 +64,7 @@ class _Placer:
         if g >= 0 and g in self.group_dev:
             return [self.group_dev[g]]
         need = self._need(i)
-        return [k for k in np.flatnonzero(self.allowed[i]).tolist()
-                if need <= self.free[k] * (1 + 1e-12) + 1e-9]
+        return [k for k in self.allowed[i] if need <= self.free[k] * (1 + 1e-12) + 1e-9]
 
     def place(self, i: int, k: int) -> None:
         g = int(self.p.groups[i])
@@ -81,7 +80,7 @@ class _Placer:
             f"{rule} cannot place node {p.node_names[i]!r}: no device it may use has "
             f"{self._need(i):.6g} bytes of memory left (free: "
             + ", ".join(f"{p.device_names[k]}={self.free[k]:.6g}"
-                        for k in np.flatnonzero(self.allowed[i])) + ")")
+                        for k in self.allowed[i]) + ")")
 
 
 def priority(problem: Problem, objective: str) -> Solution:
@@ -142,11 +141,11 @@ class _Timeline:
         if m == 0:
             return ready
         if not self.insertion:
-            return max(ready, finishes[m - 1])
+            return max(ready, float(finishes[m - 1]))
         # Tasks on a device are disjoint, so finishes are sorted too: skip those done by `ready`.
         j = int(np.searchsorted(finishes[:m], ready, side="right"))
         if j == m:
-            return max(ready, finishes[m - 1])
+            return max(ready, float(finishes[m - 1]))
         prev_end = np.empty(m - j)
         prev_end[0] = finishes[j - 1] if j else 0.0
         prev_end[1:] = finishes[j:m - 1]
@@ -187,7 +186,8 @@ def _list_schedule(problem: Problem, objective: str, order: list[int], insertion
         cands = placer.candidates(i)
         if not cands:
             raise placer.stuck(i, rule)
-        options = [(k, *tl.eft(i, sorted(preds[i]), k)) for k in cands]
+        inputs = sorted(preds[i])
+        options = [(k, *tl.eft(i, inputs, k)) for k in cands]
         if objective == "latency":
             k, s, f, new = min(options, key=lambda o: (o[2], o[0]))
         else:  # balance the pipeline: smallest resulting device load, then earliest finish

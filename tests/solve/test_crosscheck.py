@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from autoplace.solve import InfeasibleError, Problem, simulate_latency, simulate_throughput, solve
+from autoplace.solve._common import trivial_bound
 
 HEURISTICS = ("single", "priority", "greedy", "heft")
 
@@ -81,6 +82,14 @@ def test_throughput_exact_solvers_agree_and_bound_baselines(problem):
         sol = _solve_or_none(problem, "throughput", name)
         if sol is not None:
             assert sol.value >= brute.value * (1 - 1e-9), name
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(problems(), st.sampled_from(["latency", "throughput"]))
+def test_trivial_bound_never_exceeds_the_optimum(problem, objective):
+    brute = _solve_or_none(problem, objective, "brute")
+    assume(brute is not None)
+    assert trivial_bound(problem, objective) <= brute.value * (1 + 1e-9)
 
 
 @settings(max_examples=15, deadline=None, database=None)

@@ -70,6 +70,7 @@ def _check_placements(model, devs, rng, n_random=1):
     ref = autoplace.compile(model.mod, autoplace.Plan.from_assignment(g, devs, ["a"] * n))(*model.inputs)
     plans = [["b"] * n, [devs[i % 2].name for i in range(n)]]
     plans += [[devs[j].name for j in rng.integers(0, 2, n)] for _ in range(n_random)]
+    plans.append(list(autoplace.optimize(model.mod, devs, time_limit=5).plan.assignment))
     for assignment in plans:
         out = autoplace.compile(model.mod, autoplace.Plan.from_assignment(g, devs, assignment))(
             *model.inputs)

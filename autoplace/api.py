@@ -16,6 +16,8 @@ from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
+from autoplace.solve.problem import OBJECTIVES
+from autoplace.solve.simulate import copies_needed
 
 if TYPE_CHECKING:
     import tvm
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
     from autoplace.run import CompiledModel
 
 log = logging.getLogger(__name__)
-
-OBJECTIVES = ("latency", "throughput")
 
 
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
@@ -94,6 +94,11 @@ class OptimizeResult:
     def predicted_latency_s(self) -> float:
         """Predicted seconds per inference (latency) or per input (throughput)."""
         return self.solution.value
+
+    @property
+    def copies(self) -> int:
+        """Cross-device copies the plan makes: one per tensor and destination device."""
+        return len(copies_needed(self.problem, self.solution.assignment))
 
     def compile(self) -> CompiledModel:
         """Build the plan for its devices; the result takes and returns numpy arrays."""

@@ -53,11 +53,10 @@ def main():
                for r in (alt, rand)]
         res = autoplace.optimize(m.mod, devs, time_limit=10)
         planned = res.compile()
-        copies = sum(res.plan.assignment[e.src] != res.plan.assignment[e.dst] for e in g.edges)
         print(f"{name:<18}{n:>5}{t_import:>10.2f}{t_build1:>10.2f}{t_buildn:>10.2f}"
               f"{err[0]:>10.2g}{err[1]:>10.2g}{res.predicted_latency_s * 1e3:>10.3f}"
               f"{_time(single, m.inputs, args.repeat) * 1e3:>11.3f}"
-              f"{_time(planned, m.inputs, args.repeat) * 1e3:>9.3f}{copies:>8}")
+              f"{_time(planned, m.inputs, args.repeat) * 1e3:>9.3f}{res.copies:>8}")
 
 
 if __name__ == "__main__":

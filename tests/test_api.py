@@ -79,3 +79,14 @@ def test_roofline_is_the_slower_of_compute_and_memory():
     t = autoplace.RooflineCostModel(launch_s=0.0).predict(g, dev)
     mm = g.nodes[0]  # 8x64 @ 64x64: 65536 FLOPs, (2048 + 16384 + 2048) bytes
     assert t[0] == pytest.approx(max(mm.flops, mm.bytes_read + mm.bytes_written) / 1e9)
+
+
+def test_copies_count_tensors_per_destination_not_edges(devs):
+    # branchy_cnn: stem_relu feeds branch_a (conv) and branch_b_pool; both on b while the stem
+    # is on a -> two crossing edges, one copy.
+    model = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(model.mod)
+    res = autoplace.optimize(model.mod, devs, pins=[("index:0-1", "a"), ("*", "b")])
+    crossing = sum(res.plan.assignment[e.src] != res.plan.assignment[e.dst] for e in g.edges)
+    assert crossing == 2 and res.copies == 1
+    assert res.mod.script().count("R.to_vdevice(") == res.copies

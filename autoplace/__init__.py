@@ -7,6 +7,8 @@
 'latency'
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from autoplace import frontends, zoo
 from autoplace.annotate import annotate
 from autoplace.api import OptimizeResult, build_problem, node_costs, optimize
@@ -17,6 +19,11 @@ from autoplace.plan import Plan, PlanError
 from autoplace.predict import RooflineCostModel
 from autoplace.run import CompiledModel, compile
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
+
+try:
+    __version__ = version("autoplace")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CompiledModel", "Device", "InfeasibleError", "Link", "OpGraph", "OpNode", "OptimizeResult",

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
     """``(n, d)`` seconds per node per device (``inf`` where a device cannot run the op) and the
-    source of each node's costs."""
+    source of each node's costs (``"measured+roofline"``: measured on some devices only)."""
     model = cost_model if cost_model is not None else RooflineCostModel()
     if not hasattr(model, "predict"):
         raise TypeError(f"cost_model must have predict(graph, device); got {type(model).__name__}")
@@ -41,7 +41,9 @@ def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
         for n in graph.nodes:
             if not d.can_run(n.op_type):
                 cost[n.index, k] = np.inf
-    sources = tuple([getattr(model, "source", "learned")] * len(graph.nodes))
+    per_device = [model.sources(graph, d) if hasattr(model, "sources")
+                  else [getattr(model, "source", "learned")] * len(graph.nodes) for d in devices]
+    sources = tuple("+".join(dict.fromkeys(s[i] for s in per_device)) for i in range(len(graph.nodes)))
     return cost, sources
 
 
@@ -147,7 +149,8 @@ def optimize(
     time_limit : float
         Seconds the solver may take; on time-out the best plan found is returned with its gap.
     links : mapping (src name, dst name) -> Link, optional
-        Measured links; missing pairs get :meth:`Link.default`.
+        Measured links; by default the cost model's (``MeasuredCostModel.links``), and
+        :meth:`Link.default` for pairs nobody measured.
     pins : sequence of (rule, device name)
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
 
@@ -170,6 +173,9 @@ def optimize(
 
     graph = OpGraph.from_relax(mod, func_name)
     cost, sources = node_costs(graph, devices, cost_model)
+    _check_runnable(graph, devices, cost, cost_model)
+    if links is None and hasattr(cost_model, "links"):
+        links = cost_model.links(devices)
     problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins))
     solution = solve(problem, objective, solver, time_limit=time_limit)
     plan = Plan.from_assignment(
@@ -179,6 +185,23 @@ def optimize(
         solver=solution.solver)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod)
+
+
+def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:
+    """Name the op, and why, when no device can run a node."""
+    for n in graph.nodes:
+        if np.isinf(cost[n.index]).all():
+            why = []
+            for d in devices:
+                if not d.can_run(n.op_type):
+                    why.append(f"{d.name} declares {n.op_type} unsupported")
+                elif hasattr(model, "sources") and model.sources(graph, d)[n.index] == "unsupported":
+                    why.append(f"{d.name} failed to build or run it when profiled")
+                else:
+                    why.append(f"{d.name}'s cost model returned inf")
+            raise InfeasibleError(f"node {n.name!r} ({n.op_type}) can run on no device: "
+                                  f"{'; '.join(why)}. Add a device that runs it, or check the "
+                                  "profile's errors (autoplace profile-export)")
 
 
 def _baselines(problem: Problem, objective: str, devices: Sequence[Device]) -> dict[str, float]:

@@ -54,8 +54,15 @@ def _optimize_and_run(args) -> dict:
     t0 = time.perf_counter()
     model = zoo.from_spec(args.model or _default_model())
     devices = _devices(args.device)
+    cost_model = None
+    if args.profile:
+        from autoplace.predict import MeasuredCostModel
+        from autoplace.profile import DeviceProfile
+
+        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
-                             time_limit=args.time_limit, pins=_rules(args.rule))
+                             time_limit=args.time_limit, pins=_rules(args.rule),
+                             cost_model=cost_model)
     t_opt = time.perf_counter() - t0
     run = res.compile()
     outs = run(*model.inputs)
@@ -112,6 +119,9 @@ def _add_run_options(p):
     p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
     p.add_argument("--rule", action="append", default=[],
                    help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
+    p.add_argument("--profile", action="append", default=[],
+                   help="measured profile JSON (autoplace profile-export); each applies to the "
+                        "devices of its kind (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_cli(sub)
     sub.choices["solve"].set_defaults(func=run_cli)
+    from autoplace.profile.cli import register_cli as register_profile_cli
+
+    register_profile_cli(sub)
     return parser
 
 
@@ -143,14 +156,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "device", None) is None:
+    if args.command in ("demo", "optimize") and args.device is None:
         args.device = ["cpu:0", "cpu:1"]
     from autoplace import InfeasibleError, PlanError, UnsupportedModelError
+    from autoplace.profile.store import ProfileStoreError
 
     try:
         return args.func(args)
-    except (InfeasibleError, PlanError, UnsupportedModelError, ValueError, KeyError,
-            OSError) as e:
+    except (InfeasibleError, PlanError, UnsupportedModelError, ProfileStoreError, ValueError,
+            KeyError, OSError) as e:
         print(f"autoplace {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 PLAN_FORMAT_VERSION = 1
 OBJECTIVES = ("latency", "throughput", "manual")
-COST_SOURCES = ("measured", "learned", "roofline")
+# Where a node's cost came from; a node whose devices differ joins them: "measured+roofline".
+COST_SOURCES = ("measured", "learned", "roofline", "unsupported")
 
 
 class PlanError(ValueError):
@@ -55,7 +56,7 @@ class Plan:
         if self.cost_sources is not None:
             if len(self.cost_sources) != len(self.nodes):
                 raise PlanError(f"{len(self.nodes)} nodes but {len(self.cost_sources)} cost sources")
-            bad = sorted(set(self.cost_sources) - set(COST_SOURCES))
+            bad = sorted({p for s in self.cost_sources for p in s.split("+")} - set(COST_SOURCES))
             if bad:
                 raise PlanError(f"unknown cost source(s) {bad}; use {COST_SOURCES}")
 

@@ -1,0 +1,96 @@
+"""Measured latencies from device profiles, with a fallback model for what was not measured."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplace.predict.roofline import RooflineCostModel
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+    from autoplace.profile.store import DeviceProfile
+
+
+class MeasuredCostModel:
+    """The profile's median where a node's workload was measured on the device, ``inf`` where it
+    failed there (the solver then avoids the device), else the ``fallback`` model's prediction.
+
+    Parameters
+    ----------
+    profiles : DeviceProfile, sequence of them, or mapping device name -> DeviceProfile
+        A mapping gives each device (by name) its profile; otherwise a device uses the only
+        profile of its kind (``"cpu"``, ``"cuda"``). A device with no profile gets the
+        fallback for every node.
+    fallback : cost model, optional
+        Defaults to :class:`RooflineCostModel`.
+
+    >>> model = MeasuredCostModel(DeviceProfile.load("profiles/cpu.json"))  # doctest: +SKIP
+    >>> model.sources(graph, Device.cpu(0))[:2]                            # doctest: +SKIP
+    ['measured', 'measured']
+    """
+
+    source = "measured"
+
+    def __init__(self, profiles, fallback=None):
+        self.profiles = profiles
+        self.fallback = fallback
+
+    def fit(self, *_args, **_kwargs) -> MeasuredCostModel:
+        return self
+
+    def profile_for(self, device: Device) -> DeviceProfile | None:
+        p = self.profiles
+        if isinstance(p, Mapping):
+            return p.get(device.name)
+        if not isinstance(p, Sequence):
+            p = [p]
+        same_kind = [x for x in p if x.kind == device.kind]
+        return same_kind[0] if len(same_kind) == 1 else None
+
+    def _fallback(self):
+        return self.fallback if self.fallback is not None else RooflineCostModel()
+
+    def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
+        """Seconds of every node of ``graph`` on ``device``, in node order."""
+        guess = np.asarray(self._fallback().predict(graph, device), dtype=float)
+        prof = self.profile_for(device)
+        if prof is None:
+            return guess
+        out = guess.copy()
+        for n in graph.nodes:
+            key = n.workload_key
+            if key in prof.latency_s:
+                out[n.index] = prof.latency_s[key]
+            elif key in prof.unsupported:
+                out[n.index] = np.inf
+        return out
+
+    def sources(self, graph: OpGraph, device: Device) -> list[str]:
+        """Where each node's number comes from: ``measured``, ``unsupported`` or the fallback's."""
+        prof = self.profile_for(device)
+        other = getattr(self._fallback(), "source", "fallback")
+        if prof is None:
+            return [other] * len(graph.nodes)
+        return ["measured" if n.workload_key in prof.latency_s else
+                "unsupported" if n.workload_key in prof.unsupported else other
+                for n in graph.nodes]
+
+    def links(self, devices: Sequence[Device]):
+        """Measured :class:`autoplace.Link` for each ordered pair of ``devices`` the profiles
+        cover (a copy between two devices of one profile uses that profile's own link)."""
+        from autoplace.devices import Link
+
+        out = {}
+        for a in devices:
+            for b in devices:
+                pa, pb = self.profile_for(a), self.profile_for(b)
+                if a is b or pa is None or pb is None:
+                    continue
+                fit = pa.link(pb.fingerprint)
+                if fit is not None:
+                    out[(a.name, b.name)] = Link(a.name, b.name, fit.alpha_s, fit.beta_bps)
+        return out

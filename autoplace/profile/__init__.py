@@ -1,0 +1,16 @@
+"""Profiling: time single-op workloads and device-to-device copies on real devices, into a store."""
+
+from autoplace.profile.campaign import CampaignReport, collect, run_campaign, runner_from_spec
+from autoplace.profile.links import copy_times, fit_link
+from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
+                                       fingerprint)
+from autoplace.profile.store import (DeviceProfile, LinkFit, Measurement, ProfileStore,
+                                     ProfileStoreError)
+from autoplace.profile.workload import single_op_modules
+
+__all__ = [
+    "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit", "LocalRunner",
+    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy", "collect",
+    "copy_times", "fingerprint", "fit_link", "run_campaign", "runner_from_spec",
+    "single_op_modules",
+]

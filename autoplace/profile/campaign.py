@@ -1,0 +1,225 @@
+"""Profiling campaigns: every distinct workload of some models on some devices, into a store.
+
+Resumable by construction: what is pending is what the store does not hold yet, and every
+measurement is committed as soon as it is taken. A device that fails (absent, or an RPC server
+that dies) is reported and skipped; the other devices go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.devices import Device
+from autoplace.graph import OpGraph
+from autoplace.profile.links import copy_times, fit_link
+from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
+                                       fingerprint)
+from autoplace.profile.store import LinkFit, Measurement, ProfileStore
+from autoplace.profile.workload import single_op_modules
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+
+def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: float = 30.0):
+    """``cpu:N`` / ``cuda:N`` (this process) or ``rpc:KEY@HOST:PORT`` (a TVM RPC tracker)."""
+    m = re.fullmatch(r"rpc:([^@]+)@([^:]+):(\d+)", spec.strip())
+    if m:
+        from autoplace.profile.remote import RPCRunner
+
+        return RPCRunner(m.group(1), m.group(2), int(m.group(3)), target=rpc_target,
+                         timeout_s=rpc_timeout_s)
+    if spec.startswith("rpc:"):
+        raise ValueError(f"device {spec!r}: expected rpc:KEY@HOST:PORT (the tracker's address)")
+    return LocalRunner(Device.from_spec(spec), spec)
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """The distinct workloads of a set of models: one-op modules and which model uses what."""
+
+    modules: dict[str, Any]          # workload key -> one-op IRModule
+    op_types: dict[str, str]         # workload key -> op type
+    models: dict[str, int]           # model name -> number of op nodes
+    nodes: int                       # op nodes over all models
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Op nodes per distinct workload: how much measuring once per workload saves."""
+        return self.nodes / max(1, len(self.modules))
+
+
+def collect(models: Iterable[tuple[str, tvm.IRModule]], store: ProfileStore | None = None) -> Workloads:
+    """Distinct workloads of ``(name, module)`` pairs; records them (and their models) in ``store``."""
+    modules, op_types, counts, total = {}, {}, {}, 0
+    for name, mod in models:
+        graph = OpGraph.from_relax(mod)
+        for key, one in single_op_modules(mod, graph).items():
+            modules.setdefault(key, one)
+        for n in graph.nodes:
+            op_types[n.workload_key] = n.op_type
+        counts[name] = len(graph.nodes)
+        total += len(graph.nodes)
+        if store is not None:
+            store.add_workloads(graph.nodes, model=name)
+    return Workloads(modules, op_types, counts, total)
+
+
+@dataclass
+class DeviceReport:
+    """What a campaign did on one device."""
+
+    spec: str
+    fingerprint: str | None = None
+    pending: int = 0
+    measured: int = 0
+    unsupported: int = 0
+    skipped: int = 0          # declared unsupported by the Device, or measured meanwhile elsewhere
+    seconds: float = 0.0
+    error: str | None = None
+    link_fits: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CampaignReport:
+    devices: tuple[DeviceReport, ...]
+    workloads: int
+    nodes: int
+    models: dict[str, int]
+    dry_run: bool
+
+    @property
+    def pending(self) -> int:
+        return sum(d.pending for d in self.devices)
+
+    def to_dict(self) -> dict:
+        return {"pending": self.pending, "workloads": self.workloads, "nodes": self.nodes,
+                "dedup_ratio": self.nodes / max(1, self.workloads), "models": self.models,
+                "dry_run": self.dry_run, "devices": [d.to_dict() for d in self.devices]}
+
+    def table(self) -> str:
+        """A readable summary: one row per device."""
+        rows = [("device", "fingerprint", "pending", "measured", "unsupported", "skipped", "s",
+                 "error")]
+        for d in self.devices:
+            rows.append((d.spec, d.fingerprint or "-", d.pending, d.measured, d.unsupported,
+                         d.skipped, f"{d.seconds:.1f}", d.error or ""))
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)) + "  " + str(r[-1])
+                 for r in rows]
+        head = (f"{len(self.models)} models, {self.nodes} op nodes, {self.workloads} distinct "
+                f"workloads (dedup {self.nodes / max(1, self.workloads):.1f}x)")
+        links = [f"  link {f['src']} -> {f['dst']}: alpha {f['alpha_s'] * 1e6:.1f} us, "
+                 f"beta {f['beta_bps'] / 1e9:.2f} GB/s, R2 {f['r2']:.4f}"
+                 for d in self.devices for f in d.link_fits]
+        return "\n".join([head, *lines, *links]).rstrip()
+
+
+def run_campaign(
+    models: Iterable[tuple[str, tvm.IRModule]],
+    device_specs: Sequence[str],
+    store: ProfileStore,
+    *,
+    policy: TimingPolicy = TimingPolicy(),
+    dry_run: bool = False,
+    links: bool = True,
+    progress: bool = True,
+    rng: np.random.Generator | None = None,
+    runner_kwargs: dict | None = None,
+) -> CampaignReport:
+    """Measure every pending (workload, device) pair; with ``links``, fit copies between every
+    ordered pair of local devices not yet in the store."""
+    wl = collect(models, None if dry_run else store)
+    runners, reports, claimed = [], [], set()
+    for spec in device_specs:
+        rep = DeviceReport(spec)
+        reports.append(rep)
+        try:
+            runner = runner_from_spec(spec, **(runner_kwargs or {}))
+            info = runner.info()
+        except (DeviceUnavailable, ValueError) as e:
+            rep.error = str(e)
+            rep.pending = len(wl.modules)
+            continue
+        rep.fingerprint = fingerprint(info)
+        if not dry_run:
+            store.add_device(rep.fingerprint, spec, info)
+        declared = getattr(getattr(runner, "device", None), "unsupported_ops", frozenset())
+        pending = [k for k in store.pending(wl.modules, rep.fingerprint)
+                   if (rep.fingerprint, k) not in claimed]  # same hardware listed twice
+        claimed.update((rep.fingerprint, k) for k in pending)
+        todo = [k for k in pending if wl.op_types[k] not in declared]
+        rep.skipped, rep.pending = len(pending) - len(todo), len(todo)
+        runners.append((runner, rep, todo))
+    if not dry_run:
+        _measure_all(runners, wl, store, policy, progress, rng or np.random.default_rng(0))
+        if links:
+            _measure_links([(r, rep) for r, rep, _ in runners if isinstance(r, LocalRunner)
+                            and rep.error is None], store)
+    return CampaignReport(tuple(reports), len(wl.modules), wl.nodes, wl.models, dry_run)
+
+
+def _measure_all(runners, wl: Workloads, store, policy, progress: bool, rng) -> None:
+    from tqdm.auto import tqdm
+
+    # One runner's pending list may shrink if a device with the same fingerprint goes first.
+    total = sum(len(todo) for _, _, todo in runners)
+    with tqdm(total=total, disable=not progress, unit="op", desc="profiling") as bar:
+        for runner, rep, todo in runners:
+            t0 = time.perf_counter()
+            try:
+                runner.check()
+            except DeviceUnavailable as e:
+                rep.error = str(e)
+                bar.update(len(todo))
+                continue
+            for k, key in enumerate(todo):
+                bar.set_postfix_str(f"{rep.spec} {wl.op_types[key]}")
+                if store.has(rep.fingerprint, key):  # measured meanwhile by another process
+                    rep.skipped += 1
+                    bar.update(1)
+                    continue
+                try:
+                    t = runner.measure(wl.modules[key], policy, rng)
+                    store.put(Measurement(key, rep.fingerprint, "ok", t.median_s, t.min_s,
+                                          t.mean_s, t.cv, t.repeats, t.number))
+                    rep.measured += 1
+                except OpFailed as e:
+                    log.info("%s cannot run %s: %s", rep.spec, wl.op_types[key], e)
+                    store.put(Measurement(key, rep.fingerprint, "unsupported", error=str(e)))
+                    rep.unsupported += 1
+                except DeviceUnavailable as e:
+                    rep.error = f"{e} (after {rep.measured + rep.unsupported} measurements; "\
+                                "run again to resume)"
+                    bar.update(len(todo) - k)
+                    break
+                bar.update(1)
+            rep.seconds = time.perf_counter() - t0
+
+
+def _measure_links(local, store: ProfileStore) -> None:
+    done = {(f.src, f.dst) for f in store.links()}
+    for ra, rep_a in local:
+        for rb, rep_b in local:
+            pair = (rep_a.fingerprint, rep_b.fingerprint)
+            if ra is rb or pair in done:
+                continue
+            points = copy_times(ra.device, rb.device)
+            alpha, beta, r2 = fit_link(points)
+            fit = LinkFit(rep_a.fingerprint, rep_b.fingerprint, alpha, beta, r2, tuple(points))
+            store.put_link(fit)
+            done.add(pair)
+            rep_a.link_fits.append({"src": rep_a.spec, "dst": rep_b.spec, "alpha_s": alpha,
+                                    "beta_bps": beta, "r2": r2})

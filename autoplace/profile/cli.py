@@ -1,0 +1,120 @@
+"""``autoplace profile``, ``profile-export`` and ``profile-import``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  autoplace profile --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db
+  autoplace profile --model model.onnx --device cpu:0 --device rpc:pi4@127.0.0.1:9190 --db prof.db
+  autoplace profile --sweep nn.conv2d:64 --device cpu:0 --db prof.db --dry-run --json
+  autoplace profile-export --db prof.db --device cpu:0 --out profiles/mycpu.json
+
+A campaign stopped at any point (Ctrl-C, kill) resumes where it was when run again:
+what the store already holds is not measured again.
+"""
+
+
+def _models(args):
+    from autoplace import zoo
+
+    out = []
+    for spec in args.model:
+        out.append((spec, zoo.from_spec(spec).mod))
+    if args.sweep:
+        from autoplace.profile.sweeps import sweep
+
+        for s in args.sweep:
+            op, _, n = s.partition(":")
+            out += [(f"sweep:{name}", mod) for name, mod in sweep(op, int(n or 32))]
+    if not out:
+        raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx or --sweep OP[:N]")
+    return out
+
+
+def _cmd_profile(args) -> int:
+    from autoplace.profile.campaign import run_campaign
+    from autoplace.profile.measure import TimingPolicy
+    from autoplace.profile.store import ProfileStore
+
+    models = _models(args)
+    policy = TimingPolicy(cv_target=args.cv, budget_s=args.budget)
+    # A dry run writes nothing: it reads an existing store, or counts against an empty one.
+    db = ":memory:" if args.dry_run and not Path(args.db).exists() else args.db
+    with ProfileStore(db) as store:
+        try:
+            report = run_campaign(
+                models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
+                links=not args.no_links, progress=not args.json,
+                runner_kwargs={"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout})
+        except KeyboardInterrupt:
+            print(f"interrupted; everything measured so far is in {args.db}: run the same "
+                  "command again to resume", file=sys.stderr)
+            return 130
+        counts = store.counts()
+    if args.json:
+        print(json.dumps({**report.to_dict(), "store": counts}, indent=1))
+    else:
+        print(report.table())
+        print(f"store {args.db}: {counts['measurements']} measurements "
+              f"({counts['unsupported']} unsupported), {counts['links']} links")
+    failed = [d for d in report.devices if d.error]
+    return 1 if failed and not args.dry_run else 0
+
+
+def _cmd_export(args) -> int:
+    from autoplace.profile.store import ProfileStore
+
+    with ProfileStore(args.db) as store:
+        data = store.export_profile(args.device)
+    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {args.out}: {len(data['measurements'])} measurements of "
+          f"{data['device']['name']} ({data['device']['info'].get('hardware')})")
+    return 0
+
+
+def _cmd_import(args) -> int:
+    from autoplace.profile.store import ProfileStore, load_profile_json
+
+    data = load_profile_json(args.file)
+    with ProfileStore(args.db) as store:
+        added = store.import_profile(data)
+    print(f"imported {added} new measurements of {data['device']['name']} into {args.db}")
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("profile", help="measure ops and copies of models on devices into a store",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[],
+                   help="zoo:NAME or a path to an .onnx file (repeatable)")
+    p.add_argument("--sweep", action="append", default=[],
+                   help="OP[:N]: N shapes of one op type around real models' shapes (repeatable)")
+    p.add_argument("--device", action="append",
+                   help="cpu:N, cuda:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
+    p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")
+    p.add_argument("--dry-run", action="store_true", help="only count what is still to measure")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--no-links", action="store_true", help="do not time copies between devices")
+    p.add_argument("--cv", type=float, default=0.03,
+                   help="repeat until the spread (std/mean) is below this (default 0.03)")
+    p.add_argument("--budget", type=float, default=2.0,
+                   help="seconds of timing per workload at most (default 2)")
+    p.add_argument("--rpc-target", default="llvm", help="TVM target of rpc: devices (default llvm)")
+    p.add_argument("--rpc-timeout", type=float, default=30.0,
+                   help="seconds to wait for an rpc: device (default 30)")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("profile-export", help="write one device's profile as a JSON file")
+    p.add_argument("--db", required=True)
+    p.add_argument("--device", required=True, help="the spec it was profiled as, or its fingerprint")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("profile-import", help="merge a profile JSON file into a store")
+    p.add_argument("file")
+    p.add_argument("--db", required=True)
+    p.set_defaults(func=_cmd_import)

@@ -1,0 +1,175 @@
+"""Timing one-op modules on a device: build through autoplace's lowering, warm up, repeat until stable.
+
+A *runner* is a device as the profiler reaches it: in this process (:class:`LocalRunner`) or
+through TVM's RPC tracker (:class:`autoplace.profile.remote.RPCRunner`). Every runner has the same
+``measure(mod)`` and a fingerprint of the context that makes its numbers meaningful.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.devices import Device
+from autoplace.profile.workload import random_inputs
+
+if TYPE_CHECKING:
+    import tvm
+
+
+class OpFailed(RuntimeError):
+    """The workload could not be built or run on this device: record it as unsupported there."""
+
+
+class DeviceUnavailable(RuntimeError):
+    """The device itself cannot be reached or used; the message says why."""
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How long and how often to time one workload.
+
+    Each repeat calls the op ``number`` times, with ``number`` chosen so a repeat lasts at least
+    ``min_repeat_ms``. Repeats come in rounds of ``round_size`` until the coefficient of
+    variation of the repeats is below ``cv_target`` (after ``min_repeats``), ``max_repeats`` is
+    reached, or ``budget_s`` of timing is spent.
+    """
+
+    min_repeat_ms: float = 10.0
+    min_repeats: int = 5
+    max_repeats: int = 30
+    round_size: int = 5
+    cv_target: float = 0.03
+    budget_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    min_s: float
+    mean_s: float
+    cv: float
+    repeats: int
+    number: int
+
+
+def time_adaptively(timer, policy: TimingPolicy) -> Timing:
+    """Time with ``timer(number, repeat) -> per-repeat mean seconds`` (the first call of a
+    ``time_evaluator`` is a discarded warm-up, so each ``timer`` call warms up itself)."""
+    t0 = time.perf_counter()
+    once = float(np.median(timer(1, 3)))
+    number = max(1, math.ceil(policy.min_repeat_ms / 1000 / max(once, 1e-9)))
+    results: list[float] = []
+    while True:
+        results += list(timer(number, policy.round_size))
+        arr = np.asarray(results)
+        cv = float(arr.std() / arr.mean()) if arr.mean() > 0 else 0.0
+        if len(results) >= policy.max_repeats or time.perf_counter() - t0 > policy.budget_s:
+            break
+        if len(results) >= policy.min_repeats and cv <= policy.cv_target:
+            break
+    return Timing(float(np.median(arr)), float(arr.min()), float(arr.mean()), cv, len(results),
+                  number)
+
+
+def fingerprint(info: dict[str, Any]) -> str:
+    """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads)."""
+    keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
+    blob = json.dumps({k: info.get(k) for k in keys}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def error_summary(exc: BaseException, limit: int = 300) -> str:
+    """The informative lines of a TVM error (its C++ traceback dropped)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if not ln.startswith(("File ", "^", "Traceback"))
+            and not ln.startswith(tuple("0123456789")) or "Check failed" in ln]
+    text = " | ".join(dict.fromkeys(keep[-3:] or lines[-1:]))
+    return f"{type(exc).__name__}: {text}"[:limit]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _probe_module() -> tvm.IRModule:
+    """``add`` of two 16-float vectors: a device that cannot run this is broken, not limited."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x, y = (relax.Var(n, relax.TensorType((16,), "float32")) for n in "xy")
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, y)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+class LocalRunner:
+    """A device of this process (``cpu:N`` or ``cuda:N``)."""
+
+    def __init__(self, device: Device, spec: str | None = None):
+        self.device = device
+        self.spec = spec or f"{device.kind}:{device.index}"
+
+    def info(self) -> dict[str, Any]:
+        import tvm
+
+        dev = self.device.tvm_device()
+        if self.device.is_gpu:
+            hardware = dev.device_name if dev.exist else "absent"
+        else:
+            hardware = _cpu_model()
+        threads = int(tvm.get_global_func("runtime.NumThreads")())
+        return {"kind": self.device.kind, "target": str(self.device.tvm_target()),
+                "hardware": hardware, "tvm": tvm.__version__, "threads": threads,
+                "host": platform.node(), "remote": None}
+
+    def check(self) -> None:
+        """Raise :class:`DeviceUnavailable` unless the device exists and runs a trivial op."""
+        if not self.device.tvm_device().exist:
+            raise DeviceUnavailable(f"{self.spec}: no such device on this machine")
+        try:
+            self.measure(_probe_module(), TimingPolicy(min_repeat_ms=0, min_repeats=1,
+                                                       max_repeats=1, round_size=1))
+        except OpFailed as e:
+            raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
+
+    def measure(self, mod: tvm.IRModule, policy: TimingPolicy = TimingPolicy(),
+                rng: np.random.Generator | None = None) -> Timing:
+        import tvm
+        from tvm import relax
+
+        from autoplace.run.compile import lowering_pipeline
+
+        pipeline = lowering_pipeline(gpu=self.device.is_gpu, multi_device=False)
+        try:
+            ex = tvm.compile(mod, target=self.device.tvm_target(), relax_pipeline=pipeline)
+        except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
+            raise OpFailed(f"build failed: {error_summary(e)}") from None
+        dev = self.device.tvm_device()
+        try:
+            vm = relax.VirtualMachine(ex, dev)
+            rng = rng or np.random.default_rng(0)
+            args = [tvm.runtime.tensor(a, dev) for a in random_inputs(mod["main"], rng)]
+
+            def timer(number, repeat):
+                return vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args).results
+
+            return time_adaptively(timer, policy)
+        except Exception as e:  # noqa: BLE001
+            raise OpFailed(f"run failed: {error_summary(e)}") from None

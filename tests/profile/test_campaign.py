@@ -1,0 +1,178 @@
+"""Profiling campaigns on this machine's CPU: dedup, resume after a kill, concurrent writers,
+unsupported ops discovered, and measured costs flowing into ``optimize``."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import zoo
+from autoplace.predict import MeasuredCostModel
+from autoplace.profile import DeviceProfile, ProfileStore, TimingPolicy, run_campaign
+
+FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2, budget_s=0.3)
+
+
+def _cumsum_of_bool():
+    """``cumsum`` of a bool tensor, which TVM 0.27's LLVM codegen cannot build (it is what
+    GPT-2's importer emits), next to an ``add`` that builds fine."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    m = relax.Var("mask", relax.TensorType((8,), "bool"))
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    with bb.function("main", [m, x]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.cumsum(m, axis=0))
+            y = bb.emit(relax.op.add(x, x))
+            out = bb.emit_output(relax.Tuple([c, y]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _cli(*args):
+    return subprocess.Popen([sys.executable, "-m", "autoplace", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rows(db):
+    with ProfileStore(db) as store:
+        return {(m.workload, m.device): (m.median_s, m.measured_at) for m in store.measurements()}
+
+
+def test_campaign_measures_each_workload_once(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    models = [(n, zoo.load(n).mod) for n in ("mlp", "branchy_cnn")]
+    rep = run_campaign(models, ["cpu:0", "cpu:1"], store, policy=FAST, progress=False)
+    # mlp has 12 nodes but 3 workloads; branchy_cnn 10 nodes, 9 workloads; none shared.
+    assert (rep.nodes, rep.workloads) == (22, 12)
+    cpu0, cpu1 = rep.devices
+    assert cpu0.fingerprint == cpu1.fingerprint  # the same cores: measured once, not twice
+    assert (cpu0.measured, cpu1.pending, cpu0.error, cpu1.error) == (12, 0, None, None)
+    ms = store.measurements(cpu0.fingerprint)
+    assert len(ms) == 12 and all(m.ok and 0 < m.min_s <= m.median_s < 0.1 for m in ms)
+    assert all(m.repeats >= 2 and m.number >= 1 for m in ms)
+    [link] = store.links()
+    assert link.alpha_s >= 0 and 1e8 < link.beta_bps < 1e12 and len(link.points) >= 2
+    again = run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False)
+    assert again.pending == 0 and again.devices[0].measured == 0
+    assert store.workload_models()[ms[0].workload] == {"mlp": 4}
+
+
+def test_unsupported_ops_are_discovered_and_avoided(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    rep = run_campaign([("m", _cumsum_of_bool())], ["cpu:0"], store, policy=FAST,
+                       progress=False, links=False)
+    assert (rep.devices[0].measured, rep.devices[0].unsupported) == (1, 1)
+    [bad] = [m for m in store.measurements() if not m.ok]
+    assert json.loads(bad.workload)[0] == "relax.cumsum" and "build failed" in bad.error
+    prof = DeviceProfile.from_store(store, "cpu:0")
+    graph = autoplace.OpGraph.from_relax(_cumsum_of_bool())
+    model = MeasuredCostModel({"a": prof})
+    a, b = autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")
+    cost = model.predict(graph, a)
+    assert np.isinf(cost[0]) and cost[1] == prof.latency_s[graph.nodes[1].workload_key]
+    assert model.sources(graph, a) == ["unsupported", "measured"]
+    assert model.sources(graph, b) == ["roofline", "roofline"]  # b has no profile
+    res = autoplace.optimize(_cumsum_of_bool(), [a, b], cost_model=model)
+    assert res.plan.assignment[0] == "b"  # the solver keeps cumsum off the device that failed
+    assert res.plan.cost_sources == ("unsupported+roofline", "measured+roofline")
+    with pytest.raises(autoplace.InfeasibleError, match="cumsum"):
+        autoplace.optimize(_cumsum_of_bool(), [a], cost_model=model)
+
+
+def test_measured_profile_drives_costs_and_links(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    mod = zoo.load("branchy_cnn").mod
+    run_campaign([("b", mod)], ["cpu:0", "cpu:1"], store, policy=FAST, progress=False)
+    prof = DeviceProfile.from_store(store, "cpu:0")
+    devs = [autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")]
+    res = autoplace.optimize(mod, devs, cost_model=MeasuredCostModel(prof))
+    graph = res.graph
+    assert np.allclose(res.problem.cost[:, 0], [prof.latency_s[n.workload_key] for n in graph.nodes])
+    assert set(res.plan.cost_sources) == {"measured"}
+    fit = prof.link()
+    assert res.problem.alpha[0, 1] == fit.alpha_s and res.problem.beta[1, 0] == fit.beta_bps
+
+
+def test_unavailable_device_is_reported_and_others_go_on(tmp_path):
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU: cuda:0 is available")
+    store = ProfileStore(tmp_path / "p.db")
+    rep = run_campaign([("mlp", zoo.load("mlp").mod)], ["cuda:0", "cpu:0"], store, policy=FAST,
+                       progress=False)
+    gpu, cpu = rep.devices
+    assert "cuda:0" in gpu.error and gpu.measured == 0
+    assert cpu.error is None and cpu.measured == 3
+
+
+def test_dry_run_json_counts_pending_and_writes_nothing(tmp_path):
+    db = tmp_path / "p.db"
+    p = _cli("profile", "--model", "zoo:mlp", "--model", "zoo:branchy_cnn", "--device", "cpu:0",
+             "--db", str(db), "--dry-run", "--json")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    report = json.loads(out)
+    assert report["pending"] == 12 and report["workloads"] == 12 and report["nodes"] == 22
+    assert not db.exists()
+
+
+def test_killed_campaign_resumes_without_remeasuring(tmp_path):
+    db = tmp_path / "p.db"
+    # --cv 0 makes every workload use its whole budget, so the kill lands mid-campaign.
+    args = ("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
+            "--cv", "0", "--budget", "0.4", "--no-links")
+    p = _cli(*args)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not db.exists() or len(_rows(db)) < 2):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    first = _rows(db)
+    assert 2 <= len(first) < 9, "the campaign was not killed mid-way"
+
+    dry = _cli("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
+               "--dry-run", "--json")
+    out, err = dry.communicate(timeout=120)
+    assert json.loads(out)["pending"] == 9 - len(first), err
+
+    p = _cli(*args)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    final = _rows(db)
+    assert len(final) == 9
+    assert all(final[k] == v for k, v in first.items())  # kept as measured, not measured again
+
+
+def test_interrupted_campaign_says_how_to_resume(tmp_path):
+    db = tmp_path / "p.db"
+    p = _cli("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
+             "--cv", "0", "--budget", "0.4", "--no-links")
+    while not db.exists() or len(_rows(db)) < 1:
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "run the same command again to resume" in err
+    assert len(_rows(db)) >= 1
+
+
+def test_concurrent_campaigns_share_one_store(tmp_path):
+    db = tmp_path / "p.db"
+    args = ("profile", "--model", "zoo:branchy_cnn", "--model", "zoo:mlp", "--device", "cpu:0",
+            "--db", str(db), "--budget", "0.2", "--no-links", "--json")
+    procs = [_cli(*args) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    reports = [json.loads(o)["devices"][0] for o, _ in outs]
+    # Every workload is in the store once; between them the two processes measured them all.
+    assert len(_rows(db)) == 12
+    assert sum(r["measured"] for r in reports) >= 12
+    assert all(r["measured"] + r["skipped"] == r["pending"] for r in reports)

@@ -1,0 +1,121 @@
+"""The SQLite profile store: round trips, bad files left untouched, JSON export/import, links fit."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from autoplace.profile import (DeviceProfile, LinkFit, Measurement, ProfileStore,
+                               ProfileStoreError, fit_link)
+from autoplace.profile.store import SCHEMA_VERSION
+
+
+class _Node:
+    def __init__(self, key, op="add"):
+        self.workload_key, self.op_type = key, op
+        self.flops, self.bytes_read, self.bytes_written, self.param_bytes = 10.0, 8, 4, 0
+
+
+def _filled(path):
+    store = ProfileStore(path)
+    store.add_device("fp0", "cpu:0", {"kind": "cpu", "hardware": "test"})
+    store.add_workloads([_Node("k1"), _Node("k2"), _Node("k1")], model="m")
+    store.put(Measurement("k1", "fp0", "ok", 1e-5, 9e-6, 1.1e-5, 0.01, 5, 100))
+    store.put(Measurement("k2", "fp0", "unsupported", error="build failed: no"))
+    store.put_link(LinkFit("fp0", "fp0", 1e-6, 1e10, 0.99, ((4096, 2e-6), (8192, 3e-6))))
+    return store
+
+
+def test_round_trip_and_pending(tmp_path):
+    store = _filled(tmp_path / "p.db")
+    assert store.pending(["k1", "k2", "k3", "k3"], "fp0") == ["k3"]
+    assert store.has("fp0", "k1") and not store.has("fp0", "k3")
+    assert store.workload_models() == {"k1": {"m": 2}, "k2": {"m": 1}}
+    [ok] = [m for m in store.measurements("fp0") if m.ok]
+    assert (ok.median_s, ok.repeats, ok.number) == (1e-5, 5, 100) and ok.measured_at
+    assert store.counts() == {"devices": 1, "workloads": 2, "measurements": 2, "unsupported": 1,
+                              "links": 1}
+    store.close()
+    # Reopening sees the same data (nothing is cached in the object).
+    assert ProfileStore(tmp_path / "p.db").counts()["measurements"] == 2
+
+
+def test_export_import_round_trip(tmp_path):
+    data = _filled(tmp_path / "a.db").export_profile("cpu:0")
+    json.loads(json.dumps(data))  # strict JSON
+    other = ProfileStore(tmp_path / "b.db")
+    assert other.import_profile(data) == 2
+    assert other.import_profile(data) == 0  # nothing new, nothing overwritten
+    assert other.export_profile("fp0") == data
+    prof = DeviceProfile.from_export(data)
+    assert prof.latency_s == {"k1": 1e-5} and "build failed" in prof.unsupported["k2"]
+    assert prof.link().beta_bps == 1e10 and prof.kind == "cpu"
+
+
+def test_import_keeps_existing_measurements(tmp_path):
+    store = _filled(tmp_path / "a.db")
+    data = store.export_profile("cpu:0")
+    data["measurements"][0]["median_s"] = 1.0
+    store.import_profile(data)
+    assert [m.median_s for m in store.measurements("fp0") if m.ok] == [1e-5]
+
+
+def test_not_a_database_is_left_untouched(tmp_path):
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"these are not the bytes of an SQLite file" * 50)
+    before = path.read_bytes()
+    with pytest.raises(ProfileStoreError, match="not an autoplace profile store.*nothing was changed"):
+        ProfileStore(path)
+    assert path.read_bytes() == before
+
+
+def test_foreign_sqlite_database_is_left_untouched(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    before = path.read_bytes()
+    with pytest.raises(ProfileStoreError, match="not an autoplace profile store.*users"):
+        ProfileStore(path)
+    assert path.read_bytes() == before
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "new.db"
+    _filled(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(ProfileStoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        ProfileStore(path)
+
+
+def test_malformed_profiles_are_refused(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    with pytest.raises(ProfileStoreError, match="not an autoplace profile"):
+        store.import_profile({"format": "something else"})
+    data = _filled(tmp_path / "a.db").export_profile("cpu:0")
+    del data["workloads"][0]["op_type"]
+    with pytest.raises(ProfileStoreError, match="malformed.*nothing was imported"):
+        store.import_profile(data)
+    assert store.counts()["measurements"] == 0
+    (tmp_path / "x.json").write_text("[1, 2")
+    with pytest.raises(ProfileStoreError, match="cannot read profile"):
+        DeviceProfile.load(tmp_path / "x.json")
+
+
+def test_unknown_device_names_the_known_ones(tmp_path):
+    with pytest.raises(ProfileStoreError, match=r"no device 'cuda:0'.*cpu:0 \(fp0\)"):
+        _filled(tmp_path / "p.db").export_profile("cuda:0")
+
+
+def test_fit_link_recovers_alpha_and_beta():
+    sizes = np.array([4096 * 4**k for k in range(8)], dtype=float)
+    points = list(zip(sizes.astype(int), 3e-6 + sizes / 8e9))
+    alpha, beta, r2 = fit_link(points)
+    assert alpha == pytest.approx(3e-6, rel=1e-6) and beta == pytest.approx(8e9, rel=1e-6)
+    assert r2 == pytest.approx(1.0)
+    # Noise that would make the latency negative is clipped: latency is never below zero.
+    alpha, beta, _ = fit_link([(1000, 1e-7), (2000, 3e-7), (4000, 7e-7)])
+    assert alpha == 0.0 and beta > 0
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_link([(1000, 1e-6)])

@@ -1,0 +1,119 @@
+"""Shape sweeps: distinct one-op modules around real-model shapes that build and run on the CPU."""
+
+import numpy as np
+import pytest
+
+from autoplace.graph import OpGraph
+from autoplace.profile.sweeps import sweep, sweep_names
+
+OPS = sweep_names()
+
+
+def _only_call(mod):
+    """The single op call of ``mod``'s main, after checking the module's shape."""
+    from tvm import ir, relax
+
+    func = mod["main"]
+    (block,) = func.body.blocks
+    assert isinstance(block, relax.DataflowBlock)
+    (binding,) = block.bindings
+    call = binding.value
+    assert isinstance(call, relax.Call) and isinstance(call.op, ir.Op)
+    return func, call
+
+
+def _run(mod, op, rng):
+    import tvm
+    from tvm import relax
+
+    from autoplace.run.compile import lowering_pipeline
+
+    ex = tvm.compile(mod, target="llvm",
+                     relax_pipeline=lowering_pipeline(gpu=False, multi_device=False))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
+            for p in mod["main"].params]
+    if op == "nn.batch_norm":
+        args[-1] = np.abs(args[-1])  # a variance: random normal inputs would give NaN
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+    return args, [o.numpy() for o in outs]
+
+
+def test_names_cover_cnns_and_transformers():
+    assert {"nn.conv2d", "matmul", "add", "nn.relu", "nn.softmax", "nn.layer_norm"} <= set(OPS)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_n_distinct_one_op_workloads_with_all_parameter_inputs(op):
+    from tvm import relax
+
+    out = sweep(op, 32)
+    assert len(out) == 32
+    assert len({name for name, _ in out}) == 32
+    keys = set()
+    for name, mod in out:
+        func, call = _only_call(mod)
+        args = [f for a in call.args for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+        assert [a.same_as(p) for a, p in zip(args, func.params)] == [True] * len(func.params)
+        assert len(args) == len(func.params)  # every tensor read is a parameter: no constants
+        assert all(p.ty.dtype == "float32" for p in func.params)
+        node, = OpGraph.from_relax(mod).nodes  # raises on symbolic shapes
+        assert node.op_type == op
+        assert node.flops <= 3e8
+        keys.add(node.workload_key)
+    assert len(keys) == 32
+
+
+def test_same_seed_same_sweep_other_seed_other_sweep():
+    import tvm
+
+    a = sweep("nn.conv2d", 8, rng=np.random.default_rng(7))
+    b = sweep("nn.conv2d", 8, rng=np.random.default_rng(7))
+    assert [n for n, _ in a] == [n for n, _ in b]
+    for (_, ma), (_, mb) in zip(a, b):
+        tvm.ir.assert_structural_equal(ma, mb)
+    assert [n for n, _ in sweep("nn.conv2d", 8)] == [n for n, _ in sweep("nn.conv2d", 8)]
+    assert [n for n, _ in sweep("nn.conv2d", 8, rng=np.random.default_rng(8))] != [n for n, _ in a]
+
+
+def test_unknown_op_lists_the_available_ones():
+    with pytest.raises(ValueError, match=r"nn\.conv2d.*matmul"):
+        sweep("nn.conv3d")
+
+
+def test_samples_stay_near_real_layers():
+    convs = [_only_call(m)[1] for _, m in sweep("nn.conv2d", 32)]
+    shapes = [[int(d) for d in c.args[1].ty.shape.values] for c in convs]  # (O, C/g, k, k)
+    # Depthwise stays depthwise: groups equals the channels, one input channel per group.
+    dw = [c for c, s in zip(convs, shapes) if int(c.attrs.groups) > 1]
+    assert dw and all(int(c.attrs.groups) == int(c.args[0].ty.shape.values[1]) for c in dw)
+    # Channels are the table's scaled to multiples of 8 (RGB stems keep 3); kernels are real ones.
+    assert all(s[0] % 8 == 0 and (s[1] % 8 == 0 or s[1] in (1, 3)) for s in shapes)
+    assert {s[2] for s in shapes} <= {1, 3, 5, 7}
+
+
+def test_cost_cap_shrinks_samples():
+    for op in ("nn.conv2d", "matmul"):
+        assert all(OpGraph.from_relax(m).nodes[0].flops <= 2e7 for _, m in sweep(op, 16, max_flops=2e7))
+
+
+def test_seen_nodes_seed_the_sweep():
+    from autoplace import zoo
+
+    nodes = OpGraph.from_relax(zoo.load("branchy_cnn").mod).nodes  # 16x16 images, 8 channels
+    assert not any("_h16_" in n for n, _ in sweep("nn.conv2d", 32))
+    assert any("_h16_" in n for n, _ in sweep("nn.conv2d", 32, seen=iter(nodes)))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_samples_build_and_run_on_the_cpu(op, rng):
+    for _, mod in sweep(op, 2, rng=np.random.default_rng(3)):
+        args, outs = _run(mod, op, rng)
+        expected = [t.shape for t in OpGraph.from_relax(mod).nodes[0].outputs]
+        assert [o.shape for o in outs] == expected
+        assert all(np.isfinite(o).all() for o in outs)
+        ref = {"matmul": lambda a, b: a @ b, "add": np.add, "nn.relu": lambda a: np.maximum(a, 0),
+               "concat": lambda *a: np.concatenate(a, axis=1)}.get(op)
+        if ref is not None:
+            np.testing.assert_allclose(outs[0], ref(*args), rtol=1e-4, atol=1e-4)

@@ -106,7 +106,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _probe_module() -> tvm.IRModule:
+def probe_module() -> tvm.IRModule:
     """``add`` of two 16-float vectors: a device that cannot run this is broken, not limited."""
     from tvm import relax
 
@@ -144,7 +144,7 @@ class LocalRunner:
         if not self.device.tvm_device().exist:
             raise DeviceUnavailable(f"{self.spec}: no such device on this machine")
         try:
-            self.measure(_probe_module(), TimingPolicy(min_repeat_ms=0, min_repeats=1,
+            self.measure(probe_module(), TimingPolicy(min_repeat_ms=0, min_repeats=1,
                                                        max_repeats=1, round_size=1))
         except OpFailed as e:
             raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None

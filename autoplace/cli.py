@@ -47,6 +47,26 @@ def _default_model() -> str:
     return "zoo:resnet"
 
 
+def _cost_model(args, devices):
+    """Profiles given with --profile; else the shipped profile of this machine's CPU if its
+    fingerprint matches; else None (roofline estimates)."""
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
+    from autoplace.profile.store import shipped_profile
+
+    if args.profile:
+        return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    if args.no_profile:
+        return None
+    cpus = [d for d in devices if not d.is_gpu]
+    found = cpus and shipped_profile(fingerprint(LocalRunner(cpus[0]).info()))
+    if not found:
+        logging.getLogger(__name__).info("no profile of this machine: roofline estimates")
+        return None
+    args.profile_used = str(found[1])
+    return MeasuredCostModel(found[0])
+
+
 def _optimize_and_run(args) -> dict:
     import autoplace
     from autoplace import zoo
@@ -54,12 +74,7 @@ def _optimize_and_run(args) -> dict:
     t0 = time.perf_counter()
     model = zoo.from_spec(args.model or _default_model())
     devices = _devices(args.device)
-    cost_model = None
-    if args.profile:
-        from autoplace.predict import MeasuredCostModel
-        from autoplace.profile import DeviceProfile
-
-        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    cost_model = _cost_model(args, devices)
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=_rules(args.rule),
                              cost_model=cost_model)
@@ -81,6 +96,8 @@ def _optimize_and_run(args) -> dict:
             "solver": res.solution.solver,
             "baselines_s": dict(res.baselines),
             "copies": res.copies,
+            "profile": getattr(args, "profile_used", None) or (args.profile or None),
+            "cost_sources": sorted(set(res.plan.cost_sources)),
             "max_abs_err_vs_single_device": err,
             "optimize_s": t_opt,
             "plan": json.loads(res.plan.to_json()),
@@ -92,6 +109,9 @@ def _cmd_demo(args) -> int:
     out = _optimize_and_run(args)
     rep = out["report"]
     print(f"model {out['model']}: {out['graph']}")
+    sources = ", ".join(rep["cost_sources"])
+    print(f"costs: {sources}" + (f" (profile {rep['profile']})" if rep["profile"] else
+                                 " (no profile of this machine: autoplace profile makes one)"))
     print(out["result"].summary())
     print(f"cross-device copies (one per tensor and destination device): {rep['copies']}")
     print(f"compiled for {', '.join(rep['devices'])} and ran: max |difference| from the "
@@ -121,7 +141,10 @@ def _add_run_options(p):
                    help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
     p.add_argument("--profile", action="append", default=[],
                    help="measured profile JSON (autoplace profile-export); each applies to the "
-                        "devices of its kind (repeatable)")
+                        "devices of its kind (repeatable). Default: the shipped profile under "
+                        "profiles/ if it was measured on this machine's CPU")
+    p.add_argument("--no-profile", action="store_true",
+                   help="ignore profiles: roofline estimates from device peaks")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -408,3 +408,18 @@ class DeviceProfile:
         """The measured copy from this device to ``dst_fingerprint`` (default: its own kind)."""
         dst = dst_fingerprint or self.fingerprint
         return next((f for f in self.links if f.src == self.fingerprint and f.dst == dst), None)
+
+
+def shipped_profile(fingerprint_: str, dirs=None) -> tuple[DeviceProfile, Path] | None:
+    """The profile under ``profiles/`` (or ``dirs``) measured on a device with this fingerprint."""
+    if dirs is None:
+        dirs = [Path(__file__).resolve().parents[2] / "profiles"]  # the source tree's profiles/
+    for d in map(Path, dirs):
+        for path in sorted(d.glob("*.json")) if d.is_dir() else ():
+            try:
+                prof = DeviceProfile.load(path)
+            except ProfileStoreError:
+                continue
+            if prof.fingerprint == fingerprint_:
+                return prof, path
+    return None

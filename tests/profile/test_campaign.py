@@ -176,3 +176,20 @@ def test_concurrent_campaigns_share_one_store(tmp_path):
     assert len(_rows(db)) == 12
     assert sum(r["measured"] for r in reports) >= 12
     assert all(r["measured"] + r["skipped"] == r["pending"] for r in reports)
+
+
+def test_optimize_cli_uses_a_given_profile(tmp_path):
+    db, out = tmp_path / "p.db", tmp_path / "prof.json"
+    store = ProfileStore(db)
+    run_campaign([("mlp", zoo.load("mlp").mod)], ["cpu:0"], store, policy=FAST, progress=False,
+                 links=False)
+    store.close()
+    for args in (("profile-export", "--db", str(db), "--device", "cpu:0", "--out", str(out)),
+                 ("profile-import", str(out), "--db", str(tmp_path / "copy.db"))):
+        p = _cli(*args)
+        assert p.wait(timeout=120) == 0, p.communicate()
+    p = _cli("optimize", "--model", "zoo:mlp", "--profile", str(out), "--json")
+    report = json.loads(p.communicate(timeout=300)[0])
+    assert report["cost_sources"] == ["measured"] and report["profile"] == [str(out)]
+    p = _cli("optimize", "--model", "zoo:mlp", "--no-profile", "--json")
+    assert json.loads(p.communicate(timeout=300)[0])["cost_sources"] == ["roofline"]

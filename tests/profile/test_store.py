@@ -119,3 +119,21 @@ def test_fit_link_recovers_alpha_and_beta():
     assert alpha == 0.0 and beta > 0
     with pytest.raises(ValueError, match="two sizes"):
         fit_link([(1000, 1e-6)])
+
+
+def test_shipped_cpu_profile_covers_the_zoo():
+    from pathlib import Path
+
+    import autoplace
+    from autoplace.profile.store import shipped_profile
+
+    path = Path(__file__).resolve().parents[2] / "profiles" / "amd-epyc-cpu-1thread.json"
+    prof = DeviceProfile.load(path)
+    assert prof.kind == "cpu" and prof.info["tvm"] == "0.27.0.post1"
+    assert len(prof.latency_s) >= 400 and all(0 < t < 10 for t in prof.latency_s.values())
+    for name in autoplace.zoo.names(include_torch=False):
+        graph = autoplace.OpGraph.from_relax(autoplace.zoo.load(name).mod)
+        assert {n.workload_key for n in graph.nodes} <= set(prof.latency_s), name
+    found, where = shipped_profile(prof.fingerprint)
+    assert where == path and found == prof
+    assert shipped_profile("no-such-fingerprint") is None

@@ -16,7 +16,7 @@ from autoplace.devices import Device, Link
 from autoplace.graph import OpGraph, OpNode, TensorInfo, UnsupportedModelError
 from autoplace.manual import place
 from autoplace.plan import Plan, PlanError
-from autoplace.predict import RooflineCostModel
+from autoplace.predict import RooflineCostModel, load_cost_model
 from autoplace.run import CompiledModel, compile
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
 
@@ -29,5 +29,5 @@ __all__ = [
     "CompiledModel", "Device", "InfeasibleError", "Link", "OpGraph", "OpNode", "OptimizeResult",
     "Plan", "PlanError", "Problem", "RooflineCostModel", "Solution", "TensorInfo",
     "UnsupportedModelError", "annotate", "build_problem", "compile", "node_costs", "optimize",
-    "frontends", "place", "solve", "zoo",
+    "frontends", "load_cost_model", "place", "solve", "zoo",
 ]

@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autoplace.profile.cli import register_cli as register_profile_cli
 
     register_profile_cli(sub)
+    from autoplace.predict.cli import register_cli as register_predict_cli
+
+    register_predict_cli(sub)
     return parser
 
 

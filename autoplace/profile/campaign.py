@@ -86,6 +86,7 @@ class DeviceReport:
     skipped: int = 0          # declared unsupported by the Device, or measured meanwhile elsewhere
     seconds: float = 0.0
     error: str | None = None
+    pending_ops: dict[str, int] = field(default_factory=dict)  # op type -> pending workloads
     link_fits: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -124,7 +125,10 @@ class CampaignReport:
         links = [f"  link {f['src']} -> {f['dst']}: alpha {f['alpha_s'] * 1e6:.1f} us, "
                  f"beta {f['beta_bps'] / 1e9:.2f} GB/s, R2 {f['r2']:.4f}"
                  for d in self.devices for f in d.link_fits]
-        return "\n".join([head, *lines, *links]).rstrip()
+        todo = [f"  {d.spec} pending: " + ", ".join(f"{op} {n}" for op, n in sorted(
+                    d.pending_ops.items(), key=lambda kv: -kv[1]))
+                for d in self.devices if self.dry_run and d.pending_ops]
+        return "\n".join([head, *lines, *todo, *links]).rstrip()
 
 
 def run_campaign(
@@ -162,6 +166,8 @@ def run_campaign(
         claimed.update((rep.fingerprint, k) for k in pending)
         todo = [k for k in pending if wl.op_types[k] not in declared]
         rep.skipped, rep.pending = len(pending) - len(todo), len(todo)
+        for k in todo:
+            rep.pending_ops[wl.op_types[k]] = rep.pending_ops.get(wl.op_types[k], 0) + 1
         runners.append((runner, rep, todo))
     if not dry_run:
         _measure_all(runners, wl, store, policy, progress, rng or np.random.default_rng(0))

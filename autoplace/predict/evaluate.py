@@ -1,0 +1,175 @@
+"""How well the learned cost model predicts latencies it was not trained on, against baselines."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from autoplace.predict.features import parse_key, profile_rows
+from autoplace.predict.learned import NearestNeighborCostModel, XGBCostModel
+from autoplace.predict.roofline import RooflineCostModel
+
+SPLITS = ("random", "heldout_shapes", "heldout_op_type", "heldout_model")
+METRICS = ("mape", "median_ape", "within_10", "within_25", "roofline_mape", "nn_mape",
+           "spearman", "kendall")
+
+
+def evaluate(store, device: str | None = None, *, seed: int = 0,
+             learned: Callable[[], object] = XGBCostModel, min_op_rows: int = 3) -> dict:
+    """Train on part of a profile and score predictions of the rest, in four splits.
+
+    Splits (every fold fits the learned model, a :class:`RooflineCostModel` fitted to the training
+    part's measured peaks, and a :class:`NearestNeighborCostModel` on the same rows):
+
+    - ``random``: 80 / 20 over measured workloads.
+    - ``heldout_shapes``: within each op type, 20 % of its distinct shape configurations (input
+      shapes) are held out (op types with a single configuration stay in training).
+    - ``heldout_op_type``: leave one op type out (those with at least ``min_op_rows``
+      measurements), metrics averaged over op types.
+    - ``heldout_model``: leave one ``zoo:`` model out: train on every workload that model does not
+      use (other models and sweeps), test on its workloads; metrics averaged over models. Also the
+      whole-model error ``|sum(count * predicted) - sum(count * measured)| / sum(count * measured)``
+      over the model's ops. The reference is the count-weighted sum of measured per-op medians,
+      not a whole-model run: docs/profiling.md measured that sum within +-7 % of whole models.
+
+    Parameters
+    ----------
+    store : ProfileStore
+    device : str, optional
+        Profiled spec or fingerprint; default every device's measurements together.
+    seed : int
+        Seed of the random and held-out-shape splits.
+    learned : callable
+        Returns an unfitted learned model (default :class:`XGBCostModel`).
+    min_op_rows : int
+        Op types with fewer measurements are not held out alone.
+
+    Returns
+    -------
+    dict
+        ``device`` (spec or ``None``), ``n_workloads``, ``noise_cv`` (median spread std/mean of
+        the repeats of the measurements), and per split a dict of :data:`METRICS` plus ``n_test``
+        and ``folds``: ``mape`` / ``median_ape`` mean / median of ``|predicted - measured| /
+        measured``, ``within_10`` / ``within_25`` the fraction within 10 / 25 %,
+        ``roofline_mape`` / ``nn_mape`` the baselines' MAPE, ``spearman`` / ``kendall`` rank
+        correlation within each op type of the test part (op types with 3+ rows), averaged
+        (``None`` if there is none). ``heldout_model`` adds ``whole_model_error`` and
+        ``whole_model_roofline_error`` (mean over models) and ``models`` (per model:
+        ``measured_s``, ``predicted_s``, ``roofline_s``, ``error``).
+    """
+    rows = profile_rows(store, device)
+    if len(rows) < 10:
+        raise ValueError(f"only {len(rows)} measurements in {store.path}: profile more workloads "
+                         "(at least 10) before evaluating a cost model")
+    rng = np.random.default_rng(seed)
+    cvs = [r["cv"] for r in rows if r["cv"] is not None]
+    out = {"device": device, "n_workloads": len(rows),
+           "noise_cv": float(np.median(cvs)) if cvs else None}
+
+    n = len(rows)
+    test = set(rng.permutation(n)[: max(1, round(0.2 * n))].tolist())
+    out["random"] = _folds(rows, [test], learned)
+
+    configs: dict[str, dict[tuple, list[int]]] = {}
+    for i, r in enumerate(rows):
+        shapes = tuple(s for s, _ in parse_key(r["key"])[1])
+        configs.setdefault(r["op_type"], {}).setdefault((r["device"], shapes), []).append(i)
+    test = set()
+    for groups in configs.values():
+        keys = list(groups)
+        if len(keys) > 1:
+            for k in rng.permutation(len(keys))[: max(1, round(0.2 * len(keys)))]:
+                test.update(groups[keys[k]])
+    out["heldout_shapes"] = _folds(rows, [test], learned)
+
+    ops = sorted(op for op, g in configs.items() if sum(map(len, g.values())) >= min_op_rows)
+    out["heldout_op_type"] = _folds(
+        rows, [{i for i, r in enumerate(rows) if r["op_type"] == op} for op in ops], learned)
+
+    models = sorted({m for r in rows for m in r["models"] if m.startswith("zoo:")})
+    folds = [{i for i, r in enumerate(rows) if m in r["models"]} for m in models]
+    out["heldout_model"] = _folds(rows, folds, learned, whole=models)
+    return out
+
+
+def _folds(rows, tests: list[set[int]], learned, whole: list[str] | None = None) -> dict:
+    """Metrics of each fold (train on the rest), averaged over folds."""
+    per_fold, per_model = [], {}
+    multi = len({r["device"] for r in rows}) > 1
+    for k, test in enumerate(tests):
+        train = [r for i, r in enumerate(rows) if i not in test]
+        held = [r for i, r in enumerate(rows) if i in test]
+        if not train or not held:
+            continue
+        pred = learned().fit(train).predict_workloads(held)
+        roof = RooflineCostModel().fit(train).predict_workloads(held)
+        near = NearestNeighborCostModel().fit(train).predict_workloads(held)
+        per_fold.append(_metrics(held, pred, roof, near))
+        if whole is not None:
+            for fp in sorted({r["device"] for r in held}):
+                mine = [j for j, r in enumerate(held) if r["device"] == fp]
+                c = np.array([held[j]["models"][whole[k]] for j in mine], dtype=float)
+                meas = float(c @ [held[j]["latency_s"] for j in mine])
+                name = f"{whole[k]}@{held[mine[0]]['device_name']}" if multi else whole[k]
+                per_model[name] = {"ops": int(c.sum()), "measured_s": meas,
+                                   "predicted_s": float(c @ pred[mine]),
+                                   "roofline_s": float(c @ roof[mine]),
+                                   "error": abs(float(c @ pred[mine]) - meas) / meas,
+                                   "roofline_error": abs(float(c @ roof[mine]) - meas) / meas}
+    res = {m: _mean([f[m] for f in per_fold]) for m in METRICS}
+    res["n_test"] = int(sum(f["n"] for f in per_fold))
+    res["folds"] = len(per_fold)
+    if whole is not None:
+        res["whole_model_error"] = _mean([v["error"] for v in per_model.values()])
+        res["whole_model_roofline_error"] = _mean([v["roofline_error"] for v in per_model.values()])
+        res["models"] = per_model
+    return res
+
+
+def _metrics(held, pred, roof, near) -> dict:
+    from scipy import stats
+
+    y = np.array([r["latency_s"] for r in held])
+    ape = np.abs(pred - y) / y
+    rho, tau = [], []
+    for op in sorted({r["op_type"] for r in held}):
+        idx = [i for i, r in enumerate(held) if r["op_type"] == op]
+        if len(idx) >= 3 and np.ptp(y[idx]) > 0 and np.ptp(pred[idx]) > 0:
+            rho.append(stats.spearmanr(y[idx], pred[idx])[0])
+            tau.append(stats.kendalltau(y[idx], pred[idx])[0])
+    return {"n": len(held), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
+            "within_10": float((ape <= 0.10).mean()), "within_25": float((ape <= 0.25).mean()),
+            "roofline_mape": float((np.abs(roof - y) / y).mean()),
+            "nn_mape": float((np.abs(near - y) / y).mean()),
+            "spearman": _mean(rho), "kendall": _mean(tau)}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(values)) if values else None
+
+
+def format_table(result: dict) -> str:
+    """A readable table of :func:`evaluate`'s result: one row per split, percentages."""
+    pct = lambda v: "   -" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
+    num = lambda v: "   -" if v is None else f"{v:5.2f}"  # noqa: E731
+    lines = [f"{'split':<16}{'n':>5}{'MAPE':>8}{'medAPE':>8}{'<=10%':>8}{'<=25%':>8}"
+             f"{'roofline':>10}{'nearest':>9}{'rho':>7}{'tau':>7}"]
+    for s in SPLITS:
+        r = result[s]
+        lines.append(f"{s:<16}{r['n_test']:>5}{pct(r['mape']):>8}{pct(r['median_ape']):>8}"
+                     f"{pct(r['within_10']):>8}{pct(r['within_25']):>8}"
+                     f"{pct(r['roofline_mape']):>10}{pct(r['nn_mape']):>9}"
+                     f"{num(r['spearman']):>7}{num(r['kendall']):>7}")
+    hm = result["heldout_model"]
+    lines.append(f"whole-model error (leave one model out): {pct(hm['whole_model_error']).strip()}"
+                 f" (roofline {pct(hm['whole_model_roofline_error']).strip()})")
+    for name, m in hm["models"].items():
+        lines.append(f"  {name:<24} measured {1e3 * m['measured_s']:9.3f} ms  predicted "
+                     f"{1e3 * m['predicted_s']:9.3f} ms  ({100 * m['error']:5.1f}%)  roofline "
+                     f"{1e3 * m['roofline_s']:9.3f} ms")
+    lines.append(f"noise floor: median cv of the measurements {pct(result['noise_cv']).strip()} "
+                 f"({result['n_workloads']} measured workloads)")
+    return "\n".join(lines)

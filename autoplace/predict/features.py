@@ -1,0 +1,229 @@
+"""Features of one workload on one device, for the learned cost models.
+
+A workload is known by its key (:attr:`autoplace.OpNode.workload_key`: op, input shapes and dtypes,
+attributes) and the FLOP / byte counts the op graph computes for it. The same numbers are in a
+profile store's ``workloads`` table, so the features of a measured row and of a graph node that
+was never measured are computed by one function from the same inputs.
+
+>>> from autoplace.predict.features import features
+>>> row = {"key": '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]',
+...        "flops": 200704.0, "bytes_read": 802816, "bytes_written": 802816}
+>>> x, names = features(row, {"threads": 1, "peak_flops": 4e9, "mem_bandwidth": 1e10})
+>>> len(x) == len(names) == len(FEATURE_NAMES)
+True
+>>> float(x[names.index("op=nn.relu")])
+1.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+# Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
+OP_TYPES = (
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "nn.relu", "nn.gelu",
+    "nn.silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "clip", "nn.conv2d", "matmul",
+    "nn.batch_norm", "nn.layer_norm", "nn.softmax", "nn.max_pool2d", "nn.avg_pool2d",
+    "nn.adaptive_avg_pool2d", "mean", "sum", "max", "concat", "reshape", "permute_dims",
+    "broadcast_to", "strided_slice", "squeeze", "expand_dims", "take", "zeros_like", "astype",
+)
+# Coarse classes, so that an op type never seen in training still shares a column with its kin.
+OP_CLASSES = ("elementwise", "conv", "matmul", "norm", "softmax", "pool", "reduce", "layout")
+_CLASS_OF = {
+    "nn.conv2d": "conv", "nn.conv1d": "conv", "nn.conv2d_transpose": "conv",
+    "matmul": "matmul", "nn.linear": "matmul", "nn.batch_norm": "norm", "nn.layer_norm": "norm",
+    "nn.group_norm": "norm", "nn.rms_norm": "norm", "nn.softmax": "softmax",
+    "nn.log_softmax": "softmax", "nn.max_pool2d": "pool", "nn.avg_pool2d": "pool",
+    "nn.adaptive_avg_pool2d": "pool", "mean": "reduce", "sum": "reduce", "max": "reduce",
+    "min": "reduce", "prod": "reduce", "variance": "reduce", "concat": "layout",
+    "reshape": "layout", "permute_dims": "layout", "broadcast_to": "layout",
+    "strided_slice": "layout", "squeeze": "layout", "expand_dims": "layout", "take": "layout",
+    "split": "layout", "flatten": "layout", "zeros_like": "layout", "ones_like": "layout",
+}
+MAX_INPUTS, MAX_RANK = 3, 4
+
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"op={t}" for t in OP_TYPES), "op=other", *(f"class={c}" for c in OP_CLASSES),
+    "n_inputs", "rank",
+    *(f"in{i}_dim{j}" for i in range(MAX_INPUTS) for j in range(MAX_RANK)),
+    "log2_in_elems", "log2_out_elems", "out_over_in",
+    "kernel_h", "kernel_w", "stride_h", "stride_w", "padding", "dilation", "log2_groups",
+    "depthwise", "n_axes", "keepdims",
+    "log10_flops", "log10_bytes_read", "log10_bytes_written", "log10_intensity", "dtype_bits",
+    "inner_mod4", "inner_mod8", "inner_mod16", "in1_inner_mod8",
+    "threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute", "log10_t_memory",
+)
+_INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
+
+
+def parse_key(key: str) -> tuple[str, list[tuple[tuple[int, ...], str]], dict[str, Any]]:
+    """``(op_type, [(shape, dtype), ...], attrs)`` of a workload key."""
+    op, inputs, attrs, _extra = json.loads(key)
+    return op.removeprefix("relax."), [(tuple(s), d) for s, d in inputs], attrs or {}
+
+
+def workload_row(node) -> dict:
+    """The store-row view (key, op_type, flops, bytes) of an :class:`autoplace.OpNode`."""
+    return {"key": node.workload_key, "op_type": node.op_type, "flops": float(node.flops),
+            "bytes_read": node.bytes_read, "bytes_written": node.bytes_written}
+
+
+def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Fixed-width feature vector of a workload on a device, and the feature names.
+
+    Parameters
+    ----------
+    workload : OpNode or mapping
+        A graph node, or a store row with ``key``, ``flops``, ``bytes_read``, ``bytes_written``.
+    device : mapping, object or None
+        Read for ``threads``, ``peak_flops`` and ``mem_bandwidth`` (a mapping's keys or an
+        object's attributes, e.g. :class:`autoplace.Device`); a missing value is ``nan``.
+
+    Returns
+    -------
+    x : ndarray of float, shape (len(FEATURE_NAMES),)
+        Dimensions, sizes and work are log-scaled; absent entries are 0 (padding) or ``nan``.
+    names : tuple of str
+        :data:`FEATURE_NAMES`.
+    """
+    row = workload if isinstance(workload, Mapping) else workload_row(workload)
+    op, inputs, attrs = parse_key(row["key"])
+    x = np.zeros(len(FEATURE_NAMES))
+    put = lambda name, value: x.__setitem__(_INDEX[name], value)  # noqa: E731
+
+    put(f"op={op}" if op in OP_TYPES else "op=other", 1.0)
+    if op in _CLASS_OF:
+        put(f"class={_CLASS_OF[op]}", 1.0)
+    elif not op.startswith("nn."):
+        put("class=elementwise", 1.0)
+    shapes = [s for s, _ in inputs]
+    put("n_inputs", len(shapes))
+    put("rank", len(shapes[0]) if shapes else 0)
+    for i, shape in enumerate(shapes[:MAX_INPUTS]):
+        for j, d in enumerate(shape[-MAX_RANK:][::-1]):  # innermost first, so columns line up
+            put(f"in{i}_dim{MAX_RANK - 1 - j}", math.log2(d + 1))
+    bits = _bits(inputs[0][1]) if inputs else 32
+    in_elems = sum(math.prod(s) for s in shapes)
+    out_elems = row["bytes_written"] * 8 / bits
+    put("log2_in_elems", math.log2(in_elems + 1))
+    put("log2_out_elems", math.log2(out_elems + 1))
+    put("out_over_in", out_elems / max(in_elems, 1))
+
+    kernel = attrs.get("pool_size")
+    if kernel is None and op.startswith("nn.conv") and len(shapes) > 1:
+        kernel = shapes[1][2:]
+    kernel = list(kernel or [])
+    strides, dilation = list(attrs.get("strides") or []), list(attrs.get("dilation") or [])
+    put("kernel_h", kernel[0] if kernel else 0)
+    put("kernel_w", kernel[-1] if kernel else 0)
+    put("stride_h", strides[0] if strides else 0)
+    put("stride_w", strides[-1] if strides else 0)
+    put("padding", sum(attrs.get("padding") or []))
+    put("dilation", max(dilation) if dilation else 0)
+    groups = int(attrs.get("groups") or 1)
+    put("log2_groups", math.log2(groups))
+    put("depthwise", float(groups > 1 and len(shapes[0]) > 1 and groups == shapes[0][1]))
+    axes = attrs.get("axis", attrs.get("axes"))
+    put("n_axes", len(axes) if isinstance(axes, list) else (0 if axes is None else 1))
+    put("keepdims", float(bool(attrs.get("keepdims"))))
+
+    flops, read, written = float(row["flops"]), float(row["bytes_read"]), float(row["bytes_written"])
+    put("log10_flops", math.log10(flops + 1))
+    put("log10_bytes_read", math.log10(read + 1))
+    put("log10_bytes_written", math.log10(written + 1))
+    put("log10_intensity", math.log10((flops + 1) / (read + written + 1)))
+    put("dtype_bits", bits)
+    inner = shapes[0][-1] if shapes and shapes[0] else 1
+    for m in (4, 8, 16):
+        put(f"inner_mod{m}", float(inner % m == 0))
+    put("in1_inner_mod8", float(len(shapes) > 1 and bool(shapes[1]) and shapes[1][-1] % 8 == 0))
+
+    threads, peak, bw = (_get(device, k) for k in ("threads", "peak_flops", "mem_bandwidth"))
+    put("threads", threads)
+    put("log10_peak_flops", math.log10(peak) if peak > 0 else math.nan)
+    put("log10_mem_bandwidth", math.log10(bw) if bw > 0 else math.nan)
+    put("log10_t_compute", math.log10((flops + 1) / peak) if peak > 0 else math.nan)
+    put("log10_t_memory", math.log10((read + written + 1) / bw) if bw > 0 else math.nan)
+    return x, FEATURE_NAMES
+
+
+def feature_matrix(workloads, devices) -> np.ndarray:
+    """Rows of :func:`features`; ``devices`` is one device for all or one per workload."""
+    workloads = list(workloads)
+    if not isinstance(devices, (list, tuple)):
+        devices = [devices] * len(workloads)
+    if not workloads:
+        return np.zeros((0, len(FEATURE_NAMES)))
+    return np.stack([features(w, d)[0] for w, d in zip(workloads, devices)])
+
+
+def profile_rows(store, device: str | None = None) -> list[dict]:
+    """The successful measurements of a profile store as rows for fitting cost models.
+
+    Each row is a ``workloads`` row (``key``, ``op_type``, ``flops``, ``bytes_read``,
+    ``bytes_written``, ``param_bytes``) plus ``device`` (fingerprint), ``device_name``,
+    ``device_kind``, ``threads``, ``latency_s`` (median), ``cv`` and ``models`` (``{model: count}``).
+
+    Parameters
+    ----------
+    store : ProfileStore
+    device : str, optional
+        Only this device (its profiled spec or fingerprint); default all devices.
+    """
+    devs = {d.fingerprint: d for d in store.devices()}
+    fps = [store.device(device).fingerprint] if device is not None else list(devs)
+    workloads = {w["key"]: w for w in store.workloads()}
+    used_by = store.workload_models()
+    rows = []
+    for fp in fps:
+        info = devs[fp].info
+        for m in store.measurements(fp):
+            if m.ok and m.median_s and m.median_s > 0 and m.workload in workloads:
+                rows.append({**workloads[m.workload], "device": fp, "device_name": devs[fp].name,
+                             "device_kind": info.get("kind", "cpu"),
+                             "threads": info.get("threads"), "latency_s": float(m.median_s),
+                             "cv": m.cv, "models": used_by.get(m.workload, {})})
+    return rows
+
+
+def match_device(device, known: Mapping[str, Mapping]) -> str | None:
+    """The fingerprint in ``known`` (fingerprint -> ``{"name", "kind", ...}``) that ``device`` is.
+
+    ``device`` is a fingerprint or profiled spec (``"cpu:0"``), a mapping or record with a
+    ``fingerprint``, or an :class:`autoplace.Device`: matched by name or ``kind:index`` spec, else
+    the only known device of its kind (the rule of :class:`MeasuredCostModel`). ``None`` if none.
+    """
+    if device is None:
+        return None
+    get = device.get if isinstance(device, Mapping) else (lambda k: getattr(device, k, None))
+    if isinstance(device, str):
+        fp, names, kind = device, {device}, None
+    else:
+        fp, kind = get("fingerprint"), get("kind") or get("device_kind")
+        names = {get("name"), get("device_name")}
+        if kind is not None and get("index") is not None:
+            names.add(f"{kind}:{get('index')}")
+    if fp in known:
+        return fp
+    by_name = [f for f, d in known.items() if d.get("name") in names - {None}]
+    if len(by_name) == 1:
+        return by_name[0]
+    same_kind = [f for f, d in known.items() if kind is not None and d.get("kind", "cpu") == kind]
+    return same_kind[0] if len(same_kind) == 1 else None
+
+
+def _get(device, name: str) -> float:
+    if device is None:
+        return math.nan
+    value = device.get(name) if isinstance(device, Mapping) else getattr(device, name, None)
+    return math.nan if value is None else float(value)
+
+
+def _bits(dtype: str) -> int:
+    digits = "".join(ch for ch in dtype if ch.isdigit())
+    return int(digits) if digits else 8

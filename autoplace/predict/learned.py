@@ -1,0 +1,310 @@
+"""Cost models learned from a profile: gradient-boosted quantiles, and a nearest-neighbour baseline.
+
+Both are fitted on rows of :func:`autoplace.predict.features.profile_rows` (one successful
+measurement each) and predict the seconds of ops never measured. They share the interface of
+:class:`autoplace.predict.RooflineCostModel` (``fit`` / ``predict`` / ``save`` / ``load``), so
+either can be the ``fallback`` of :class:`autoplace.predict.MeasuredCostModel`: measured where a
+profile has the workload, learned elsewhere.
+
+>>> from autoplace.profile import ProfileStore                          # doctest: +SKIP
+>>> rows = profile_rows(ProfileStore("prof.db"))                        # doctest: +SKIP
+>>> model = XGBCostModel().fit(rows)                                    # doctest: +SKIP
+>>> model.quantiles(graph, Device.cpu(0))[:, 0] <= model.predict(graph, Device.cpu(0))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplace.predict.features import (FEATURE_NAMES, feature_matrix, match_device,
+                                        profile_rows, workload_row)
+from autoplace.predict.roofline import RooflineCostModel
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+
+__all__ = ["NearestNeighborCostModel", "NotFittedError", "XGBCostModel", "load_cost_model",
+           "profile_rows"]
+
+_DEVICE_COLUMNS = ("threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute",
+                   "log10_t_memory")
+
+
+class NotFittedError(ValueError):
+    """A learned cost model was asked to predict before ``fit`` or ``load``."""
+
+
+class _Learned:
+    """What the learned models share: checks, device resolution, graph -> rows."""
+
+    source = "learned"
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "devices_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted: call fit(rows) "
+                                 "(rows from autoplace.predict.profile_rows) or load(path) first")
+
+    def _rows(self, what) -> list[dict]:
+        return [workload_row(n) for n in what.nodes] if hasattr(what, "nodes") else list(what)
+
+    def _device_per_row(self, rows, device) -> list[str | None]:
+        """Fingerprint of the fitted device each row is predicted on (None: not a fitted one)."""
+        if device is not None:
+            return [match_device(device, self.devices_)] * len(rows)
+        return [match_device(r.get("device"), self.devices_) for r in rows]
+
+    def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
+        """Predicted seconds of every node of ``graph`` on ``device``, in node order."""
+        return self.predict_workloads(self._rows(graph), device)
+
+    def sources(self, graph: OpGraph, device: Device) -> list[str]:
+        """``"learned"`` for every node."""
+        self._check_fitted()
+        return [self.source] * len(graph.nodes)
+
+
+class XGBCostModel(_Learned):
+    """Gradient-boosted trees predicting P10 / P50 / P90 of the log latency of a workload.
+
+    The trees learn the log ratio of the measured latency to a :class:`RooflineCostModel` fitted
+    on the same rows, from :func:`~autoplace.predict.features.features`, with XGBoost's
+    ``reg:quantileerror`` (three quantiles in one model). :meth:`predict` gives the P50. The model
+    records what it was trained on (devices, op types, the range of every feature) and
+    :meth:`extrapolated` flags predictions outside it.
+
+    Parameters
+    ----------
+    rounds, max_depth, learning_rate, min_child_weight, subsample : XGBoost settings.
+    quantiles : the quantiles to learn; the middle one is the point prediction.
+    seed : int
+    threads : int, XGBoost threads.
+    """
+
+    model_name = "xgboost"
+
+    def __init__(self, rounds: int = 400, max_depth: int = 6, learning_rate: float = 0.05,
+                 min_child_weight: float = 2.0, subsample: float = 0.8,
+                 quantiles: tuple[float, ...] = (0.1, 0.5, 0.9), seed: int = 0, threads: int = 1):
+        self.rounds = rounds
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.min_child_weight = min_child_weight
+        self.subsample = subsample
+        self.quantiles_at = tuple(quantiles)
+        self.seed = seed
+        self.threads = threads
+
+    def _settings(self) -> dict:
+        return {"rounds": self.rounds, "max_depth": self.max_depth,
+                "learning_rate": self.learning_rate, "min_child_weight": self.min_child_weight,
+                "subsample": self.subsample, "quantiles": list(self.quantiles_at),
+                "seed": self.seed, "threads": self.threads}
+
+    def fit(self, rows) -> XGBCostModel:
+        """Fit on measured rows (dicts of :func:`profile_rows`); returns ``self``."""
+        import xgboost as xgb
+
+        rows = list(rows)
+        if not rows:
+            raise ValueError("no measurements to fit on: profile some workloads first")
+        self.roofline_ = RooflineCostModel().fit(rows)
+        self.devices_ = self.roofline_.devices_
+        x, base = self._inputs(rows, None)
+        y = np.log([r["latency_s"] for r in rows]) - base
+        params = {"objective": "reg:quantileerror", "quantile_alpha": np.array(self.quantiles_at),
+                  "tree_method": "hist", "max_depth": self.max_depth, "eta": self.learning_rate,
+                  "min_child_weight": self.min_child_weight, "subsample": self.subsample,
+                  "seed": self.seed, "nthread": self.threads}
+        self.booster_ = xgb.train(params, xgb.DMatrix(x, y, feature_names=list(FEATURE_NAMES)),
+                                  num_boost_round=self.rounds)
+        self.op_types_ = sorted({r["op_type"] for r in rows})
+        with np.errstate(all="ignore"):
+            self.feature_min_ = np.nanmin(np.where(np.isnan(x), np.inf, x), axis=0)
+            self.feature_max_ = np.nanmax(np.where(np.isnan(x), -np.inf, x), axis=0)
+        self.n_train_ = len(rows)
+        return self
+
+    def _inputs(self, rows, device) -> tuple[np.ndarray, np.ndarray]:
+        """Feature matrix and log roofline seconds of ``rows`` on ``device`` (or their own)."""
+        fps = self._device_per_row(rows, device)
+        targets = [fp if fp is not None else device for fp in fps]
+        base = np.log([self.roofline_.predict_workloads([r], t)[0] for r, t in zip(rows, targets)])
+        descs = [self.devices_[fp] if fp is not None else device for fp in fps]
+        return feature_matrix(rows, descs), base
+
+    def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
+        """``(n, len(quantiles))`` seconds: P10 / P50 / P90 of each node or row, sorted per row."""
+        import xgboost as xgb
+
+        self._check_fitted()
+        rows = self._rows(graph_or_rows)
+        if not rows:
+            return np.zeros((0, len(self.quantiles_at)))
+        x, base = self._inputs(rows, device)
+        q = self.booster_.predict(xgb.DMatrix(x, feature_names=list(FEATURE_NAMES)))
+        q = np.sort(q.reshape(len(rows), -1), axis=1)
+        return np.exp(q + base[:, None])
+
+    def predict_workloads(self, rows, device=None) -> np.ndarray:
+        """P50 seconds of store rows on ``device``, or else on each row's own ``device``."""
+        q = self.quantiles(rows, device)
+        return q[:, len(self.quantiles_at) // 2]
+
+    def extrapolated(self, graph_or_rows, device=None) -> np.ndarray:
+        """True where a prediction leaves the training data: an op type or device it never saw,
+        or a feature outside the range it was trained on."""
+        self._check_fitted()
+        rows = self._rows(graph_or_rows)
+        fps = self._device_per_row(rows, device)
+        x, _ = self._inputs(rows, device)
+        with np.errstate(invalid="ignore"):
+            out = ((x < self.feature_min_ - 1e-9) | (x > self.feature_max_ + 1e-9)).any(axis=1)
+        ops = np.array([_op_type(r) not in self.op_types_ for r in rows], dtype=bool)
+        return out | ops | np.array([fp is None for fp in fps], dtype=bool)
+
+    def save(self, path: str | Path) -> None:
+        """One JSON file; the trees are XGBoost's own JSON model under ``"booster"``."""
+        self._check_fitted()
+        d = {"model": self.model_name, "format_version": 1, "settings": self._settings(),
+             "devices": self.devices_, "launch_s": self.roofline_.launch_s,
+             "op_types": self.op_types_, "n_train": self.n_train_,
+             "feature_names": list(FEATURE_NAMES),
+             "feature_min": [_num(v) for v in self.feature_min_],
+             "feature_max": [_num(v) for v in self.feature_max_],
+             "booster": json.loads(bytes(self.booster_.save_raw(raw_format="json")))}
+        Path(path).write_text(json.dumps(d))
+
+    @classmethod
+    def load(cls, path: str | Path) -> XGBCostModel:
+        import xgboost as xgb
+
+        d = _read(path, cls.model_name)
+        if d["feature_names"] != list(FEATURE_NAMES):
+            raise ValueError(f"{path} was trained on other features than this autoplace computes; "
+                             "train it again ('autoplace cost-model train')")
+        s = d["settings"]
+        model = cls(**{**s, "quantiles": tuple(s["quantiles"])})
+        model.devices_ = d["devices"]
+        model.roofline_ = RooflineCostModel(launch_s=d["launch_s"])
+        model.roofline_.devices_ = d["devices"]
+        model.op_types_, model.n_train_ = d["op_types"], d["n_train"]
+        model.feature_min_ = np.array([_inf(v, -1) for v in d["feature_min"]], dtype=float)
+        model.feature_max_ = np.array([_inf(v, +1) for v in d["feature_max"]], dtype=float)
+        model.booster_ = xgb.Booster()
+        model.booster_.load_model(bytearray(json.dumps(d["booster"]).encode()))
+        model.booster_.set_param({"nthread": model.threads})
+        return model
+
+
+class NearestNeighborCostModel(_Learned):
+    """The mean measured latency of the ``k`` nearest measured workloads of the same op type (and
+    device), in standardised log-feature space; an unseen op type uses all workloads.
+
+    Parameters
+    ----------
+    k : int
+        Neighbours averaged (geometric mean of their latencies).
+    """
+
+    model_name = "nearest"
+
+    def __init__(self, k: int = 1):
+        self.k = k
+
+    def fit(self, rows) -> NearestNeighborCostModel:
+        """Remember measured rows (dicts of :func:`profile_rows`); returns ``self``."""
+        rows = list(rows)
+        if not rows:
+            raise ValueError("no measurements to fit on: profile some workloads first")
+        keep = [i for i, n in enumerate(FEATURE_NAMES) if n not in _DEVICE_COLUMNS]
+        x = feature_matrix(rows, None)[:, keep]
+        self.columns_ = keep
+        self.mean_, self.scale_ = x.mean(axis=0), x.std(axis=0) + 1e-9
+        self.x_ = (x - self.mean_) / self.scale_
+        self.y_ = np.log([r["latency_s"] for r in rows])
+        self.op_types_ = np.array([r["op_type"] for r in rows])
+        self.row_devices_ = np.array([r["device"] for r in rows])
+        self.train_ = [{k: r.get(k) for k in ("key", "op_type", "flops", "bytes_read",
+                                              "bytes_written", "device", "latency_s")}
+                       for r in rows]
+        self.devices_ = {fp: {"name": r.get("device_name"), "kind": r.get("device_kind")}
+                         for fp, r in {r["device"]: r for r in rows}.items()}
+        return self
+
+    def predict_workloads(self, rows, device=None) -> np.ndarray:
+        """Seconds of store rows on ``device``, or else on each row's own ``device``."""
+        self._check_fitted()
+        rows = list(rows)
+        if not rows:
+            return np.zeros(0)
+        x = (feature_matrix(rows, None)[:, self.columns_] - self.mean_) / self.scale_
+        fps = self._device_per_row(rows, device)
+        out = np.empty(len(rows))
+        for i, (r, fp) in enumerate(zip(rows, fps)):
+            pool = self.op_types_ == _op_type(r)
+            if fp is not None and (pool & (self.row_devices_ == fp)).any():
+                pool &= self.row_devices_ == fp
+            if not pool.any():
+                pool = np.ones(len(self.y_), dtype=bool)
+            idx = np.flatnonzero(pool)
+            d = np.linalg.norm(self.x_[idx] - x[i], axis=1)
+            out[i] = math.exp(self.y_[idx[np.argsort(d, kind="stable")[:self.k]]].mean())
+        return out
+
+    def save(self, path: str | Path) -> None:
+        """One JSON file holding the remembered rows."""
+        self._check_fitted()
+        Path(path).write_text(json.dumps({"model": self.model_name, "format_version": 1,
+                                          "k": self.k, "devices": self.devices_,
+                                          "rows": self.train_}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> NearestNeighborCostModel:
+        d = _read(path, cls.model_name)
+        meta = d["devices"]
+        rows = [{**r, "device_name": meta[r["device"]]["name"],
+                 "device_kind": meta[r["device"]]["kind"]} for r in d["rows"]]
+        return cls(k=d["k"]).fit(rows)
+
+
+def load_cost_model(path: str | Path):
+    """Load a saved cost model of any kind (the JSON's ``"model"``: roofline, xgboost, nearest).
+
+    >>> import autoplace                                              # doctest: +SKIP
+    >>> autoplace.load_cost_model("cpu_model.json").predict(graph, autoplace.Device.cpu())  # doctest: +SKIP
+    """
+    try:
+        kind = json.loads(Path(path).read_text()).get("model")
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"cannot read a cost model from {path}: {e}") from None
+    classes = {"roofline": RooflineCostModel, "xgboost": XGBCostModel,
+               "nearest": NearestNeighborCostModel}
+    if kind not in classes:
+        raise ValueError(f"{path} is not a saved cost model (model={kind!r}; "
+                         f"expected one of {sorted(classes)})")
+    return classes[kind].load(path)
+
+
+def _op_type(row) -> str:
+    return row.get("op_type") or json.loads(row["key"])[0].removeprefix("relax.")
+
+
+def _read(path, name: str) -> dict:
+    d = json.loads(Path(path).read_text())
+    if d.get("model") != name:
+        raise ValueError(f"{path} is not a {name} cost model (model={d.get('model')!r})")
+    return d
+
+
+def _num(v: float):
+    return None if not np.isfinite(v) else float(v)
+
+
+def _inf(v, sign: int) -> float:
+    return -sign * math.inf if v is None else v  # missing min -> +inf, missing max -> -inf

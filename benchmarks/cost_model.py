@@ -1,0 +1,65 @@
+"""How well the learned cost model predicts unmeasured ops, next to the issue's targets.
+
+    python benchmarks/cost_model.py --db prof.db [--device cpu:0] [--json OUT.json]
+
+Prints :func:`autoplace.predict.evaluate.evaluate`'s table for a profile store, then each target
+with the measured figure and PASS / FAIL. Targets: on held-out shapes >= 90 % of ops within
++-10 % and MAPE <= 8 %; leave-one-model-out whole-model error <= 10 %; learned MAPE at most half
+of the (fitted) roofline's on every split. The noise floor (median cv of the measurements) says
+how close to zero any model can get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def targets(result: dict) -> list[tuple[str, str, bool]]:
+    """``(target, measured, met)`` for each of the issue's targets."""
+    from autoplace.predict.evaluate import SPLITS
+
+    hs, hm = result["heldout_shapes"], result["heldout_model"]
+    out = [("held-out shapes: >= 90% within +-10%", f"{100 * hs['within_10']:.1f}%",
+            hs["within_10"] >= 0.90),
+           ("held-out shapes: MAPE <= 8%", f"{100 * hs['mape']:.1f}%", hs["mape"] <= 0.08),
+           ("leave-one-model-out whole-model error <= 10%",
+            f"{100 * hm['whole_model_error']:.1f}%", hm["whole_model_error"] <= 0.10)]
+    for s in SPLITS:
+        r = result[s]
+        out.append((f"{s}: MAPE <= roofline MAPE / 2",
+                    f"{100 * r['mape']:.1f}% vs {100 * r['roofline_mape'] / 2:.1f}%",
+                    r["mape"] <= r["roofline_mape"] / 2))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--db", required=True, help="profile store (autoplace profile ...)")
+    p.add_argument("--device", help="profiled spec or fingerprint (default: all devices)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the full result here")
+    args = p.parse_args(argv)
+
+    from autoplace.predict.evaluate import evaluate, format_table
+    from autoplace.profile import ProfileStore
+
+    if not Path(args.db).exists():
+        p.error(f"no profile store at {args.db}")
+    with ProfileStore(args.db) as store:
+        result = evaluate(store, args.device, seed=args.seed)
+    print(format_table(result))
+    print()
+    rows = targets(result)
+    for name, value, ok in rows:
+        print(f"{'PASS' if ok else 'FAIL'}  {name:<48} {value}")
+    print(f"noise floor (median cv of measurements): {100 * result['noise_cv']:.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0 if all(ok for *_, ok in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Learned cost models on a small real profile of this CPU: the fit/predict/save/load contract of
+every cost model, what the learned model flags as extrapolated, evaluate's report, and that it
+beats the (fitted) roofline on shapes it never saw."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import zoo
+from autoplace.predict import (MeasuredCostModel, NearestNeighborCostModel, NotFittedError,
+                               RooflineCostModel, XGBCostModel, features, load_cost_model,
+                               profile_rows)
+from autoplace.predict.evaluate import METRICS, SPLITS, evaluate, format_table
+from autoplace.predict.features import FEATURE_NAMES
+from autoplace.profile import DeviceProfile, ProfileStore, TimingPolicy, run_campaign
+from autoplace.profile.sweeps import sweep
+
+FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2, budget_s=0.3)
+SMALL = lambda: XGBCostModel(rounds=150)  # noqa: E731  (fewer trees: the test data is small)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    models = [(f"zoo:{n}", zoo.load(n).mod) for n in ("mlp", "branchy_cnn")]
+    for op in ("nn.conv2d", "matmul", "add", "nn.relu"):
+        models += [(f"sweep:{name}", mod) for name, mod in sweep(op, 8, max_flops=2e7)]
+    s = ProfileStore(tmp_path_factory.mktemp("prof") / "p.db")
+    run_campaign(models, ["cpu:0"], s, policy=FAST, progress=False, links=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def rows(store):
+    return profile_rows(store)
+
+
+def _gelu_module():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x))
+            out = bb.emit_output(relax.op.nn.gelu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_features_agree_for_node_and_store_row(rows):
+    graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
+    node = graph.nodes[0]
+    [row] = [r for r in rows if r["key"] == node.workload_key]
+    dev = {"threads": 1, "peak_flops": 4e9, "mem_bandwidth": 1e10}
+    x_node, names = features(node, dev)
+    x_row, _ = features(row, dev)
+    assert names == FEATURE_NAMES and x_node.shape == (len(FEATURE_NAMES),)
+    np.testing.assert_array_equal(x_node, x_row)
+    assert x_node[names.index(f"op={node.op_type}")] == 1.0
+    # Without a device, the device descriptors are missing, not made up.
+    assert np.isnan(features(node)[0][names.index("log10_peak_flops")])
+
+
+@pytest.mark.parametrize("make", [lambda: RooflineCostModel(), SMALL,
+                                  lambda: NearestNeighborCostModel(k=2)],
+                         ids=["roofline", "xgboost", "nearest"])
+def test_cost_model_contract(make, rows, tmp_path):
+    graph = autoplace.OpGraph.from_relax(zoo.load("branchy_cnn").mod)
+    dev = autoplace.Device.cpu(0)
+    if not isinstance(make(), RooflineCostModel):  # the roofline is ready unfitted, by design
+        with pytest.raises(NotFittedError):
+            make().predict(graph, dev)
+    model = make().fit(rows)
+    assert model.fit(rows) is model
+    pred = model.predict(graph, dev)
+    assert pred.shape == (len(graph.nodes),) and np.all(np.isfinite(pred) & (pred > 0))
+    model.save(tmp_path / "m.json")
+    again = load_cost_model(tmp_path / "m.json")
+    assert type(again) is type(model)
+    np.testing.assert_array_equal(again.predict(graph, dev), pred)
+    np.testing.assert_array_equal(again.predict_workloads(rows), model.predict_workloads(rows))
+    assert autoplace.load_cost_model(tmp_path / "m.json").predict(graph, dev).shape == pred.shape
+
+
+def test_fitted_roofline_learns_peaks_and_keeps_its_default(rows):
+    graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
+    dev = autoplace.Device.cpu(0)
+    fitted = RooflineCostModel().fit(rows)
+    [peaks] = fitted.devices_.values()
+    assert 1e6 < peaks["peak_flops"] < 1e13 and 1e6 < peaks["mem_bandwidth"] < 1e13
+    assert not np.allclose(fitted.predict(graph, dev), RooflineCostModel().predict(graph, dev))
+    # The default (unfitted) behaviour is unchanged: the device's own peaks.
+    n = graph.nodes[0]
+    expect = max(n.flops / dev.peak_flops, (n.bytes_read + n.bytes_written) / dev.mem_bandwidth)
+    assert RooflineCostModel().predict(graph, dev)[0] == pytest.approx(expect + 2e-6)
+
+
+def test_quantiles_are_ordered_and_extrapolation_is_flagged(rows):
+    model = SMALL().fit(rows)
+    dev = autoplace.Device.cpu(0)
+    seen = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)  # measured: inside the data
+    q = model.quantiles(seen, dev)
+    assert q.shape == (len(seen.nodes), 3) and np.all(np.diff(q, axis=1) >= 0)
+    np.testing.assert_array_equal(q[:, 1], model.predict(seen, dev))
+    assert not model.extrapolated(seen, dev).any()
+    unseen = autoplace.OpGraph.from_relax(_gelu_module())  # gelu never measured
+    flags = model.extrapolated(unseen, dev)
+    assert flags[[n.op_type == "nn.gelu" for n in unseen.nodes]].all()
+    gpu = autoplace.Device.cuda(0)  # a device the model was never trained on
+    assert model.extrapolated(seen, gpu).all()
+
+
+def test_measured_model_falls_back_to_learned(store, rows):
+    prof = DeviceProfile.from_store(store, "cpu:0")
+    learned = SMALL().fit(rows)
+    model = MeasuredCostModel(prof, fallback=learned)
+    graph = autoplace.OpGraph.from_relax(_gelu_module())  # relu: maybe measured; gelu: not
+    dev = autoplace.Device.cpu(0)
+    src = model.sources(graph, dev)
+    cost = model.predict(graph, dev)
+    for n, s in zip(graph.nodes, src):
+        assert s == ("measured" if n.workload_key in prof.latency_s else "learned")
+        assert cost[n.index] == (prof.latency_s[n.workload_key] if s == "measured"
+                                 else learned.predict(graph, dev)[n.index])
+    assert "learned" in src
+    _, sources = autoplace.node_costs(graph, [dev], model)
+    assert set(sources) <= {"measured", "learned"}
+
+
+def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
+    result = evaluate(store, seed=0, learned=SMALL)
+    assert set(result) == {"device", "n_workloads", "noise_cv", *SPLITS}
+    for split in SPLITS:
+        extra = {"whole_model_error", "whole_model_roofline_error", "models"} \
+            if split == "heldout_model" else set()
+        assert set(result[split]) == {*METRICS, "n_test", "folds", *extra}
+        r = result[split]
+        assert r["folds"] >= 1 and 0 <= r["within_10"] <= r["within_25"] <= 1
+    assert set(result["heldout_model"]["models"]) == {"zoo:mlp", "zoo:branchy_cnn"}
+    json.dumps(result, allow_nan=False)  # strict JSON
+    # The roofline, even with peaks fitted to the data, is one line for every op type; the
+    # learned model sees op type and shape. On held-out shapes it is clearly better.
+    for split in ("random", "heldout_shapes"):
+        assert result[split]["mape"] < result[split]["roofline_mape"], format_table(result)
+
+
+def test_cli_train_and_evaluate(store, tmp_path, capsys):
+    from autoplace.predict.cli import register_cli
+
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers(dest="command"))
+    out = tmp_path / "m.json"
+    args = parser.parse_args(["train", "--db", str(store.path), "--out", str(out)])
+    assert args.func(args) == 0
+    assert isinstance(load_cost_model(out), XGBCostModel)
+    graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
+    assert load_cost_model(out).predict(graph, autoplace.Device.cpu(0)).shape == (len(graph.nodes),)
+    assert "wrote" in capsys.readouterr().out

@@ -49,7 +49,8 @@ def _default_model() -> str:
 
 def _cost_model(args, devices):
     """Profiles given with --profile; else the shipped profile of this machine's CPU if its
-    fingerprint matches; else None (roofline estimates)."""
+    fingerprint matches (with the cost model shipped beside it for ops it lacks); else None
+    (roofline estimates)."""
     from autoplace.predict import MeasuredCostModel
     from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
@@ -63,8 +64,14 @@ def _cost_model(args, devices):
     if not found:
         logging.getLogger(__name__).info("no profile of this machine: roofline estimates")
         return None
-    args.profile_used = str(found[1])
-    return MeasuredCostModel(found[0])
+    prof, path = found
+    args.profile_used = str(path)
+    learned = path.with_name(path.stem + ".xgb.json")
+    if learned.exists():  # ops the profile lacks: the model trained on it, not the roofline
+        from autoplace.predict import load_cost_model
+
+        return MeasuredCostModel(prof, fallback=load_cost_model(learned))
+    return MeasuredCostModel(prof)
 
 
 def _optimize_and_run(args) -> dict:

@@ -187,7 +187,7 @@ class XGBCostModel(_Learned):
         d = _read(path, cls.model_name)
         if d["feature_names"] != list(FEATURE_NAMES):
             raise ValueError(f"{path} was trained on other features than this autoplace computes; "
-                             "train it again ('autoplace cost-model train')")
+                             "train it again ('autoplace train')")
         s = d["settings"]
         model = cls(**{**s, "quantiles": tuple(s["quantiles"])})
         model.devices_ = d["devices"]

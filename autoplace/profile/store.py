@@ -411,11 +411,15 @@ class DeviceProfile:
 
 
 def shipped_profile(fingerprint_: str, dirs=None) -> tuple[DeviceProfile, Path] | None:
-    """The profile under ``profiles/`` (or ``dirs``) measured on a device with this fingerprint."""
+    """The profile under ``profiles/`` (or ``dirs``) measured on a device with this fingerprint.
+
+    A cost model trained on it, if shipped, sits beside it as ``<same name>.xgb.json``.
+    """
     if dirs is None:
         dirs = [Path(__file__).resolve().parents[2] / "profiles"]  # the source tree's profiles/
     for d in map(Path, dirs):
-        for path in sorted(d.glob("*.json")) if d.is_dir() else ():
+        paths = sorted(p for p in d.glob("*.json") if not p.name.endswith(".xgb.json"))
+        for path in paths if d.is_dir() else ():
             try:
                 prof = DeviceProfile.load(path)
             except ProfileStoreError:

@@ -137,3 +137,26 @@ def test_shipped_cpu_profile_covers_the_zoo():
     found, where = shipped_profile(prof.fingerprint)
     assert where == path and found == prof
     assert shipped_profile("no-such-fingerprint") is None
+
+
+def test_shipped_cost_model_fills_in_what_the_profile_lacks():
+    from pathlib import Path
+
+    import autoplace
+    from autoplace.predict import MeasuredCostModel, XGBCostModel, load_cost_model
+    from autoplace.profile.sweeps import sweep
+
+    here = Path(__file__).resolve().parents[2] / "profiles"
+    prof = DeviceProfile.load(here / "amd-epyc-cpu-1thread.json")
+    learned = load_cost_model(here / "amd-epyc-cpu-1thread.xgb.json")
+    assert isinstance(learned, XGBCostModel) and prof.fingerprint in learned.devices_
+    # A conv2d shape that no campaign measured: the learned model answers, not the roofline.
+    _, mod = sweep("nn.conv2d", 1, rng=np.random.default_rng(12345))[0]
+    graph = autoplace.OpGraph.from_relax(mod)
+    assert graph.nodes[0].workload_key not in prof.latency_s
+    model = MeasuredCostModel(prof, fallback=learned)
+    cpu = autoplace.Device.cpu(0)
+    assert model.sources(graph, cpu) == ["learned"]
+    [t] = model.predict(graph, cpu)
+    p10, p50, p90 = learned.quantiles(graph, cpu)[0]
+    assert t == p50 and 0 < p10 <= p50 <= p90 < 10

@@ -11,6 +11,7 @@ EPILOG = """examples:
   autoplace profile --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db
   autoplace profile --model model.onnx --device cpu:0 --device rpc:pi4@127.0.0.1:9190 --db prof.db
   autoplace profile --sweep nn.conv2d:64 --device cpu:0 --db prof.db --dry-run --json
+  autoplace profile --refine 3 --device cpu:0 --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out profiles/mycpu.json
 
 A campaign stopped at any point (Ctrl-C, kill) resumes where it was when run again:
@@ -30,8 +31,9 @@ def _models(args):
         for s in args.sweep:
             op, _, n = s.partition(":")
             out += [(f"sweep:{name}", mod) for name, mod in sweep(op, int(n or 32))]
-    if not out:
-        raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx or --sweep OP[:N]")
+    if not out and not args.refine:
+        raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx, --sweep OP[:N] "
+                         "or --refine ROUNDS")
     return out
 
 
@@ -50,19 +52,33 @@ def _cmd_profile(args) -> int:
                 models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
                 links=not args.no_links, progress=not args.json,
                 runner_kwargs={"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout})
+            rounds = _refine(args, store, policy) if args.refine and not args.dry_run else []
         except KeyboardInterrupt:
             print(f"interrupted; everything measured so far is in {args.db}: run the same "
                   "command again to resume", file=sys.stderr)
             return 130
         counts = store.counts()
     if args.json:
-        print(json.dumps({**report.to_dict(), "store": counts}, indent=1))
+        print(json.dumps({**report.to_dict(), "store": counts,
+                          "refine": [r.to_dict() for r in rounds]}, indent=1))
     else:
         print(report.table())
+        for r in rounds:
+            print(f"refine round {r.round}: trained on {r.trained_on}, measured the {r.measured} "
+                  f"least sure (mean P90/P10 {r.mean_band:.2f}); error on them before learning "
+                  f"them: MAPE {r.mape:.1%}, {r.within_25:.0%} within 25%")
         print(f"store {args.db}: {counts['measurements']} measurements "
               f"({counts['unsupported']} unsupported), {counts['links']} links")
     failed = [d for d in report.devices if d.error]
     return 1 if failed and not args.dry_run else 0
+
+
+def _refine(args, store, policy):
+    from autoplace.predict.refine import refine
+
+    spec = (args.device or ["cpu:0"])[0]
+    return refine(store, spec, rounds=args.refine, size=args.refine_size, policy=policy,
+                  progress=not args.json)
 
 
 def _cmd_export(args) -> int:
@@ -103,6 +119,10 @@ def register_cli(sub) -> None:
                    help="repeat until the spread (std/mean) is below this (default 0.03)")
     p.add_argument("--budget", type=float, default=2.0,
                    help="seconds of timing per workload at most (default 2)")
+    p.add_argument("--refine", type=int, default=0, metavar="ROUNDS",
+                   help="then, for ROUNDS rounds, measure the sweep workloads the learned model "
+                        "is least sure about on the first --device, and print its error per round")
+    p.add_argument("--refine-size", type=int, default=16, help="workloads per refine round")
     p.add_argument("--rpc-target", default="llvm", help="TVM target of rpc: devices (default llvm)")
     p.add_argument("--rpc-timeout", type=float, default=30.0,
                    help="seconds to wait for an rpc: device (default 30)")

@@ -27,6 +27,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
+    """The best cost model this machine has for ``devices``, and a line saying which.
+
+    The profile shipped under ``profiles/`` whose fingerprint is this machine's CPU (with the
+    learned model shipped beside it for ops it lacks), else :class:`RooflineCostModel`.
+    """
+    from autoplace.predict import MeasuredCostModel, load_cost_model
+    from autoplace.profile import LocalRunner, fingerprint
+    from autoplace.profile.store import shipped_profile
+
+    cpus = [d for d in devices if not d.is_gpu]
+    found = shipped_profile(fingerprint(LocalRunner(cpus[0]).info())) if cpus else None
+    if found is None:
+        return RooflineCostModel(), "roofline estimates (no profile of this machine)"
+    prof, path = found
+    learned = path.with_name(path.stem + ".xgb.json")
+    if learned.exists():
+        return (MeasuredCostModel(prof, fallback=load_cost_model(learned)),
+                f"measured ({path.name}), learned ({learned.name}) for ops it lacks")
+    return MeasuredCostModel(prof), f"measured ({path.name}), roofline for ops it lacks"
+
+
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
     """``(n, d)`` seconds per node per device (``inf`` where a device cannot run the op) and the
     source of each node's costs (``"measured+roofline"``: measured on some devices only)."""
@@ -91,6 +113,7 @@ class OptimizeResult:
     solution: Solution
     baselines: Mapping[str, float] = field(default_factory=dict)
     source_mod: Any = None
+    cost_model: str = ""  # which costs the solver saw, in words
 
     @property
     def predicted_latency_s(self) -> float:
@@ -111,7 +134,7 @@ class OptimizeResult:
     def summary(self) -> str:
         """Plan, predicted time, and the baselines beside it."""
         s = self.solution
-        lines = [str(self.plan),
+        lines = [str(self.plan), f"costs: {self.cost_model}",
                  f"predicted {s.objective}: {s.value * 1e3:.4f} ms  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         for name, value in self.baselines.items():
@@ -125,7 +148,7 @@ def optimize(
     devices: Sequence[Device],
     *,
     objective: str = "latency",
-    cost_model=None,
+    cost_model="auto",
     solver: str = "auto",
     time_limit: float = 10.0,
     links: Mapping[tuple[str, str], Link] | None = None,
@@ -142,8 +165,10 @@ def optimize(
         Where ops may run; names must be unique.
     objective : {"latency", "throughput"}
         One inference as fast as possible, or the most inputs per second through a pipeline.
-    cost_model : object with ``predict(graph, device)``, optional
-        Seconds per node; defaults to :class:`autoplace.predict.RooflineCostModel`.
+    cost_model : object with ``predict(graph, device)``, or ``"auto"``
+        Seconds per node. ``"auto"``: this machine's shipped profile and learned model if there
+        is one (:func:`auto_cost_model`), else :class:`autoplace.predict.RooflineCostModel`.
+        ``result.cost_model`` says which was used.
     solver : str
         A name of :data:`autoplace.solve.SOLVERS`.
     time_limit : float
@@ -172,6 +197,10 @@ def optimize(
         raise ValueError(f"time_limit must be positive seconds, got {time_limit}")
 
     graph = OpGraph.from_relax(mod, func_name)
+    if isinstance(cost_model, str) and cost_model == "auto":
+        cost_model, described = auto_cost_model(devices)
+    else:
+        described = type(cost_model).__name__ if cost_model is not None else "RooflineCostModel"
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     if links is None and hasattr(cost_model, "links"):
@@ -184,7 +213,7 @@ def optimize(
         objective=objective, predicted_s=float(solution.value), cost_sources=sources,
         solver=solution.solver)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          _baselines(problem, objective, devices), mod)
+                          _baselines(problem, objective, devices), mod, described)
 
 
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:

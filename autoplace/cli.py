@@ -47,31 +47,14 @@ def _default_model() -> str:
     return "zoo:resnet"
 
 
-def _cost_model(args, devices):
-    """Profiles given with --profile; else the shipped profile of this machine's CPU if its
-    fingerprint matches (with the cost model shipped beside it for ops it lacks); else None
-    (roofline estimates)."""
-    from autoplace.predict import MeasuredCostModel
-    from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
-    from autoplace.profile.store import shipped_profile
+def _cost_model(args):
+    """Profiles given with --profile, roofline with --no-profile, else optimize's "auto"."""
+    from autoplace.predict import MeasuredCostModel, RooflineCostModel
+    from autoplace.profile import DeviceProfile
 
     if args.profile:
         return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
-    if args.no_profile:
-        return None
-    cpus = [d for d in devices if not d.is_gpu]
-    found = cpus and shipped_profile(fingerprint(LocalRunner(cpus[0]).info()))
-    if not found:
-        logging.getLogger(__name__).info("no profile of this machine: roofline estimates")
-        return None
-    prof, path = found
-    args.profile_used = str(path)
-    learned = path.with_name(path.stem + ".xgb.json")
-    if learned.exists():  # ops the profile lacks: the model trained on it, not the roofline
-        from autoplace.predict import load_cost_model
-
-        return MeasuredCostModel(prof, fallback=load_cost_model(learned))
-    return MeasuredCostModel(prof)
+    return RooflineCostModel() if args.no_profile else "auto"
 
 
 def _optimize_and_run(args) -> dict:
@@ -81,7 +64,7 @@ def _optimize_and_run(args) -> dict:
     t0 = time.perf_counter()
     model = zoo.from_spec(args.model or _default_model())
     devices = _devices(args.device)
-    cost_model = _cost_model(args, devices)
+    cost_model = _cost_model(args)
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=_rules(args.rule),
                              cost_model=cost_model)
@@ -103,7 +86,7 @@ def _optimize_and_run(args) -> dict:
             "solver": res.solution.solver,
             "baselines_s": dict(res.baselines),
             "copies": res.copies,
-            "profile": getattr(args, "profile_used", None) or (args.profile or None),
+            "cost_model": res.cost_model,
             "cost_sources": sorted(set(res.plan.cost_sources)),
             "max_abs_err_vs_single_device": err,
             "optimize_s": t_opt,
@@ -116,9 +99,6 @@ def _cmd_demo(args) -> int:
     out = _optimize_and_run(args)
     rep = out["report"]
     print(f"model {out['model']}: {out['graph']}")
-    sources = ", ".join(rep["cost_sources"])
-    print(f"costs: {sources}" + (f" (profile {rep['profile']})" if rep["profile"] else
-                                 " (no profile of this machine: autoplace profile makes one)"))
     print(out["result"].summary())
     print(f"cross-device copies (one per tensor and destination device): {rep['copies']}")
     print(f"compiled for {', '.join(rep['devices'])} and ran: max |difference| from the "

@@ -21,7 +21,8 @@ def test_surface_from_the_issue(devs):
 
 
 def test_plan_predicts_no_worse_than_any_baseline(devs):
-    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=5)
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=5,
+                             cost_model=autoplace.RooflineCostModel())
     assert set(res.baselines) == {"only a", "only b", "priority", "greedy"}
     for value in res.baselines.values():
         assert res.predicted_latency_s <= value * (1 + 1e-9)
@@ -90,3 +91,20 @@ def test_copies_count_tensors_per_destination_not_edges(devs):
     crossing = sum(res.plan.assignment[e.src] != res.plan.assignment[e.dst] for e in g.edges)
     assert crossing == 2 and res.copies == 1
     assert res.mod.script().count("R.to_vdevice(") == res.copies
+
+
+def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
+    from autoplace.api import auto_cost_model
+    from autoplace.profile import LocalRunner, fingerprint
+    from autoplace.profile.store import shipped_profile
+
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=2)
+    assert res.cost_model == auto_cost_model(devs)[1] and res.cost_model in res.summary()
+    if shipped_profile(fingerprint(LocalRunner(devs[0]).info())) is None:
+        assert res.cost_model.startswith("roofline") and set(res.plan.cost_sources) == {"roofline"}
+    else:  # the zoo is in the shipped profile
+        assert res.cost_model.startswith("measured") and set(res.plan.cost_sources) == {"measured"}
+    # A GPU is never costed by a model trained on a CPU: it gets the roofline.
+    gpu = Device.cuda(0, name="g")
+    mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2)
+    assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)

@@ -26,7 +26,8 @@ class MeasuredCostModel:
         profile of its kind (``"cpu"``, ``"cuda"``). A device with no profile gets the
         fallback for every node.
     fallback : cost model, optional
-        Defaults to :class:`RooflineCostModel`.
+        For ops a profile lacks; defaults to :class:`RooflineCostModel`, which also stands in
+        for a fitted fallback on devices it was not fitted on.
 
     >>> model = MeasuredCostModel(DeviceProfile.load("profiles/cpu.json"))  # doctest: +SKIP
     >>> model.sources(graph, Device.cpu(0))[:2]                            # doctest: +SKIP
@@ -51,12 +52,20 @@ class MeasuredCostModel:
         same_kind = [x for x in p if x.kind == device.kind]
         return same_kind[0] if len(same_kind) == 1 else None
 
-    def _fallback(self):
-        return self.fallback if self.fallback is not None else RooflineCostModel()
+    def _fallback(self, device: Device):
+        """The fallback, unless it was trained on other devices than this one: a learned model
+        does not guess for a device it has never seen (a CPU-trained model for a GPU); the
+        roofline does."""
+        from autoplace.predict.features import match_device
+
+        known = getattr(self.fallback, "devices_", None)
+        if self.fallback is None or (known is not None and match_device(device, known) is None):
+            return RooflineCostModel()
+        return self.fallback
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         """Seconds of every node of ``graph`` on ``device``, in node order."""
-        guess = np.asarray(self._fallback().predict(graph, device), dtype=float)
+        guess = np.asarray(self._fallback(device).predict(graph, device), dtype=float)
         prof = self.profile_for(device)
         if prof is None:
             return guess
@@ -72,7 +81,7 @@ class MeasuredCostModel:
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
         """Where each node's number comes from: ``measured``, ``unsupported`` or the fallback's."""
         prof = self.profile_for(device)
-        other = getattr(self._fallback(), "source", "fallback")
+        other = getattr(self._fallback(device), "source", "fallback")
         if prof is None:
             return [other] * len(graph.nodes)
         return ["measured" if n.workload_key in prof.latency_s else

@@ -178,7 +178,8 @@ def main(argv=None) -> int:
         return args.func(args)
     except (InfeasibleError, PlanError, UnsupportedModelError, ProfileStoreError, ValueError,
             KeyError, OSError) as e:
-        print(f"autoplace {args.command}: error: {e}", file=sys.stderr)
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e  # no repr quotes
+        print(f"autoplace {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 

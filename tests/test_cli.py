@@ -35,6 +35,11 @@ def test_optimize_json_report():
     (["optimize", "--model", "model.pt"], "expected 'zoo:NAME'"),
     (["optimize", "--model", "zoo:mlp", "--device", "tpu:0"], "expected 'cpu:N' or 'cuda:N'"),
     (["optimize", "--model", "zoo:mlp", "--rule", "op:nn.relu"], "expected PATTERN=DEVICE"),
+    (["profile", "--model", "zoo:mlp", "--device", "tpu:0", "--db", "/nonexistent/p.db",
+      "--dry-run"], "expected cpu:N, cuda:N or rpc:KEY@HOST:PORT"),
+    (["profile", "--db", "/nonexistent/p.db"], "nothing to profile"),
+    (["optimize", "--model", "zoo:mlp", "--profile", "/nonexistent/prof.json"],
+     "cannot read profile"),
 ])
 def test_errors_exit_2_with_a_message(args, message):
     r = _run(*args)

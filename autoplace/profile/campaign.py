@@ -40,7 +40,10 @@ def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: floa
                          timeout_s=rpc_timeout_s)
     if spec.startswith("rpc:"):
         raise ValueError(f"device {spec!r}: expected rpc:KEY@HOST:PORT (the tracker's address)")
-    return LocalRunner(Device.from_spec(spec), spec)
+    try:
+        return LocalRunner(Device.from_spec(spec), spec)
+    except ValueError:
+        raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N or rpc:KEY@HOST:PORT") from None
 
 
 @dataclass(frozen=True)
@@ -146,12 +149,13 @@ def run_campaign(
     """Measure every pending (workload, device) pair; with ``links``, fit copies between every
     ordered pair of local devices not yet in the store."""
     wl = collect(models, None if dry_run else store)
+    # A malformed spec is a typo: fail before measuring anything. An unreachable device is not.
+    parsed = [runner_from_spec(spec, **(runner_kwargs or {})) for spec in device_specs]
     runners, reports, claimed = [], [], set()
-    for spec in device_specs:
+    for spec, runner in zip(device_specs, parsed):
         rep = DeviceReport(spec)
         reports.append(rep)
         try:
-            runner = runner_from_spec(spec, **(runner_kwargs or {}))
             info = runner.info()
         except (DeviceUnavailable, ValueError) as e:
             rep.error = str(e)

@@ -22,7 +22,7 @@ from autoplace.solve.simulate import copies_needed
 if TYPE_CHECKING:
     import tvm
 
-    from autoplace.run import CompiledModel
+    from autoplace.run import CompiledModel, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,22 @@ class OptimizeResult:
         from autoplace.run import compile
 
         return compile(self.source_mod, self.plan, self.graph.func_name)
+
+    def pipeline(self, **kwargs) -> Pipeline:
+        """Split a throughput plan into its stages, build each for its device, and start one
+        thread per stage; ``kwargs`` go to :class:`autoplace.run.Pipeline` (``queue_size``,
+        ``num_threads``). Close it, or use it as a context manager.
+
+        >>> with res.pipeline() as pipe:                 # doctest: +SKIP
+        ...     outs = pipe.run([[x] for x in batches])
+        ...     pipe.stats.inputs_per_s
+        """
+        from autoplace.run.pipeline import Pipeline
+
+        if self.plan.stages is None:
+            raise ValueError("this plan has no stages: optimize with objective='throughput' "
+                             "to run it as a pipeline, or use .compile() for one inference")
+        return Pipeline.from_plan(self.source_mod, self.plan, self.graph.func_name, **kwargs)
 
     def summary(self) -> str:
         """Plan, predicted time, and the baselines beside it."""

@@ -108,3 +108,9 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     gpu = Device.cuda(0, name="g")
     mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2)
     assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)
+
+
+def test_pipeline_needs_a_throughput_plan(devs):
+    res = autoplace.optimize(zoo.load("mlp").mod, devs, time_limit=2)
+    with pytest.raises(ValueError, match="objective='throughput'"):
+        res.pipeline()

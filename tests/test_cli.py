@@ -69,3 +69,16 @@ def test_solve_missing_file_is_a_clear_error(tmp_path):
 def test_help_has_examples():
     r = _run("optimize", "--help")
     assert r.returncode == 0 and "examples:" in r.stdout
+
+
+def test_optimize_throughput_runs_the_pipeline_and_reports_rates():
+    r = _run("optimize", "--model", "zoo:branchy_cnn", "--objective", "throughput", "--run", "8",
+             "--time-limit", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert {"predicted_inputs_per_s", "measured_inputs_per_s", "sequential_inputs_per_s",
+            "max_abs_err", "stages"} <= set(rep)
+    assert rep["max_abs_err"] == 0.0 and rep["stages"] == len(rep["stage_details"]) >= 1
+    assert rep["measured_inputs_per_s"] > 0 and rep["sequential_inputs_per_s"] > 0
+    r = _run("optimize", "--model", "zoo:mlp", "--run", "8")
+    assert r.returncode == 2 and "--objective throughput" in r.stderr

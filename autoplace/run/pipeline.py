@@ -1,0 +1,584 @@
+"""Pipelined execution of a staged plan: one module per stage, one thread per stage.
+
+:func:`split` cuts ``mod[func_name]`` into one Relax module per stage of a plan, each with
+explicit inputs (model inputs and tensors of earlier stages, also ones that skip stages) and
+outputs (its tensors that later stages or the model's result read). :class:`Pipeline` compiles
+each stage for its device and streams inputs through them: a worker thread per stage, each with
+its own VM (a VM is not thread-safe; TVM releases the GIL in its calls), bounded queues between
+stages, results in input order.
+
+Threads: TVM's kernel thread pool belongs to the calling thread. Each worker limits its own pool
+with ``runtime.config_threadpool(-3, n, <the CPUs this process may use>)`` (mode
+"share all cores"): that sets the thread-local concurrency to ``n`` and leaves the thread free
+to run on any allowed core. The obvious ``config_threadpool(1, n)`` (mode "big cores") pins the
+calling thread to the first core, so every stage would share core 0 (checked on TVM 0.27).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.devices import Device
+from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
+from autoplace.plan import Plan, PlanError
+from autoplace.run.compile import lowering_pipeline
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05  # how often blocked workers look at the closed flag
+
+
+class PipelineError(RuntimeError):
+    """A stage failed on an input; ``stage`` and ``input_index`` say where (the cause is chained)."""
+
+    def __init__(self, message: str, stage: int | None = None, input_index: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.input_index = input_index
+
+
+class PipelineClosedError(PipelineError):
+    """The pipeline was closed before (or while) it ran."""
+
+
+# ----------------------------------------------------------------------------- split
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One stage: its nodes, the tensors it reads and writes (by name), and its Relax module.
+
+    ``mod["main"]`` takes ``inputs`` in order and returns a tuple of ``outputs``.
+    """
+
+    index: int
+    device: Device
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    mod: Any
+
+    def __str__(self) -> str:
+        return (f"stage {self.index} on {self.device.name}: {len(self.nodes)} nodes, "
+                f"in ({', '.join(self.inputs)}) -> out ({', '.join(self.outputs)})")
+
+
+@dataclass(frozen=True, eq=False)
+class StagedModule:
+    """A module cut into stages: the model's inputs and outputs are named like stage tensors."""
+
+    stages: tuple[Stage, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    constants: tuple[tuple[str, np.ndarray], ...] = ()  # outputs that are constants
+
+
+def split(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> StagedModule:
+    """Cut ``mod[func_name]`` into one module per stage of ``plan`` (``mod`` is unchanged).
+
+    Aliases, tuples and tuple-get-items are rebuilt in each stage that reads them, constants are
+    inlined where used, and only real tensors cross stages (tuples are flattened: a tuple-valued
+    node ``n`` sends ``n[0]``, ``n[1]``...).
+
+    Raises
+    ------
+    PlanError
+        If the plan has no stages, a stage spans several devices, or a node's stage comes before
+        the stage of a node it reads.
+    """
+    from tvm import relax
+
+    graph = OpGraph.from_relax(mod, func_name)
+    plan.validate(graph)
+    if plan.stages is None:
+        raise PlanError("the plan has no stages: optimize with objective='throughput', or "
+                        "dataclasses.replace(plan, stages=...) with a stage per node")
+    func = mod[func_name]
+    stage_of = dict(zip(plan.nodes, plan.stages))
+
+    # A value is a tree: ("leaf", name, type) for a tensor, ("expr", e) for anything embedded
+    # as is (constants, shapes), or a list of trees for a tuple.
+    names = [p.name for p in func.params]
+    param_keys = [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
+    trees: dict[Any, Any] = {p: _tree_of_type(p.ty, key) for p, key in zip(func.params, param_keys)}
+    producer: dict[str, str | None] = {}  # tensor -> its node (None: a model input)
+    types: dict[str, Any] = {}  # tensor -> its type
+    for p in func.params:
+        for key, ty in _leaf_types(trees[p]):
+            producer[key], types[key] = None, ty
+    calls = []  # (node name, var, call, arg trees)
+
+    def tree(expr):
+        if isinstance(expr, relax.Var):
+            return trees[expr]
+        if isinstance(expr, relax.Tuple):
+            return [tree(f) for f in expr.fields]
+        if isinstance(expr, relax.TupleGetItem):
+            t = tree(expr.tuple_value)
+            return t[expr.index] if isinstance(t, list) else t
+        return ("expr", expr)
+
+    node_names = iter(plan.nodes)
+    for b in iter_bindings(func):
+        if is_op_call(b.value):
+            name = next(node_names)
+            calls.append((name, b.var, b.value, [tree(a) for a in b.value.args]))
+            trees[b.var] = _tree_of_type(b.var.ty, name)
+            for key, ty in _leaf_types(trees[b.var]):
+                producer[key], types[key] = name, ty
+        else:
+            trees[b.var] = tree(b.value)
+    out_tree = tree(func.body.body)
+
+    # Checks: a stage is on one device, and never reads a later stage.
+    order = sorted(set(plan.stages))
+    device_of_stage: dict[int, str] = {}
+    for node, dev in zip(plan.nodes, plan.assignment):
+        s = stage_of[node]
+        if device_of_stage.setdefault(s, dev) != dev:
+            raise PlanError(f"stage {s} spans devices {device_of_stage[s]!r} and {dev!r} "
+                            f"(node {node!r}): a stage runs on one device")
+    reads: dict[str, set[str]] = {}  # node -> tensors it reads
+    for name, _, _, args in calls:
+        reads[name] = {k for a in args for k in _leaves(a)}
+        for key in reads[name]:
+            src = producer[key]
+            if src is not None and stage_of[src] > stage_of[name]:
+                raise PlanError(
+                    f"node {name!r} is in stage {stage_of[name]} but reads {key!r} from node "
+                    f"{src!r} in the later stage {stage_of[src]}: every node's stage must be at "
+                    "least the stages of the nodes it reads")
+
+    model_outputs = _flatten_tree(out_tree)
+    out_keys, constants = [], []
+    for k, t in enumerate(model_outputs):
+        if t[0] == "leaf":
+            out_keys.append(t[1])
+        else:
+            key = f"const#{k}"
+            out_keys.append(key)
+            constants.append((key, _const_numpy(t[1])))
+
+    node_pos = {n: k for k, n in enumerate(plan.nodes)}
+
+    def tensor_order(key):  # model inputs first, then by producing node
+        src = producer[key]
+        return (-1, param_keys.index(key.split("[")[0]), key) if src is None else (node_pos[src], 0, key)
+
+    stages = []
+    for s in order:
+        members = [c for c in calls if stage_of[c[0]] == s]
+        mine = {key for _, var, *_ in members for key in _leaves(trees[var])}
+        inputs = sorted({k for name, *_ in members for k in reads[name]} - mine, key=tensor_order)
+        later = {k for name, *_ in calls if stage_of[name] > s for k in reads[name]}
+        outputs = [k for k in sorted(mine, key=tensor_order) if k in later or k in out_keys]
+        stage_mod = _stage_module(mod, func_name, members, inputs, outputs, types)
+        stages.append(Stage(s, plan.device(device_of_stage[s]),
+                            tuple(c[0] for c in members), tuple(inputs), tuple(outputs), stage_mod))
+    return StagedModule(tuple(stages), tuple(param_keys), tuple(out_keys), tuple(constants))
+
+
+def _tree_of_type(ty, key):
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return [_tree_of_type(f, f"{key}[{j}]") for j, f in enumerate(ty.fields)]
+    return ("leaf", key, ty)
+
+
+def _leaves(t) -> list[str]:
+    return [x[1] for x in _flatten_tree(t) if x[0] == "leaf"]
+
+
+def _leaf_types(t) -> list[tuple[str, Any]]:
+    return [(x[1], x[2]) for x in _flatten_tree(t) if x[0] == "leaf"]
+
+
+def _flatten_tree(t) -> list:
+    if isinstance(t, list):
+        return [x for f in t for x in _flatten_tree(f)]
+    return [t]
+
+
+def _const_numpy(expr) -> np.ndarray:
+    value = getattr(expr, "value", None) or getattr(expr, "data", None)
+    if value is None or not hasattr(value, "numpy"):
+        raise PlanError(f"the model returns {type(expr).__name__}, which is not a tensor")
+    return value.numpy()
+
+
+def _plain(ty):
+    """A tensor type without its virtual device."""
+    from tvm import relax
+
+    return relax.TensorType(ty.shape, ty.dtype) if isinstance(ty, relax.TensorType) else ty
+
+
+def _stage_module(mod, func_name, members, inputs, outputs, types):
+    """``main(*inputs) -> tuple(outputs)`` running ``members`` (node, var, call, arg trees)."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(_var_name(k), _plain(types[k])) for k in inputs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            env: dict[str, Any] = dict(zip(inputs, params))
+            tuple_vars: dict[str, Any] = {}  # node name -> its tuple-valued var in this stage
+
+            def lookup(key):
+                if key not in env:  # a field of a tuple-valued node of this stage
+                    base, _, rest = key.partition("[")
+                    expr = tuple_vars[base]
+                    for idx in rest.rstrip("]").split("]["):
+                        expr = relax.TupleGetItem(expr, int(idx))
+                    env[key] = bb.emit(expr, name_hint=_var_name(key))
+                return env[key]
+
+            def rebuild(t):
+                if isinstance(t, list):
+                    return relax.Tuple([rebuild(f) for f in t])
+                return lookup(t[1]) if t[0] == "leaf" else t[1]
+
+            for name, var, call, arg_trees in members:
+                new = relax.Call(call.op, [rebuild(a) for a in arg_trees], call.attrs,
+                                 call.ty_args)
+                v = bb.emit(new, name_hint=var.name)
+                if isinstance(var.ty, relax.TupleType):
+                    tuple_vars[name] = v
+                else:
+                    env[name] = v
+            result = bb.emit_output(relax.Tuple([lookup(k) for k in outputs]))
+        bb.emit_func_output(result)
+    others = {gv: f for gv, f in mod.functions.items()
+              if gv.name_hint != func_name and not isinstance(f, relax.Function)}
+    new_mod = tvm.IRModule(others, attrs=mod.attrs)
+    new_mod["main"] = bb.get()["main"]
+    return relax.transform.Normalize()(new_mod)
+
+
+def _var_name(key: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in key)
+
+
+# ----------------------------------------------------------------------------- execution
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """What the last :meth:`Pipeline.run` measured.
+
+    ``busy_s[k]`` is the time stage ``k`` spent working (uploads, copies and its VM call);
+    ``utilisation[k]`` is that over the run's wall time.
+    """
+
+    inputs: int
+    wall_s: float
+    busy_s: tuple[float, ...]
+
+    @property
+    def inputs_per_s(self) -> float:
+        return self.inputs / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def utilisation(self) -> tuple[float, ...]:
+        return tuple(b / self.wall_s if self.wall_s > 0 else float("nan") for b in self.busy_s)
+
+
+class _Item:
+    __slots__ = ("seq", "values", "error")
+
+    def __init__(self, seq: int, values: dict):
+        self.seq, self.values, self.error = seq, values, None
+
+
+class _Source:
+    """The inputs of one run, handed to stage 0; ``error`` is what iterating them raised."""
+
+    def __init__(self, it):
+        self.it, self.abort, self.error = it, threading.Event(), None
+
+
+_END = object()  # after the last input of a run
+
+
+class Pipeline:
+    """Stages compiled for their devices, run concurrently on a stream of inputs.
+
+    Build one with :meth:`from_plan`; use it as a context manager or call :meth:`close`.
+
+    >>> with Pipeline.from_plan(mod, res.plan) as pipe:      # doctest: +SKIP
+    ...     outs = pipe.run([x] for x in batches)            # one list of arrays per input
+    ...     pipe.stats.inputs_per_s
+
+    Parameters
+    ----------
+    staged : StagedModule
+        From :func:`split`.
+    executables : sequence
+        One VM executable per stage (``tvm.compile`` of ``stage.mod`` for its device).
+    queue_size : int
+        Items each queue between stages holds before the stage feeding it waits (back-pressure).
+    num_threads : int or None
+        TVM kernel threads per stage; ``None`` leaves TVM's default (``TVM_NUM_THREADS``).
+    """
+
+    def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
+                 queue_size: int = 4, num_threads: int | None = 1):
+        if len(executables) != len(staged.stages):
+            raise ValueError(f"{len(staged.stages)} stages but {len(executables)} executables")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        self.staged = staged
+        self.stats: PipelineStats | None = None
+        self._closed = threading.Event()
+        self._run_lock = threading.Lock()
+        self._queues = [queue.Queue(maxsize=queue_size) for _ in range(len(staged.stages) + 1)]
+        self._busy = [0.0] * len(staged.stages)
+        self._drop = self._last_uses()
+        # Stages of one device take turns, as the throughput model assumes (and on CPUs
+        # that share cores, at most one kernel per device runs at a time).
+        locks = {(s.device.kind, s.device.index): threading.Lock() for s in staged.stages}
+        self._locks = [locks[(s.device.kind, s.device.index)] for s in staged.stages]
+        ready = threading.Barrier(len(staged.stages) + 1)
+        self._startup_errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._work, args=(k, exe, num_threads, ready), daemon=True,
+                             name=f"autoplace-stage{stage.index}-{stage.device.name}")
+            for k, (stage, exe) in enumerate(zip(staged.stages, executables))]
+        for t in self._threads:
+            t.start()
+        ready.wait()
+        if self._startup_errors:
+            self.close()
+            raise PipelineError(f"a stage failed to start: {self._startup_errors[0]}") \
+                from self._startup_errors[0]
+
+    @classmethod
+    def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main", **kwargs) -> Pipeline:
+        """Split ``mod`` by ``plan``'s stages, compile each stage for its device, start workers.
+
+        ``kwargs`` go to the constructor (``queue_size``, ``num_threads``).
+        """
+        staged = split(mod, plan, func_name)
+        return cls(staged, [_compile_stage(s) for s in staged.stages], **kwargs)
+
+    # ------------------------------------------------------------------ running
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.staged.inputs)
+
+    def run(self, inputs: Iterable[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Stream ``inputs`` (each a sequence of the function's parameters) through the stages.
+
+        Returns one list of numpy arrays per input, in input order, and sets :attr:`stats`.
+
+        Raises
+        ------
+        PipelineError
+            Naming the stage and input, if a stage raised (the stage's error is the cause).
+        PipelineClosedError
+            If the pipeline is or gets closed.
+        Exception
+            Whatever the ``inputs`` iterable raised, once the inputs already fed have drained.
+        """
+        with self._run_lock:
+            if self._closed.is_set():
+                raise PipelineClosedError("the pipeline is closed")
+            source = _Source(iter(inputs))
+            self._busy = [0.0] * len(self.staged.stages)
+            t0 = time.perf_counter()
+            self._queues[0].put(source)  # stage 0 pulls the inputs itself
+            results, error = {}, None
+            while True:
+                item = self._get(self._queues[-1])
+                if item is None:
+                    source.abort.set()
+                    raise PipelineClosedError(f"the pipeline was closed while running "
+                                              f"({len(results)} results were in)")
+                if item is _END:
+                    break
+                if item.error is not None:
+                    if error is None:
+                        error = item.error
+                    source.abort.set()
+                elif error is None:
+                    results[item.seq] = self._outputs(item.values)
+            wall = time.perf_counter() - t0
+            if error is not None:
+                raise error
+            if source.error is not None:
+                raise source.error
+            self.stats = PipelineStats(len(results), wall, tuple(self._busy))
+            return [results[k] for k in range(len(results))]
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers (pending inputs are dropped); waits up to ``timeout`` seconds each."""
+        self._closed.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+                if t.is_alive():
+                    log.warning("%s did not stop within %.1f s (a kernel still running?)",
+                                t.name, timeout)
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _last_uses(self) -> list[list[str]]:
+        """Per stage position, the tensors no later stage and no model output needs."""
+        stages, keep = self.staged.stages, set(self.staged.outputs)
+        last = {}
+        for k, s in enumerate(stages):
+            for name in (*s.inputs, *s.outputs):
+                last[name] = k
+        drop = [[] for _ in stages]
+        for name, k in last.items():
+            if name not in keep:
+                drop[k].append(name)
+        return drop
+
+    def _outputs(self, values: dict) -> list[np.ndarray]:
+        consts = dict(self.staged.constants)
+        out = []
+        for key in self.staged.outputs:
+            v = consts[key] if key in consts else values[key]
+            out.append(np.array(v) if isinstance(v, np.ndarray) else v.numpy())
+        return out
+
+    def _get(self, q: queue.Queue):
+        """The next item of ``q``, or None once the pipeline is closed."""
+        while not self._closed.is_set():
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                pass
+        return None
+
+    def _put(self, q: queue.Queue, item) -> bool:
+        """Put ``item`` on ``q``, waiting for room; False once the pipeline is closed."""
+        while not self._closed.is_set():
+            try:
+                q.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _pull(self, source: _Source, process, q_out: queue.Queue) -> bool:
+        """Stage 0: run the inputs of ``source`` and pass them on; False once closed."""
+        n = 0
+        try:
+            for x in source.it:
+                if source.abort.is_set():
+                    break
+                x = list(x)
+                if len(x) != self.num_inputs:
+                    raise TypeError(f"input {n}: expected {self.num_inputs} arrays "
+                                    f"({', '.join(self.staged.inputs)}), got {len(x)}")
+                item = _Item(n, dict(zip(self.staged.inputs, x)))
+                process(item)
+                if not self._put(q_out, item):
+                    return False
+                n += 1
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller
+            source.error = e
+        return self._put(q_out, _END)
+
+    def _work(self, k: int, executable, num_threads: int | None, ready: threading.Barrier):
+        from tvm import relax
+
+        stage = self.staged.stages[k]
+        try:
+            if num_threads is not None:
+                _limit_tvm_threads(num_threads)
+            dev = stage.device.tvm_device()
+            fn = relax.VirtualMachine(executable, dev)["main"]
+        except Exception as e:  # noqa: BLE001 - reported by the constructor
+            self._startup_errors.append(e)
+            ready.wait()
+            return
+        ready.wait()
+        q_in, q_out, drop, lock = self._queues[k], self._queues[k + 1], self._drop[k], self._locks[k]
+
+        def process(item: _Item) -> None:
+            with lock:
+                t0 = time.perf_counter()
+                try:
+                    values = item.values
+                    result = fn(*[_on_device(values[name], dev) for name in stage.inputs])
+                    values.update(zip(stage.outputs, result))
+                    for name in drop:
+                        values.pop(name, None)
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    item.error = PipelineError(
+                        f"stage {stage.index} on {stage.device.name} failed on input "
+                        f"{item.seq}: {type(e).__name__}: {e}", stage.index, item.seq)
+                    item.error.__cause__ = e
+                finally:
+                    self._busy[k] += time.perf_counter() - t0
+
+        while True:
+            item = self._get(q_in)
+            if item is None:
+                return
+            if isinstance(item, _Source):
+                if not self._pull(item, process, q_out):
+                    return
+                continue
+            if item is not _END and item.error is None:
+                process(item)
+            if not self._put(q_out, item):
+                return
+
+
+def _compile_stage(stage: Stage):
+    import tvm
+
+    dev = stage.device
+    target = tvm.target.Target(dev.target, host="llvm") if dev.is_gpu else dev.tvm_target()
+    log.info("compiling %s", stage)
+    return tvm.compile(stage.mod, target=target,
+                       relax_pipeline=lowering_pipeline(gpu=dev.is_gpu, multi_device=False))
+
+
+def _limit_tvm_threads(n: int) -> None:
+    """Give the calling thread's TVM pool ``n`` threads without pinning it (see module doc)."""
+    import tvm
+
+    cpus = [str(c) for c in sorted(os.sched_getaffinity(0))] if hasattr(os, "sched_getaffinity") \
+        else [str(c) for c in range(os.cpu_count() or 1)]
+    tvm.get_global_func("runtime.config_threadpool")(-3, n, cpus)
+
+
+def _on_device(value, dev):
+    """``value`` (a numpy array or a TVM tensor) as a TVM tensor on ``dev``."""
+    import tvm
+
+    if not hasattr(value, "copyto"):
+        return tvm.runtime.tensor(np.ascontiguousarray(value), dev)
+    return value if value.device == dev else value.copyto(dev)
+
+
+def time_sequential(fn: Callable[..., Any], inputs: Iterable[Sequence[np.ndarray]]):
+    """Call ``fn(*x)`` for each input in turn; returns ``(outputs, seconds)``."""
+    inputs = list(inputs)
+    t0 = time.perf_counter()
+    outs = [fn(*x) for x in inputs]
+    return outs, time.perf_counter() - t0

@@ -1,0 +1,261 @@
+"""Pipelined execution: stage split (skips, tuples, DAGs), numerics, ordering, errors, shutdown."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import autoplace
+from autoplace import zoo
+from autoplace.run.pipeline import (
+    Pipeline, PipelineClosedError, PipelineError, _limit_tvm_threads, split, time_sequential)
+
+
+# A -> B -> C, and C reads A too: "a" must travel from stage 0 to stage 2 past stage 1.
+@I.ir_module
+class Skip:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            b = R.exp(a)
+            c = R.add(b, a)
+            R.output(c)
+        return c
+
+
+# A tuple-valued node whose fields go to different stages, and a tuple of three results.
+@I.ir_module
+class Multi:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            parts = R.split(x, 2, axis=1)
+            p0 = parts[0]
+            p1 = parts[1]
+            s = R.add(p0, p1)
+            m = R.multiply(p0, p1)
+            t = R.subtract(s, m)
+            u = R.exp(p1)
+            out = (t, u, s)
+            R.output(out)
+        return out
+
+
+# A diamond of stages: 0 -> {1, 2} -> 3; stage 2 reads stage 0, not stage 1.
+@I.ir_module
+class Diamond:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), y: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            b = R.exp(a)
+            c = R.multiply(a, y)
+            d = R.add(b, c)
+            R.output(d)
+        return d
+
+
+def _plan(mod, devs, devices, stages):
+    g = autoplace.OpGraph.from_relax(mod)
+    return autoplace.Plan.from_assignment(g, devs, devices, stages=tuple(stages),
+                                          objective="throughput")
+
+
+def _within(seconds, fn):
+    """Run ``fn`` in a thread; fail if it takes longer than ``seconds`` (a hang), else return or
+    raise what it did."""
+    box = {}
+
+    def body():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s: hung"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _inputs(arrays, n, rng):
+    return [[rng.standard_normal(a.shape).astype(a.dtype) for a in arrays] for _ in range(n)]
+
+
+def _assert_matches_single(mod, plan, devs, xs, **kwargs):
+    g = autoplace.OpGraph.from_relax(mod)
+    single = autoplace.compile(mod, autoplace.place(g, devs, [("*", "a")]))
+    with Pipeline.from_plan(mod, plan, **kwargs) as pipe:
+        outs = _within(30, lambda: pipe.run(xs))
+    assert len(outs) == len(xs)
+    for x, out in zip(xs, outs):  # in input order: each result is its own input's
+        for got, want in zip(out, single(*x), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return pipe
+
+
+# ----------------------------------------------------------------------------- split
+
+
+def test_skip_connection_travels_past_the_middle_stage(devs, rng):
+    plan = _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])
+    st = split(Skip, plan)
+    assert [(s.inputs, s.outputs) for s in st.stages] == [
+        (("x",), ("a",)), (("a",), ("b",)), (("a", "b"), ("c",))]
+    xs = _inputs([np.zeros((4, 8), "float32")], 5, rng)
+    with Pipeline.from_plan(Skip, plan) as pipe:
+        outs = _within(20, lambda: pipe.run(xs))
+    for (x,), (out,) in zip(xs, outs):
+        a = np.maximum(x, 0)
+        np.testing.assert_allclose(out, np.exp(a) + a, rtol=1e-6)
+
+
+def test_tuple_fields_cross_stages_as_tensors_and_stages_return_several(devs, rng):
+    plan = _plan(Multi, devs, ["a", "a", "a", "b", "b"], [0, 0, 0, 1, 1])
+    st = split(Multi, plan)
+    # stage 0 sends one field of the split, and two tensors; s is also a model output.
+    assert st.stages[0].outputs == ("parts[1]", "s", "m")
+    assert st.stages[1].inputs == ("parts[1]", "s", "m")
+    assert st.outputs == ("t", "u", "s")
+    xs = _inputs([np.zeros((4, 8), "float32")], 4, rng)
+    _assert_matches_single(Multi, plan, devs, xs)
+
+
+def test_a_dag_of_stages(devs, rng):
+    plan = _plan(Diamond, devs, ["a", "b", "a", "b"], [0, 1, 2, 3])
+    st = split(Diamond, plan)
+    assert [s.inputs for s in st.stages] == [("x",), ("a",), ("y", "a"), ("b", "c")]
+    xs = _inputs([np.zeros((4, 8), "float32")] * 2, 6, rng)
+    _assert_matches_single(Diamond, plan, devs, xs)
+
+
+def test_split_leaves_the_module_unchanged(devs):
+    before = Skip.script()
+    split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2]))
+    assert Skip.script() == before
+
+
+def test_a_node_before_its_input_stage_is_an_error(devs):
+    with pytest.raises(autoplace.PlanError, match="'b' is in stage 0 but reads 'a'.*later stage 1"):
+        split(Skip, _plan(Skip, devs, ["a", "a", "a"], [1, 0, 2]))
+
+
+def test_a_stage_on_two_devices_and_a_plan_without_stages_are_errors(devs):
+    with pytest.raises(autoplace.PlanError, match="stage 0 spans devices"):
+        split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 0, 1]))
+    g = autoplace.OpGraph.from_relax(Skip)
+    with pytest.raises(autoplace.PlanError, match="no stages"):
+        split(Skip, autoplace.Plan.from_assignment(g, devs, ["a", "a", "a"]))
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("name", ["mlp", "branchy_cnn"])
+def test_optimized_throughput_plans_match_the_single_device_build(name, devs, rng):
+    m = zoo.load(name)
+    res = autoplace.optimize(m.mod, devs, objective="throughput", time_limit=5)
+    assert res.plan.stages is not None
+    pipe = _assert_matches_single(m.mod, res.plan, devs, _inputs(m.inputs, 8, rng))
+    assert pipe.stats.inputs == 8 and len(pipe.stats.busy_s) == len(pipe.staged.stages)
+    assert all(0 <= u for u in pipe.stats.utilisation)
+
+
+def test_torch_resnet_in_three_stages_matches(devs, rng):
+    pytest.importorskip("torch")
+    m = zoo.load("resnet")
+    n = len(autoplace.OpGraph.from_relax(m.mod).nodes)
+    stages = [3 * i // n for i in range(n)]
+    plan = _plan(m.mod, devs, ["ab"[s % 2] for s in stages], stages)
+    _assert_matches_single(m.mod, plan, devs, _inputs(m.inputs, 4, rng), queue_size=1)
+
+
+# ----------------------------------------------------------------------------- errors, shutdown
+
+
+@pytest.fixture
+def skip_pipe(devs):
+    with Pipeline.from_plan(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])) as pipe:
+        yield pipe
+
+
+def test_a_stage_that_raises_surfaces_in_the_caller_with_the_stage_named(skip_pipe, rng):
+    xs = _inputs([np.zeros((4, 8), "float32")], 6, rng)
+    xs[3] = [np.zeros((5, 8), "float32")]  # wrong shape: stage 0's VM rejects it
+    with pytest.raises(PipelineError, match="stage 0 on a failed on input 3") as e:
+        _within(20, lambda: skip_pipe.run(xs))
+    assert e.value.stage == 0 and e.value.input_index == 3 and e.value.__cause__ is not None
+    assert len(_within(20, lambda: skip_pipe.run(xs[:3]))) == 3  # still usable
+
+
+def test_an_input_iterable_that_raises_midway(skip_pipe, rng):
+    def gen():
+        yield from _inputs([np.zeros((4, 8), "float32")], 5, rng)
+        raise ValueError("source broke")
+
+    with pytest.raises(ValueError, match="source broke"):
+        _within(20, lambda: skip_pipe.run(gen()))
+    with pytest.raises(TypeError, match="expected 1 arrays"):
+        _within(20, lambda: skip_pipe.run([[np.zeros((4, 8), "float32")] * 2]))
+    assert len(_within(20, lambda: skip_pipe.run(_inputs([np.zeros((4, 8), "float32")], 2, rng)))) == 2
+
+
+def test_close_while_inputs_are_pending(devs):
+    pipe = Pipeline.from_plan(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2]), queue_size=1)
+
+    def endless():
+        while True:
+            yield [np.ones((4, 8), "float32")]
+
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("e", _catch(lambda: pipe.run(endless()))))
+    runner.start()
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    pipe.close()
+    runner.join(10)
+    assert not runner.is_alive() and time.perf_counter() - t0 < 5
+    assert isinstance(box["e"], PipelineClosedError)
+    assert not any(t.is_alive() for t in pipe._threads)
+    with pytest.raises(PipelineClosedError):
+        pipe.run([[np.ones((4, 8), "float32")]])
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def test_time_sequential_and_empty_runs(skip_pipe, rng):
+    assert skip_pipe.run([]) == [] and skip_pipe.stats.inputs == 0
+    outs, sec = time_sequential(lambda x: [x + 1], [[np.zeros(2)]] * 3)
+    assert len(outs) == 3 and sec >= 0
+
+
+def test_stage_threads_get_one_tvm_thread_and_keep_their_cpus():
+    """``config_threadpool(1, n)`` would pin the calling thread to core 0; ours must not."""
+    import tvm
+
+    out = {}
+
+    def body():
+        before = os.sched_getaffinity(0)
+        _limit_tvm_threads(1)
+        out.update(before=before, after=os.sched_getaffinity(0),
+                   n=tvm.get_global_func("runtime.NumThreads")())
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert out["after"] == out["before"] and out["n"] == 1

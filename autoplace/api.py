@@ -169,6 +169,7 @@ def optimize(
     time_limit: float = 10.0,
     links: Mapping[tuple[str, str], Link] | None = None,
     pins: Sequence[tuple[str, str]] = (),
+    contiguous: bool = False,
     func_name: str = "main",
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
@@ -194,6 +195,9 @@ def optimize(
         :meth:`Link.default` for pairs nobody measured.
     pins : sequence of (rule, device name)
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
+    contiguous : bool
+        Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
+        heuristic solvers ignore it). Fewer stages, so fewer hand-offs in the pipeline.
 
     Returns
     -------
@@ -222,7 +226,8 @@ def optimize(
     if links is None and hasattr(cost_model, "links"):
         links = cost_model.links(devices)
     problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins))
-    solution = solve(problem, objective, solver, time_limit=time_limit)
+    options = {"contiguous": True} if objective == "throughput" and contiguous else {}
+    solution = solve(problem, objective, solver, time_limit=time_limit, **options)
     plan = Plan.from_assignment(
         graph, devices, [devices[k].name for k in solution.assignment],
         stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),

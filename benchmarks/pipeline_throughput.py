@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(zoo.names()))
     ap.add_argument("--no-halves", action="store_true", help="skip the two-stage FLOP-split rows")
+    ap.add_argument("--contiguous", action="store_true",
+                    help="optimize with contiguous stages (one stage per device)")
     args = ap.parse_args()
     devs = [autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")]
     rng = np.random.default_rng(0)
@@ -78,7 +80,7 @@ def main():
     print(head)
     for name in args.models.split(","):
         m = zoo.load(name)
-        res = autoplace.optimize(m.mod, devs, objective="throughput")
+        res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous)
         single = autoplace.compile(m.mod, autoplace.place(res.graph, devs, [("*", "a")]))
         xs = _inputs(m, args.inputs, rng)
         plans = [(name, res.plan, 1 / res.solution.value)]

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._common import make_solution
+from ._common import make_solution, stages_of
 from .problem import InfeasibleError, Problem, Solution
 from .simulate import allowed_devices, copies_needed, orders_from_times
 
@@ -203,6 +203,11 @@ def _fallback(warm: Solution | None, time_limit: float) -> Solution:
     return replace(warm, status="HEURISTIC")
 
 
+def _contiguous(problem: Problem, sol: Solution) -> bool:
+    """Every device's node set is convex: one stage per device used."""
+    return len(np.unique(stages_of(problem, sol.assignment))) == len(np.unique(sol.assignment))
+
+
 def _no_worse(sol: Solution, warm: Solution | None) -> Solution:
     """``sol``, or the warm start with CP-SAT's bound when the warm start simulates better."""
     if warm is None or sol.value <= warm.value:
@@ -322,6 +327,15 @@ def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
         except InfeasibleError as e:
             log.info("no baseline placement (%s); CP-SAT starts cold", e)
     warm = warm_start
+    if (contiguous and objective == "throughput" and warm is not None
+            and not _contiguous(problem, warm)):
+        # The warm start bounds the period and may be returned: it must obey contiguity too.
+        from .baselines import single
+
+        try:
+            warm = single(problem, objective)
+        except InfeasibleError:
+            warm = None
     if objective == "latency":
         return _latency(problem, warm, time_limit, workers)
     return _throughput(problem, warm, time_limit, workers, contiguous)

@@ -80,3 +80,21 @@ def test_unknown_names_are_errors():
         solve(_fork(), "latency", "magic")
     with pytest.raises(ValueError, match="unknown objective"):
         solve(_fork(), "energy", "heft")
+
+
+def test_contiguous_throughput_is_not_bounded_by_a_non_contiguous_warm_start():
+    # Chain 0 -> 1 -> 2 costing 1, 2, 1 on either device: alternating (a, b, a) gives a period of
+    # 2, any chain of stages at least 3. The contiguous model must find its period-3 plan, not
+    # call itself infeasible because the (alternating) warm start's period is out of its reach.
+    from autoplace.solve._common import stages_of
+    from autoplace.solve.cpsat import solve_cpsat
+
+    cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
+    p = Problem.build(cost, [(0, 1), (1, 2)], [8, 8, 8], alpha=np.zeros((2, 2)),
+                      beta=np.full((2, 2), 1e15))
+    free = solve_cpsat(p, "throughput", time_limit=5)
+    chain = solve_cpsat(p, "throughput", time_limit=5, contiguous=True)
+    assert free.value == pytest.approx(2.0) and chain.value == pytest.approx(3.0)
+    assert len(set(stages_of(p, chain.assignment))) == len(set(chain.assignment))
+    warm = solve_cpsat(p, "throughput", time_limit=5, contiguous=True, warm_start=free)
+    assert warm.value == pytest.approx(3.0)

@@ -53,7 +53,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         if not rows:
             raise ValueError(f"nothing measured on {device_spec} yet: profile some models first")
         model = XGBCostModel().fit(rows)
-        done = {row["key"] for row in rows} | store.measured(device)
+        done = store.measured(device)
         pool = []
         for op in sorted(set(sweep_names()) & set(model.op_types_)):
             try:

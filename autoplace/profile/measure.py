@@ -60,6 +60,10 @@ class Timing:
     number: int
 
 
+#: One untimed-quality call: enough to learn whether a device runs anything at all.
+PROBE_POLICY = TimingPolicy(min_repeat_ms=0, min_repeats=1, max_repeats=1, round_size=1)
+
+
 def time_adaptively(timer, policy: TimingPolicy) -> Timing:
     """Time with ``timer(number, repeat) -> per-repeat mean seconds`` (the first call of a
     ``time_evaluator`` is a discarded warm-up, so each ``timer`` call warms up itself)."""
@@ -144,8 +148,7 @@ class LocalRunner:
         if not self.device.tvm_device().exist:
             raise DeviceUnavailable(f"{self.spec}: no such device on this machine")
         try:
-            self.measure(probe_module(), TimingPolicy(min_repeat_ms=0, min_repeats=1,
-                                                       max_repeats=1, round_size=1))
+            self.measure(probe_module(), PROBE_POLICY)
         except OpFailed as e:
             raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
 
@@ -154,11 +157,10 @@ class LocalRunner:
         import tvm
         from tvm import relax
 
-        from autoplace.run.compile import lowering_pipeline
+        from autoplace.run.compile import build_single
 
-        pipeline = lowering_pipeline(gpu=self.device.is_gpu, multi_device=False)
         try:
-            ex = tvm.compile(mod, target=self.device.tvm_target(), relax_pipeline=pipeline)
+            ex = build_single(mod, self.device.tvm_target(), gpu=self.device.is_gpu)
         except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
             raise OpFailed(f"build failed: {error_summary(e)}") from None
         dev = self.device.tvm_device()

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.profile.measure import (DeviceUnavailable, OpFailed, Timing, TimingPolicy,
-                                       probe_module, error_summary, time_adaptively)
+from autoplace.profile.measure import (PROBE_POLICY, DeviceUnavailable, OpFailed, Timing,
+                                       TimingPolicy, error_summary, probe_module,
+                                       time_adaptively)
 from autoplace.profile.workload import random_inputs
 
 if TYPE_CHECKING:
@@ -114,8 +115,7 @@ class RPCRunner:
     def check(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the remote runs a trivial op."""
         try:
-            self.measure(probe_module(), TimingPolicy(min_repeat_ms=0, min_repeats=1,
-                                                       max_repeats=1, round_size=1))
+            self.measure(probe_module(), PROBE_POLICY)
         except OpFailed as e:
             raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
 
@@ -138,14 +138,13 @@ class RPCRunner:
         """
         import tvm
 
-        from autoplace.run.compile import lowering_pipeline
+        from autoplace.run.compile import build_single
 
-        pipeline = lowering_pipeline(gpu=self.kind != "cpu", multi_device=False)
         inputs = random_inputs(mod["main"], rng or np.random.default_rng(0))
         with tempfile.TemporaryDirectory(prefix="autoplace-rpc-") as tmp:
             lib = Path(tmp) / "op.so"
             try:
-                ex = tvm.compile(mod, target=self.tvm_target(), relax_pipeline=pipeline)
+                ex = build_single(mod, self.tvm_target(), gpu=self.kind != "cpu")
                 ex.export_library(str(lib))
             except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
                 raise OpFailed(f"build failed: {error_summary(e)}") from None

@@ -102,10 +102,9 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
     import tvm
     from tvm import relax
 
-    from autoplace.run.compile import lowering_pipeline
+    from autoplace.run.compile import build_single
 
-    ex = tvm.compile(mod, target=device.tvm_target(),
-                     relax_pipeline=lowering_pipeline(gpu=device.is_gpu, multi_device=False))
+    ex = build_single(mod, device.tvm_target(), gpu=device.is_gpu)
     dev = device.tvm_device()
     vm = relax.VirtualMachine(ex, dev)
     if inputs is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +39,14 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
     passes += [t.LowerAllocTensor(), t.KillAfterLastUse(), t.LowerRuntimeBuiltin(),
                t.ComputePrimValue(), t.VMShapeLower(), t.AttachGlobalSymbol()]
     return tvm.transform.Sequential(passes, name="autoplace_lowering")
+
+
+def build_single(mod: tvm.IRModule, target, *, gpu: bool):
+    """Compile ``mod`` for one device with the lowering every autoplace build uses."""
+    import tvm
+
+    return tvm.compile(mod, target=target,
+                       relax_pipeline=lowering_pipeline(gpu=gpu, multi_device=False))
 
 
 def _legalize_keeping_vdevices():

@@ -30,7 +30,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 from autoplace.plan import Plan, PlanError
-from autoplace.run.compile import lowering_pipeline
+from autoplace.run.compile import build_single
 
 if TYPE_CHECKING:
     import tvm
@@ -554,8 +554,7 @@ def _compile_stage(stage: Stage):
     dev = stage.device
     target = tvm.target.Target(dev.target, host="llvm") if dev.is_gpu else dev.tvm_target()
     log.info("compiling %s", stage)
-    return tvm.compile(stage.mod, target=target,
-                       relax_pipeline=lowering_pipeline(gpu=dev.is_gpu, multi_device=False))
+    return build_single(stage.mod, target, gpu=dev.is_gpu)
 
 
 def _limit_tvm_threads(n: int) -> None:

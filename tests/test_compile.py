@@ -146,3 +146,41 @@ def test_bad_onnx_file_is_a_clear_error(tmp_path):
         autoplace.frontends.from_onnx(bad)
     with pytest.raises(FileNotFoundError):
         autoplace.frontends.from_onnx(tmp_path / "missing.onnx")
+
+
+def _kernels(mod):
+    """{kernel name: target kind} after the lowering pipeline's target-attaching pass."""
+    from autoplace.run.compile import lowering_pipeline
+
+    passes = list(lowering_pipeline(gpu=True, multi_device=True).passes)
+    names = [p.info.name for p in passes]
+    lowered = tvm.transform.Sequential(passes[:names.index("AttachTargets") + 1])(mod)
+    kinds = {gv.name_hint: f.attrs["target"].kind.name for gv, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)}
+    calls = {}
+    for block in lowered["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and getattr(v.op, "name", "").startswith("relax.call_tir"):
+                calls[v.args[0].name_hint] = v.ty_args[0].vdevice.target.kind.name
+    return kinds, calls
+
+
+def test_cuda_plans_compile_without_a_gpu_each_kernel_for_its_device():
+    """CPU+GPU builds need no GPU to compile: every kernel gets its device's target (one copy per
+    target when both devices run the same kernel), and the executable carries a CUDA module."""
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    devs = [autoplace.Device.cpu(0), autoplace.Device.cuda(0)]
+    alternating = [devs[k % 2].name for k in range(len(g.nodes))]
+    for names, used in ((alternating, {"llvm", "cuda"}), ([devs[1].name] * len(g.nodes), {"cuda"})):
+        plan = autoplace.Plan.from_assignment(g, devs, names)
+        annotated, _ = annotate_lifted(m.mod, plan)
+        kinds, calls = _kernels(annotated)
+        assert all(kinds[k] == target for k, target in calls.items())
+        assert set(calls.values()) == used
+        ex = autoplace.run.build(annotated, plan)
+        modules = [ex.mod]
+        for mod in modules:
+            modules.extend(mod.imports)
+        assert "cuda" in {mod.kind for mod in modules}

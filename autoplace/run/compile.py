@@ -19,7 +19,8 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
 
     TVM 0.27's ``StaticPlanBlockMemory`` pools buffers by (scope, dtype) only and hands a device-0
     buffer to a device-1 kernel ("Mismatched ...device_id" at run time), so it is left out when
-    more than one device is used. GPU kernels get TVM's default GPU schedule.
+    more than one device is used. Each kernel of an annotated module is tagged with its device's
+    target; GPU kernels get the dlight default schedules that TVM's own CUDA pipeline applies.
     """
     import tvm
     from tvm import relax
@@ -30,8 +31,12 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
         relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
         _legalize_keeping_vdevices(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(), t.FuseTIR(),
     ]
+    passes.append(_attach_targets())
     if gpu:
-        passes.append(tvm.s_tir.transform.DefaultGPUSchedule())
+        from tvm.s_tir import dlight as dl
+
+        passes.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                              dl.gpu.GeneralReduction(), dl.gpu.Fallback()))
     passes += [t.RewriteDataflowReshape(), t.ToNonDataflow(), t.RemovePurityChecking(),
                t.CallTIRRewrite()]
     if not multi_device:
@@ -96,6 +101,62 @@ def _legalize_keeping_vdevices():
             mod[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                      func.ret_ty, func.is_pure, func.attrs)
         return relax.transform.Normalize()(mod)
+
+    return _pass
+
+
+def _attach_targets():
+    """Give every kernel the target of the device its ``call_tir`` output lives on.
+
+    After fusion most kernels of an annotated module carry no ``target`` attribute, and a build
+    with ``target=None`` binds those to the host (llvm), so a kernel placed on a GPU would be
+    compiled for the CPU. A kernel called from several device targets gets one copy per target.
+    Modules without virtual devices are left as they are.
+    """
+    import tvm
+    from tvm import relax
+
+    def out_vdevice(ty):
+        if isinstance(ty, relax.TupleType):
+            return out_vdevice(ty.fields[0]) if len(ty.fields) else None
+        return ty.vdevice if isinstance(ty, relax.TensorType) else None
+
+    @tvm.transform.module_pass(opt_level=0, name="AttachTargets")
+    def _pass(mod, _ctx):
+        original = dict(mod.functions.items())
+        bb = relax.BlockBuilder(mod)
+        kernels: dict[tuple[str, str], tvm.ir.GlobalVar] = {}
+        tagged: set[str] = set()
+
+        def kernel_for(gv, target):
+            key = (gv.name_hint, str(target))
+            if key not in kernels:
+                func = original[gv].with_attr("target", target)
+                if gv.name_hint in tagged:
+                    kernels[key] = bb.add_func(func, f"{gv.name_hint}_{target.kind.name}")
+                else:
+                    bb.update_func(gv, func)
+                    tagged.add(gv.name_hint)
+                    kernels[key] = gv
+            return kernels[key]
+
+        def rewrite(b):
+            v = b.value
+            if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                    and v.op.name.startswith("relax.call_tir")
+                    and isinstance(v.args[0], tvm.ir.GlobalVar)
+                    and (vdev := out_vdevice(v.ty_args[0])) is not None):
+                call = relax.Call(v.op, [kernel_for(v.args[0], vdev.target), *v.args[1:]],
+                                  v.attrs, v.ty_args)
+                return relax.VarBinding(b.var, bb.normalize(call))
+            return b
+
+        for gv, func in original.items():
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                blocks = [type(b)([rewrite(x) for x in b.bindings]) for b in func.body.blocks]
+                bb.update_func(gv, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                                  func.ret_ty, func.is_pure, func.attrs))
+        return bb.get()
 
     return _pass
 

@@ -22,7 +22,9 @@ from autoplace.solve.simulate import copies_needed
 if TYPE_CHECKING:
     import tvm
 
+    from autoplace.report import Explanation
     from autoplace.run import CompiledModel, Pipeline
+    from autoplace.solve.simulate import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ class OptimizeResult:
     baselines: Mapping[str, float] = field(default_factory=dict)
     source_mod: Any = None
     cost_model: str = ""  # which costs the solver saw, in words
+    predictor: Any = None  # the cost model object itself (explain() reads its uncertainty)
 
     @property
     def predicted_latency_s(self) -> float:
@@ -124,6 +127,21 @@ class OptimizeResult:
     def copies(self) -> int:
         """Cross-device copies the plan makes: one per tensor and destination device."""
         return len(copies_needed(self.problem, self.solution.assignment))
+
+    def schedule(self) -> Schedule:
+        """The simulator's one-input schedule of the plan, in the solver's order where it has one
+        (for a latency plan its makespan is ``predicted_latency_s``)."""
+        from autoplace.solve.simulate import simulate_latency
+
+        s = self.solution
+        return simulate_latency(self.problem, s.assignment, s.order, s.transfer_order)
+
+    def explain(self) -> Explanation:
+        """Per node: device, cost on each device, copies, why it is there; and the plan's totals.
+        ``print()`` it, or ``.records()`` for a table (:class:`autoplace.report.Explanation`)."""
+        from autoplace.report import explain
+
+        return explain(self)
 
     def compile(self) -> CompiledModel:
         """Build the plan for its devices; the result takes and returns numpy arrays."""
@@ -234,7 +252,8 @@ def optimize(
         objective=objective, predicted_s=float(solution.value), cost_sources=sources,
         solver=solution.solver)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          _baselines(problem, objective, devices), mod, described)
+                          _baselines(problem, objective, devices), mod, described,
+                          predictor=cost_model)
 
 
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:

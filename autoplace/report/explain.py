@@ -1,0 +1,340 @@
+"""Why each node of a plan is where it is, and what the plan costs, as text and as rows.
+
+Every number comes from the problem the solver saw and from the simulator
+(:mod:`autoplace.solve.simulate`); the reason given for a node is what happens to the predicted
+objective when that node alone moves to another device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from autoplace.solve.problem import InfeasibleError
+from autoplace.solve.simulate import (check_feasible, copies_needed, device_loads, link_loads,
+                                      simulate_latency, simulate_throughput)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from autoplace.api import OptimizeResult
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+
+# Costs within this fraction of each other count as equal ("as fast on b").
+_SAME_COST = 0.02
+
+
+class Copy(NamedTuple):
+    """The output of node ``tensor`` copied from device ``src`` to ``dst``."""
+
+    tensor: str
+    src: str
+    dst: str
+    nbytes: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NodeExplanation:
+    """One node: where it runs, what it costs everywhere, the copies it causes, and why.
+
+    ``cost_s`` and ``spread`` map every device name to seconds (``inf``: cannot run it) and to
+    the relative uncertainty of that cost (``nan``: unknown). ``move_s`` maps every other device
+    to the change of the simulated objective if this node alone moved there (``nan``: not
+    allowed); for latency both schedules follow the solver's node order and the simulator's
+    default copy order.
+    """
+
+    index: int
+    name: str
+    op: str
+    device: str
+    stage: int | None
+    cost_s: Mapping[str, float]
+    source: str
+    spread: Mapping[str, float]
+    copies_in: tuple[Copy, ...]
+    copies_out: tuple[Copy, ...]
+    move_s: Mapping[str, float]
+    reason: str
+
+    def record(self) -> dict[str, Any]:
+        """A flat dict (one table row): ``cost_<device>_s`` per device, copy counts and bytes."""
+        row = {"index": self.index, "node": self.name, "op": self.op, "device": self.device,
+               "stage": self.stage, "source": self.source,
+               "spread": self.spread[self.device]}
+        row.update({f"cost_{d}_s": c for d, c in self.cost_s.items()})
+        row.update({"copies_in": len(self.copies_in),
+                    "bytes_in": sum(c.nbytes for c in self.copies_in),
+                    "copies_out": len(self.copies_out),
+                    "bytes_out": sum(c.nbytes for c in self.copies_out),
+                    "reason": self.reason})
+        return row
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A plan explained: a :class:`NodeExplanation` per node and the plan's totals.
+
+    ``str()`` gives the summary and a table of nodes; :meth:`records` the rows for a table;
+    :meth:`to_dict` the totals as JSON-ready values.
+    """
+
+    nodes: tuple[NodeExplanation, ...]
+    objective: str
+    value_s: float
+    status: str
+    gap: float
+    device_s: Mapping[str, float]               # compute seconds per device, per input
+    link_s: Mapping[tuple[str, str], float]     # copy seconds per directed link, per input
+    copies: tuple[Copy, ...]
+    baselines_s: Mapping[str, float]
+    sources: Mapping[str, int]                  # cost source -> number of nodes
+    cost_model: str
+    plan: str                                   # str(plan)
+
+    @property
+    def bytes_moved(self) -> float:
+        return float(sum(c.nbytes for c in self.copies))
+
+    @property
+    def best_single(self) -> tuple[str, float] | None:
+        """The fastest single-device baseline, ``(name, seconds)``."""
+        singles = {k: v for k, v in self.baselines_s.items() if k.startswith("only ")}
+        return min(singles.items(), key=lambda kv: kv[1]) if singles else None
+
+    def gain_over(self, baseline: str) -> float | None:
+        """``baseline``'s predicted time over the plan's (2.0: the plan is twice as fast)."""
+        value = self.baselines_s.get(baseline)
+        return None if value is None or self.value_s <= 0 else value / self.value_s
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat dict per node (``pandas.DataFrame(expl.records())`` makes a table)."""
+        return [n.record() for n in self.nodes]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The totals, JSON-ready (seconds, bytes, ratios)."""
+        single = self.best_single
+        return {
+            "objective": self.objective, "predicted_s": self.value_s, "status": self.status,
+            "gap": self.gap, "cost_model": self.cost_model,
+            "device_s": dict(self.device_s),
+            "link_s": {f"{a}->{b}": s for (a, b), s in self.link_s.items()},
+            "copies": len(self.copies), "bytes_moved": self.bytes_moved,
+            "baselines_s": dict(self.baselines_s),
+            "gain_over_best_single": None if single is None else self.gain_over(single[0]),
+            "gain_over_greedy": self.gain_over("greedy"),
+            "cost_sources": dict(self.sources),
+        }
+
+    def summary(self) -> str:
+        """The plan's totals in a few lines."""
+        what = "latency" if self.objective == "latency" else "time per input"
+        lines = [self.plan, f"costs: {self.cost_model}",
+                 f"predicted {what}: {_fmt_s(self.value_s)} ({self.status}, gap {self.gap:.1%})"]
+        if self.objective == "throughput" and self.value_s > 0:
+            lines[-1] += f", {1 / self.value_s:.1f} inputs/s"
+        gains = []
+        single = self.best_single
+        if single is not None:
+            gains.append(f"{self.gain_over(single[0]):.2f}x the best single device "
+                         f"({single[0]}: {_fmt_s(single[1])})")
+        if "greedy" in self.baselines_s:
+            gains.append(f"{self.gain_over('greedy'):.2f}x greedy "
+                         f"({_fmt_s(self.baselines_s['greedy'])})")
+        if gains:
+            lines.append("speed-up: " + ", ".join(gains))
+        lines.append("compute per device: " + ", ".join(
+            f"{d} {_fmt_s(s)}" for d, s in self.device_s.items()))
+        lines.append(f"copies: {len(self.copies)}, {_fmt_bytes(self.bytes_moved)} moved" + "".join(
+            f"; {a} -> {b} {_fmt_s(s)}" for (a, b), s in self.link_s.items()))
+        spread = []
+        for src, count in self.sources.items():
+            values = [n.spread[n.device] for n in self.nodes if n.source == src]
+            values = [v for v in values if not math.isnan(v)]
+            note = f" (median spread ±{np.median(values):.1%})" if values else ""
+            spread.append(f"{count} {src}{note}")
+        lines.append("cost sources: " + ", ".join(spread))
+        return "\n".join(lines)
+
+    def table(self) -> str:
+        """One line per node: device (and stage), cost on every device, source, copies, why."""
+        head = ["#", "node", "op", "device", *(f"on {d}" for d in self.device_s), "source",
+                "copies in/out", "why"]
+        rows = [head]
+        for n in self.nodes:
+            spread = n.spread[n.device]
+            cin = sum(c.nbytes for c in n.copies_in)
+            cout = sum(c.nbytes for c in n.copies_out)
+            where = n.device if n.stage is None else f"{n.device}/{n.stage}"
+            rows.append([
+                str(n.index), n.name, n.op, where,
+                *(_fmt_s(n.cost_s[d]) for d in self.device_s),
+                n.source + ("" if math.isnan(spread) else f" ±{spread:.0%}"),
+                f"{_fmt_bytes(cin) if cin else '-'}/{_fmt_bytes(cout) if cout else '-'}",
+                n.reason])
+        widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
+        right = {0} | set(range(4, 4 + len(self.device_s)))  # numbers align right
+        return "\n".join(
+            "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
+                      for c, (cell, w) in enumerate(zip(r, widths))) + "  " + r[-1]
+            for r in rows)
+
+    def __str__(self) -> str:
+        return self.summary() + "\n\n" + self.table()
+
+
+def explain(result: OptimizeResult) -> Explanation:
+    """Explain ``result``'s plan: see :class:`Explanation`.
+
+    >>> print(autoplace.optimize(mod, devs).explain())     # doctest: +SKIP
+    """
+    problem, sol, graph, plan = result.problem, result.solution, result.graph, result.plan
+    a = np.asarray(sol.assignment, dtype=np.int64)
+    names = problem.device_names
+    spread = (cost_spread(graph, plan.devices, result.predictor)
+              if result.predictor is not None else np.full(problem.cost.shape, np.nan))
+    needed = copies_needed(problem, a)
+    copies = tuple(_copy(problem, u, int(a[u]), k) for u, k in needed)
+    base_bytes = sum(problem.out_bytes[u] for u, _ in needed)
+    preds = [set() for _ in range(problem.num_nodes)]
+    for u, v in problem.edges.tolist():
+        preds[v].add(u)
+
+    def score(assignment) -> float:
+        if sol.objective == "latency":
+            return simulate_latency(problem, assignment, sol.order).makespan
+        return simulate_throughput(problem, assignment)
+
+    base = score(a)
+    base_copy_s = link_loads(problem, a).sum()
+    nodes = []
+    for node in graph.nodes:
+        i, k = node.index, int(a[node.index])
+        move, extra_copy_s, extra_bytes, why_not = {}, {}, {}, {}
+        for j in range(problem.num_devices):
+            if j == k:
+                continue
+            moved = a.copy()
+            moved[i] = j
+            try:
+                check_feasible(problem, moved)
+            except InfeasibleError as e:
+                move[names[j]], why_not[j] = math.nan, str(e)
+                continue
+            move[names[j]] = score(moved) - base
+            extra_copy_s[j] = link_loads(problem, moved).sum() - base_copy_s
+            extra_bytes[j] = (sum(problem.out_bytes[u] for u, _ in copies_needed(problem, moved))
+                              - base_bytes)
+        nodes.append(NodeExplanation(
+            index=i, name=node.name, op=node.op_type, device=names[k],
+            stage=None if plan.stages is None else plan.stages[i],
+            cost_s={names[j]: float(problem.cost[i, j]) for j in range(problem.num_devices)},
+            source=plan.cost_sources[i] if plan.cost_sources else "unknown",
+            spread={names[j]: float(spread[i, j]) for j in range(problem.num_devices)},
+            copies_in=tuple(c for c, (u, dst) in zip(copies, needed) if dst == k and u in preds[i]),
+            copies_out=tuple(c for c, (u, _) in zip(copies, needed) if u == i),
+            move_s=move,
+            reason=_reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base)))
+    sources = Counter(n.source for n in nodes)
+    return Explanation(
+        nodes=tuple(nodes), objective=sol.objective, value_s=float(sol.value), status=sol.status,
+        gap=sol.gap,
+        device_s={names[k]: float(s) for k, s in enumerate(device_loads(problem, a))},
+        link_s={(names[s], names[t]): float(x) for (s, t), x in np.ndenumerate(
+            link_loads(problem, a)) if x > 0},
+        copies=copies, baselines_s=dict(result.baselines), sources=dict(sources),
+        cost_model=result.cost_model, plan=str(plan))
+
+
+def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:
+    """``(n, d)`` relative uncertainty of each node's cost on each device; ``nan`` if unknown.
+
+    Measured costs: the spread (std / mean) of the profile's repeats. Learned costs from a
+    model with ``quantiles`` (:class:`~autoplace.predict.XGBCostModel`, also as a measured
+    model's fallback): half the P10-P90 band over the P50. Roofline estimates have none.
+    """
+    out = np.full((len(graph.nodes), len(devices)), np.nan)
+    if not hasattr(cost_model, "sources"):
+        return out
+    learned = cost_model if hasattr(cost_model, "quantiles") else getattr(cost_model, "fallback",
+                                                                          None)
+    for k, dev in enumerate(devices):
+        sources = cost_model.sources(graph, dev)
+        prof = cost_model.profile_for(dev) if hasattr(cost_model, "profile_for") else None
+        q = None
+        for n in graph.nodes:
+            if sources[n.index] == "measured" and prof is not None:
+                out[n.index, k] = prof.cv.get(n.workload_key, np.nan)
+            elif sources[n.index] == "learned" and hasattr(learned, "quantiles"):
+                q = learned.quantiles(graph, dev) if q is None else q
+                lo, mid, hi = q[n.index, 0], q[n.index, q.shape[1] // 2], q[n.index, -1]
+                out[n.index, k] = (hi - lo) / (2 * mid)
+    return out
+
+
+def _copy(problem, u: int, src: int, dst: int) -> Copy:
+    return Copy(problem.node_names[u], problem.device_names[src], problem.device_names[dst],
+                float(problem.out_bytes[u]), problem.transfer_time(u, src, dst))
+
+
+def _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base) -> str:
+    """Why node ``i`` is on device ``k``, in words (see :func:`explain`)."""
+    names, cost = problem.device_names, problem.cost[i]
+    what = "latency" if sol.objective == "latency" else "time per input"
+    if problem.num_devices == 1:
+        return "the only device"
+    if problem.pins[i] >= 0:
+        return f"pinned to {names[k]} by a rule"
+    if np.isfinite(cost).sum() == 1:
+        return "only device that can run it"
+    if not extra_copy_s:
+        return "no other device can take it: " + next(iter(why_not.values()))
+    others = [j for j in range(problem.num_devices) if j != k and np.isfinite(cost[j])]
+    nxt = min(others, key=lambda j: cost[j])
+    if cost[k] < cost[nxt] * (1 - _SAME_COST):
+        return f"cheapest device ({_fmt_s(cost[k])} here, {_fmt_s(cost[nxt])} on {names[nxt]})"
+    j = min(extra_copy_s, key=lambda j: move[names[j]])
+    delta = move[names[j]]
+    tol = 1e-9 * max(base, 1e-12)
+    if delta < -tol:
+        return (f"moving it alone to {names[j]} would cut the {what} by {_fmt_s(-delta)} "
+                f"(solver status {sol.status})")
+    if delta <= tol:
+        return f"a tie: on {names[j]} the predicted {what} is the same"
+    speed = (f"as fast on {names[j]}" if cost[k] <= cost[j] * (1 + _SAME_COST)
+             else f"{_fmt_s(cost[k] - cost[j])} slower than on {names[j]}")
+    worse = f"the {what} would grow by {_fmt_s(delta)} on {names[j]}"
+    if extra_copy_s[j] >= delta / 2:  # the copies it would add explain most of the loss
+        copies = (f"copying {_fmt_bytes(extra_bytes[j])} ({_fmt_s(extra_copy_s[j])})"
+                  if extra_bytes[j] > 0 else f"{_fmt_s(extra_copy_s[j])} more of copies")
+        return f"{speed}; kept with its neighbours to avoid {copies}: {worse}"
+    if sol.objective == "latency":
+        return f"{speed}; {names[j]} is busy then: {worse}"
+    return f"{speed}; balances the load: {worse}"
+
+
+def _fmt_s(s: float) -> str:
+    """Seconds with a unit: ``'812 µs'``, ``'14.8 ms'``, ``'inf'``."""
+    if not math.isfinite(s):
+        return "inf" if s > 0 else str(s)
+    a = abs(s)
+    if a >= 1:
+        return f"{s:.3g} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def _fmt_bytes(n: float) -> str:
+    """Bytes with a decimal unit: ``'200 KB'`` (1 KB = 1000 B)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -32,23 +32,28 @@ log = logging.getLogger(__name__)
 def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
-    The profile shipped under ``profiles/`` whose fingerprint is this machine's CPU (with the
-    learned model shipped beside it for ops it lacks), else :class:`RooflineCostModel`.
+    The profiles shipped under ``profiles/`` whose fingerprints are this machine's devices (with
+    the learned models shipped beside them for ops they lack), else :class:`RooflineCostModel`.
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
     from autoplace.profile import LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
 
-    cpus = [d for d in devices if not d.is_gpu]
-    found = shipped_profile(fingerprint(LocalRunner(cpus[0]).info())) if cpus else None
-    if found is None:
+    found = {}
+    for d in devices:
+        hit = shipped_profile(fingerprint(LocalRunner(d).info()))
+        if hit is not None:
+            found.setdefault(hit[1], hit[0])
+    if not found:
         return RooflineCostModel(), "roofline estimates (no profile of this machine)"
-    prof, path = found
-    learned = path.with_name(path.stem + ".xgb.json")
-    if learned.exists():
-        return (MeasuredCostModel(prof, fallback=load_cost_model(learned)),
-                f"measured ({path.name}), learned ({learned.name}) for ops it lacks")
-    return MeasuredCostModel(prof), f"measured ({path.name}), roofline for ops it lacks"
+    learned = [p.with_name(p.stem + ".xgb.json") for p in found]
+    learned = [p for p in learned if p.exists()]
+    names = ", ".join(p.name for p in found)
+    model = MeasuredCostModel(list(found.values()), fallback=[load_cost_model(p) for p in learned])
+    if learned:
+        return model, (f"measured ({names}), learned ({', '.join(p.name for p in learned)}) "
+                       "for ops they lack")
+    return model, f"measured ({names}), roofline for ops they lack"
 
 
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):

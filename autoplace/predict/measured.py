@@ -25,9 +25,10 @@ class MeasuredCostModel:
         A mapping gives each device (by name) its profile; otherwise a device uses the only
         profile of its kind (``"cpu"``, ``"cuda"``). A device with no profile gets the
         fallback for every node.
-    fallback : cost model, optional
-        For ops a profile lacks; defaults to :class:`RooflineCostModel`, which also stands in
-        for a fitted fallback on devices it was not fitted on.
+    fallback : cost model or sequence of them, optional
+        For ops a profile lacks: the first that was fitted on the device (or fitted on none),
+        else :class:`RooflineCostModel`. A learned model does not guess for a device it has
+        never seen (a CPU-trained model for a GPU).
 
     >>> model = MeasuredCostModel(DeviceProfile.load("profiles/cpu.json"))  # doctest: +SKIP
     >>> model.sources(graph, Device.cpu(0))[:2]                            # doctest: +SKIP
@@ -53,15 +54,14 @@ class MeasuredCostModel:
         return same_kind[0] if len(same_kind) == 1 else None
 
     def _fallback(self, device: Device):
-        """The fallback, unless it was trained on other devices than this one: a learned model
-        does not guess for a device it has never seen (a CPU-trained model for a GPU); the
-        roofline does."""
         from autoplace.predict.features import match_device
 
-        known = getattr(self.fallback, "devices_", None)
-        if self.fallback is None or (known is not None and match_device(device, known) is None):
-            return RooflineCostModel()
-        return self.fallback
+        f = self.fallback
+        for model in f if isinstance(f, Sequence) else [] if f is None else [f]:
+            known = getattr(model, "devices_", None)
+            if known is None or match_device(device, known) is not None:
+                return model
+        return RooflineCostModel()
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         """Seconds of every node of ``graph`` on ``device``, in node order."""

@@ -131,6 +131,20 @@ def test_measured_model_falls_back_to_learned(store, rows):
     assert set(sources) <= {"measured", "learned"}
 
 
+def test_each_device_gets_the_fallback_fitted_on_it(store, rows):
+    """With one learned model per device (CPU and GPU profiles shipped side by side), each device
+    falls back to its own; a device none was fitted on gets the roofline."""
+    learned = SMALL().fit(rows)  # fitted on cpu:0 only
+    model = MeasuredCostModel([], fallback=[learned])
+    graph = autoplace.OpGraph.from_relax(_gelu_module())
+    cpu, gpu = autoplace.Device.cpu(0), autoplace.Device.cuda(0)
+    np.testing.assert_array_equal(model.predict(graph, cpu), learned.predict(graph, cpu))
+    assert set(model.sources(graph, cpu)) == {"learned"}
+    np.testing.assert_array_equal(model.predict(graph, gpu),
+                                  autoplace.RooflineCostModel().predict(graph, gpu))
+    assert set(model.sources(graph, gpu)) == {"roofline"}
+
+
 def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
     result = evaluate(store, seed=0, learned=SMALL)
     assert set(result) == {"device", "n_workloads", "noise_cv", *SPLITS}

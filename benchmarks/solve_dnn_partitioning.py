@@ -1,8 +1,17 @@
 """Tables for the public dnn-partitioning inputs, scored by the benchmark's own models.
 
-Run: ``.venv/bin/python benchmarks/solve_dnn_partitioning.py``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/solve_dnn_partitioning.py [--time-limit S]
+[--only NAME ...]``
+
+Throughput columns: our contiguous split (``solve_benchmark``: DP over ideals, else CP-SAT), its
+proven lower bound and gap, the method that closed it, seconds; then the split of one
+topological order of the coarse DAG, one accelerator (everything supported on accelerator 0),
+everything on the CPU, autoplace's greedy. Latency columns: our split, the longest-path bound,
+the paper's greedy (README), autoplace's greedy and HEFT (``nan``: their plan puts a
+non-convex set on an accelerator, which the model does not allow), one accelerator.
 """
 
+import argparse
 import glob
 import os
 import time
@@ -10,7 +19,9 @@ import time
 import numpy as np
 
 from autoplace.solve import InfeasibleError, dnn_partitioning as dnn
-from autoplace.solve.baselines import greedy
+from autoplace.solve.baselines import greedy, heft
+from autoplace.solve.coarsen import coarse_graph, coarsen
+from autoplace.solve.maxload import ideals
 
 ROOT = "/work/shared/benchmarks/dnn-partitioning"
 PAPER_GREEDY = {"bert24": 100.2185, "gnmt": 268.5005, "inceptionv3": 2485.2396,
@@ -25,40 +36,58 @@ def _single_acc(bench, score):
     return score(bench, a)
 
 
-def _greedy(bench, objective, score):
+def _baseline(rule, bench, objective, score):
     try:
-        a = greedy(bench.problem, objective).assignment
-        return score(bench, a)
+        return score(bench, rule(bench.problem, objective).assignment)
     except InfeasibleError:
         return float("nan")
 
 
-def main():
-    print("THROUGHPUT (max-load, benchmark model)")
-    print(f"{'input':<14}{'n':>5}{'dp maxLoad':>14}{'dp s':>7}{'one acc':>12}{'all cpu':>12}"
-          f"{'greedy':>12}")
-    for path in sorted(glob.glob(f"{ROOT}/throughput/*.json")):
+def _inputs(kind, only):
+    for path in sorted(glob.glob(f"{ROOT}/{kind}/*.json")):
         name = os.path.basename(path).removesuffix("_inference.json")
-        b = dnn.load(path)
+        if not only or name in only:
+            yield name, dnn.load(path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per input")
+    parser.add_argument("--only", nargs="*", help="input names, e.g. inceptionv3 gnmt")
+    args = parser.parse_args()
+
+    print("THROUGHPUT (max-load, benchmark model, contiguous)")
+    print(f"{'input':<13}{'n':>4}{'coarse':>7}{'ideals':>8}{'maxLoad':>10}{'bound':>10}"
+          f"{'gap %':>8}{'method':>8}{'s':>6}{'topo DP':>10}{'one acc':>10}{'all cpu':>10}"
+          f"{'greedy':>10}")
+    for name, b in _inputs("throughput", args.only):
+        rep = coarsen(b.problem)
+        count = ideals(coarse_graph(b.problem, rep), dnn.IDEAL_CAP)
         t0 = time.perf_counter()
-        a = dnn.interval_dp(b, "throughput")
+        s = dnn.solve_benchmark(b, "throughput", time_limit=args.time_limit)
         dt = time.perf_counter() - t0
+        method = "ideals" if count is not None else "cpsat"
+        gap = max(0.0, 100 * (s.value - s.bound) / s.value)
         cpu = dnn.max_load(b, np.full(b.problem.num_nodes, b.cpu))
-        print(f"{name:<14}{b.problem.num_nodes:>5}{dnn.max_load(b, a):>14.4f}{dt:>7.1f}"
-              f"{_single_acc(b, dnn.max_load):>12.4f}{cpu:>12.4f}"
-              f"{_greedy(b, 'throughput', dnn.max_load):>12.4f}")
+        print(f"{name:<13}{b.problem.num_nodes:>4}{rep.max() + 1:>7}"
+              f"{len(count) if count else '>' + str(dnn.IDEAL_CAP // 1000) + 'k':>8}"
+              f"{s.value:>10.4f}{s.bound:>10.4f}{gap:>8.4f}{method:>8}{dt:>6.1f}"
+              f"{dnn.max_load(b, dnn.interval_dp(b, 'throughput')):>10.4f}"
+              f"{_single_acc(b, dnn.max_load):>10.4f}{cpu:>10.2f}"
+              f"{_baseline(greedy, b, 'throughput', dnn.max_load):>10.4f}", flush=True)
     print()
     print("LATENCY (benchmark model)")
-    print(f"{'input':<14}{'n':>5}{'dp latency':>14}{'dp s':>7}{'paper greedy':>14}"
-          f"{'one acc':>12}")
-    for path in sorted(glob.glob(f"{ROOT}/latency/*.json")):
-        name = os.path.basename(path).removesuffix("_inference.json")
-        b = dnn.load(path)
+    print(f"{'input':<13}{'n':>4}{'latency':>10}{'bound':>10}{'gap %':>7}{'s':>6}"
+          f"{'paper gr.':>10}{'greedy':>10}{'heft':>10}{'one acc':>10}")
+    for name, b in _inputs("latency", args.only):
         t0 = time.perf_counter()
-        a = dnn.interval_dp(b, "latency")
+        s = dnn.solve_benchmark(b, "latency", time_limit=args.time_limit)
         dt = time.perf_counter() - t0
-        print(f"{name:<14}{b.problem.num_nodes:>5}{dnn.latency(b, a):>14.4f}{dt:>7.1f}"
-              f"{PAPER_GREEDY[name]:>14.4f}{_single_acc(b, dnn.latency):>12.4f}")
+        print(f"{name:<13}{b.problem.num_nodes:>4}{s.value:>10.4f}{s.bound:>10.4f}"
+              f"{100 * (s.value - s.bound) / s.value:>7.1f}{dt:>6.1f}{PAPER_GREEDY[name]:>10.4f}"
+              f"{_baseline(greedy, b, 'latency', dnn.latency):>10.4f}"
+              f"{_baseline(heft, b, 'latency', dnn.latency):>10.4f}"
+              f"{_single_acc(b, dnn.latency):>10.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from .coarsen import coarsen
+from .maxload import Split, cpsat_split, ideal_dp
 from .problem import InfeasibleError, Problem
 
 log = logging.getLogger(__name__)
@@ -157,11 +159,26 @@ def latency(bench: Benchmark, assignment) -> float:
     return float(finish.max(initial=0.0))
 
 
-def _interval_loads(bench: Benchmark, objective: str):
-    """Cost of every interval ``[i, j)`` of the topological order as one accelerator stage and
-    as the CPU stage: (acc, cpu), (n+1, n+1) arrays, ``inf`` where not allowed (unsupported
-    node, over memory, a colour class cut). For ``"throughput"`` an accelerator stage costs its
-    max-load; for ``"latency"`` its in-copies + compute + out-copies."""
+def _reordered(bench: Benchmark, order: np.ndarray) -> Benchmark:
+    """The same input with its nodes renumbered so that node ``i`` is ``order[i]`` (a
+    topological order)."""
+    p = bench.problem
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    problem = Problem.build(
+        p.cost[order], pos[p.edges], bench.comm[order], alpha=0.0, beta=1.0,
+        node_mem=p.node_mem[order], mem_cap=p.mem_cap, groups=p.groups[order],
+        node_names=[p.node_names[i] for i in order], device_names=p.device_names)
+    return Benchmark(problem=problem, ids=tuple(bench.ids[i] for i in order), k=bench.k,
+                     comm=bench.comm[order])
+
+
+def _interval_loads(bench: Benchmark, objective: str, cuts: np.ndarray):
+    """Cost of every interval ``[i, j)`` of the topological order, ``i`` and ``j`` in ``cuts``,
+    as one accelerator stage and as the CPU stage: (acc, cpu), (n+1, n+1) arrays, ``inf`` where
+    not allowed (unsupported node, over memory, a colour class cut). For ``"throughput"`` an
+    accelerator stage costs its max-load; for ``"latency"`` its in-copies + compute +
+    out-copies."""
     p = bench.problem
     n, fp, cpu = p.num_nodes, p.cost[:, 0], p.cost[:, bench.cpu]
     last_use = np.full(n, -1)
@@ -176,7 +193,7 @@ def _interval_loads(bench: Benchmark, objective: str):
     acc = np.full((n + 1, n + 1), np.inf)
     cpu_load = np.full((n + 1, n + 1), np.inf)
     cap = p.mem_cap[0]
-    for i in range(n):
+    for i in np.flatnonzero(cuts[:n]).tolist():
         comp = cpu_sum = mem = recv = send = 0.0
         received: set[int] = set()
         leaving: dict[int, list[int]] = {}
@@ -198,7 +215,7 @@ def _interval_loads(bench: Benchmark, objective: str):
                 send -= bench.comm[u]
             if lo < i:
                 break
-            if hi > j:
+            if hi > j or not cuts[j + 1]:
                 continue
             cpu_load[i, j + 1] = cpu_sum
             if ok and mem <= cap * (1 + 1e-12):
@@ -207,13 +224,23 @@ def _interval_loads(bench: Benchmark, objective: str):
 
 
 def interval_dp(bench: Benchmark, objective: str = "throughput") -> np.ndarray:
-    """Best split of the topological order into consecutive stages, each on its own
-    accelerator (at most ``k``) or on the CPU (at most one stage): exact over such splits for
-    the max-load (throughput) or the summed stage time (a latency proxy, scored afterwards by
-    :func:`latency`). Returns the assignment."""
-    acc, cpu_load = _interval_loads(bench, objective)
+    """Best split of one topological order of the coarse DAG (:func:`coarsen.coarsen`: colour
+    classes kept whole) into consecutive stages, each on its own accelerator (at most ``k``) or
+    on the CPU (at most one stage): exact over such splits for the max-load (throughput) or the
+    summed stage time (a latency proxy, scored afterwards by :func:`latency`). Returns the
+    assignment."""
+    rep = coarsen(bench.problem)
+    order = np.lexsort((np.arange(rep.size), rep))
+    cuts = np.r_[True, rep[order][1:] != rep[order][:-1], True]
+    a = np.empty(rep.size, dtype=np.int64)
+    a[order] = _interval_dp(_reordered(bench, order), objective, cuts)
+    return a
+
+
+def _interval_dp(bench: Benchmark, objective: str, cuts: np.ndarray) -> np.ndarray:
+    acc, cpu_load = _interval_loads(bench, objective, cuts)
     n, k = bench.problem.num_nodes, bench.k
-    combine = max if objective == "throughput" else (lambda x, y: x + y)
+    combine = np.maximum if objective == "throughput" else np.add
     # f[j, used accelerators, cpu used] = best value of the prefix [0, j)
     f = np.full((n + 1, k + 1, 2), np.inf)
     arg: dict = {}
@@ -223,11 +250,11 @@ def interval_dp(bench: Benchmark, objective: str = "throughput") -> np.ndarray:
             for c in range(2):
                 best, choice = np.inf, None
                 if used > 0:
-                    vals = np.array([combine(f[i, used - 1, c], acc[i, j]) for i in range(j)])
+                    vals = combine(f[:j, used - 1, c], acc[:j, j])
                     i = int(vals.argmin())
                     best, choice = vals[i], (i, used - 1, c, "acc")
                 if c == 1:
-                    vals = np.array([combine(f[i, used, 0], cpu_load[i, j]) for i in range(j)])
+                    vals = combine(f[:j, used, 0], cpu_load[:j, j])
                     i = int(vals.argmin())
                     if vals[i] < best:
                         best, choice = vals[i], (i, used, 0, "cpu")
@@ -261,18 +288,47 @@ def plan_json(bench: Benchmark, assignment, objective: str) -> dict:
 
 
 def solve_benchmark(bench: Benchmark, objective: str, contiguous: bool = True,
-                    time_limit: float = 10.0) -> np.ndarray:
-    """Assignment for a benchmark input under its own model.
+                    time_limit: float = 10.0) -> Split:
+    """A contiguous split of a benchmark input under its own model, with a lower bound.
 
-    Both objectives use :func:`interval_dp` (contiguous stages along one topological order).
-    Non-contiguous throughput plans are not searched yet: ``contiguous=False`` raises.
+    Throughput: :func:`interval_dp` gives a first split; :func:`maxload.ideal_dp` finds the
+    optimum when the coarse DAG has at most ``IDEAL_CAP`` ideals and it finishes in
+    ``3/4 * time_limit``; otherwise :func:`maxload.cpsat_split` improves the first split in the
+    time left and proves a bound. Latency: :func:`interval_dp`, bounded by the longest path at
+    each node's cheaper latency. Values are scored by :func:`max_load` / :func:`latency`.
+    Non-contiguous plans are not searched yet: ``contiguous=False`` raises.
     """
     if not contiguous:
         raise NotImplementedError("non-contiguous max-load search is not implemented yet")
     t0 = time.perf_counter()
     a = interval_dp(bench, objective)
-    log.info("interval DP (%s) in %.2f s", objective, time.perf_counter() - t0)
-    return a
+    if objective == "latency":
+        return Split(a, latency(bench, a), path_bound(bench), "FEASIBLE")
+    first = max_load(bench, a)
+    split = ideal_dp(bench, first, cap=IDEAL_CAP, time_limit=0.75 * time_limit)
+    if split is None:
+        left = max(1.0, time_limit - (time.perf_counter() - t0))
+        split = cpsat_split(bench, a, time_limit=left)
+    value = max_load(bench, split.assignment)
+    log.info("%s: max-load %.6g (solver said %.6g), bound %.6g, %s in %.2f s", objective, value,
+             split.value, split.bound, split.status, time.perf_counter() - t0)
+    return split._replace(value=value, bound=min(split.bound, value))
+
+
+#: Most ideals :func:`solve_benchmark` lets the exact DP enumerate before it turns to CP-SAT.
+IDEAL_CAP = 20_000
+
+
+def path_bound(bench: Benchmark) -> float:
+    """A lower bound on the latency model: the longest path with each node at the cheaper of
+    its latencies, copies free (a stage finishes no earlier than its start plus its nodes)."""
+    p = bench.problem
+    best = np.where(np.isfinite(p.cost[:, 0]), np.minimum(p.cost[:, 0], p.cost[:, bench.cpu]),
+                    p.cost[:, bench.cpu])
+    path = best.copy()
+    for u, v in p.edges[np.argsort(p.edges[:, 1], kind="stable")].tolist():
+        path[v] = max(path[v], path[u] + best[v])
+    return float(path.max(initial=0.0))
 
 
 def register_cli(subparsers) -> None:
@@ -293,10 +349,11 @@ def run_cli(args) -> int:
     """Handler of the ``solve`` command: print the plan JSON on stdout."""
     bench = load(args.file)
     t0 = time.perf_counter()
-    a = solve_benchmark(bench, args.objective, contiguous=True, time_limit=args.time_limit)
-    plan = plan_json(bench, a, args.objective)
+    split = solve_benchmark(bench, args.objective, contiguous=True, time_limit=args.time_limit)
+    plan = plan_json(bench, split.assignment, args.objective)
     if not args.json:
         key = "maxLoad" if args.objective == "throughput" else "latency"
-        log.info("%s: %s %.6g in %.2f s", args.file, key, plan[key], time.perf_counter() - t0)
+        log.info("%s: %s %.6g (lower bound %.6g, %s) in %.2f s", args.file, key, plan[key],
+                 split.bound, split.status, time.perf_counter() - t0)
     print(json.dumps(plan))
     return 0

@@ -55,8 +55,19 @@ class Benchmark:
 
 def load(path) -> Benchmark:
     """Read a benchmark JSON file into a :class:`Benchmark`."""
-    with open(path) as f:
-        raw = json.load(f)
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        return _from_json(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"missing field {e}" if isinstance(e, KeyError) else e
+        raise ValueError(f"{path}: not a dnn-partitioning input ({what}); the format is described "
+                         "in the benchmark's README (nodes, edges, maxFPGAs, maxSizePerFPGA)") from None
+
+
+def _from_json(raw: dict) -> Benchmark:
     g = nx.DiGraph()
     g.add_nodes_from(int(nd["id"]) for nd in raw["nodes"])
     g.add_edges_from((int(e["sourceId"]), int(e["destId"])) for e in raw["edges"])

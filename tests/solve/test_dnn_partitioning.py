@@ -83,3 +83,12 @@ def test_cli_prints_the_plan(tmp_path, capsys):
 def test_real_input_beats_the_papers_greedy_latency():
     b = dnn.load(f"{BENCH}/latency/resnet50_inference.json")
     assert dnn.latency(b, dnn.interval_dp(b, "latency")) < 4197.0555  # README's greedy value
+
+
+@pytest.mark.parametrize("text, says", [("x", "not JSON"), ("{}", "missing field 'nodes'"),
+                                        ('{"nodes": [{"id": 1}], "edges": []}', "missing field")])
+def test_malformed_input_is_a_clear_error(tmp_path, text, says):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=says):
+        dnn.load(path)

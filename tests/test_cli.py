@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -47,12 +46,8 @@ def test_errors_exit_2_with_a_message(args, message):
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
-BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
-
-
-@pytest.mark.skipif(not BENCH.is_dir(), reason="the shared benchmark folder is not beside the repo")
-def test_solve_prints_the_benchmark_plan_json():
-    r = _run("solve", str(BENCH / "throughput" / "bert24_inference.json"), "--objective",
+def test_solve_prints_the_benchmark_plan_json(bench):
+    r = _run("solve", str(bench / "throughput" / "bert24_inference.json"), "--objective",
              "throughput", "--contiguous", "--time-limit", "5", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)

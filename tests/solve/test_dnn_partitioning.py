@@ -9,7 +9,6 @@ import pytest
 from autoplace.solve import InfeasibleError
 from autoplace.solve import dnn_partitioning as dnn
 
-BENCH = "/work/shared/benchmarks/dnn-partitioning"
 
 
 def _write(tmp_path, max_size=10.0, k=2):
@@ -80,8 +79,8 @@ def test_cli_prints_the_plan(tmp_path, capsys):
     assert sorted(sum((f["nodes"] for f in plan["fpgas"]), [])) == [1, 2]
 
 
-def test_real_input_beats_the_papers_greedy_latency():
-    b = dnn.load(f"{BENCH}/latency/resnet50_inference.json")
+def test_real_input_beats_the_papers_greedy_latency(bench):
+    b = dnn.load(f"{bench}/latency/resnet50_inference.json")
     assert dnn.latency(b, dnn.interval_dp(b, "latency")) < 4197.0555  # README's greedy value
 
 

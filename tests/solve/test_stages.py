@@ -15,7 +15,6 @@ from autoplace.solve._common import stages_of
 from autoplace.solve.coarsen import coarsen
 from autoplace.solve.maxload import cpsat_split, ideal_dp, ideals
 
-BENCH = "/work/shared/benchmarks/dnn-partitioning"
 
 
 def _bench(fpga, cpu, edges, comm, k, size=None, cap=np.inf, colors=None):
@@ -124,10 +123,10 @@ def test_solve_benchmark_turns_to_cpsat_past_the_ideal_cap(monkeypatch):
     assert split.value == pytest.approx(8.0) and split.bound == pytest.approx(8.0, rel=1e-5)
 
 
-def test_op_graph_throughput_is_optimal_and_proven():
+def test_op_graph_throughput_is_optimal_and_proven(bench):
     # Colour classes spread over the topological order: without coarsening the old interval DP
     # could not cut op_bert_l-3 at all (49.35, everything on one accelerator).
-    b = dnn.load(f"{BENCH}/throughput/op_bert_l-3_inference.json")
+    b = dnn.load(f"{bench}/throughput/op_bert_l-3_inference.json")
     split = dnn.solve_benchmark(b, "throughput", time_limit=30)
     assert split.status == "OPTIMAL" and split.bound == split.value
     assert split.value == pytest.approx(dnn.max_load(b, split.assignment))
@@ -136,8 +135,8 @@ def test_op_graph_throughput_is_optimal_and_proven():
     assert cp.bound <= split.value * (1 + 1e-9) and cp.value >= split.value * (1 - 1e-9)
 
 
-def test_op_graph_latency_beats_the_papers_greedy():
-    b = dnn.load(f"{BENCH}/latency/op_resnet50_inference.json")
+def test_op_graph_latency_beats_the_papers_greedy(bench):
+    b = dnn.load(f"{bench}/latency/op_resnet50_inference.json")
     split = dnn.solve_benchmark(b, "latency")
     assert split.value == pytest.approx(dnn.latency(b, split.assignment))
     assert split.bound <= split.value < 839.5363  # README's greedy value

@@ -15,6 +15,7 @@ import argparse
 import glob
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from autoplace.solve.baselines import greedy, heft
 from autoplace.solve.coarsen import coarse_graph, coarsen
 from autoplace.solve.maxload import ideals
 
-ROOT = "/work/shared/benchmarks/dnn-partitioning"
+ROOT = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
 PAPER_GREEDY = {"bert24": 100.2185, "gnmt": 268.5005, "inceptionv3": 2485.2396,
                 "resnet50": 4197.0555, "op_bert_l-3": 416.2044, "op_bert_l-6": 494.1352,
                 "op_bert_l-12": 867.8395, "op_resnet50": 839.5363}

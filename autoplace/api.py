@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,16 +35,20 @@ def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
 
     The profiles shipped under ``profiles/`` whose fingerprints are this machine's devices (with
     the learned models shipped beside them for ops they lack), else :class:`RooflineCostModel`.
+    Files are read once per process.
     """
-    from autoplace.predict import MeasuredCostModel, load_cost_model
     from autoplace.profile import LocalRunner, fingerprint
+
+    return _shipped_cost_model(tuple(dict.fromkeys(fingerprint(LocalRunner(d).info())
+                                                   for d in devices)))
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped_cost_model(fingerprints: tuple[str, ...]) -> tuple[Any, str]:
+    from autoplace.predict import MeasuredCostModel, load_cost_model
     from autoplace.profile.store import shipped_profile
 
-    found = {}
-    for d in devices:
-        hit = shipped_profile(fingerprint(LocalRunner(d).info()))
-        if hit is not None:
-            found.setdefault(hit[1], hit[0])
+    found = {path: prof for prof, path in filter(None, map(shipped_profile, fingerprints))}
     if not found:
         return RooflineCostModel(), "roofline estimates (no profile of this machine)"
     learned = [p.with_name(p.stem + ".xgb.json") for p in found]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ import networkx as nx
 import numpy as np
 
 from .coarsen import coarsen
-from .maxload import Split, cpsat_split, ideal_dp
+from .maxload import Split, Ticks, _solve, cpsat_general, cpsat_split, ideal_dp, placement_model, \
+    units
 from .problem import InfeasibleError, Problem
 
 log = logging.getLogger(__name__)
@@ -96,13 +98,36 @@ def _from_json(raw: dict) -> Benchmark:
     return Benchmark(problem=problem, ids=tuple(ids), k=k, comm=comm)
 
 
+def check(bench: Benchmark, assignment) -> None:
+    """Raise :class:`InfeasibleError` unless every node is on a device that supports it, colour
+    classes are whole and every accelerator holds at most ``maxSizePerFPGA`` bytes."""
+    p, a = bench.problem, np.asarray(assignment)
+    if a.shape != (p.num_nodes,) or ((a < 0) | (a > bench.cpu)).any():
+        raise InfeasibleError(f"an assignment is {p.num_nodes} devices in 0..{bench.cpu}")
+    if not np.isfinite(p.cost[np.arange(a.size), a]).all():
+        raise InfeasibleError("a node is on an accelerator that does not support it")
+    unit = units(p)
+    _, first = np.unique(unit, return_index=True)
+    if (a[first][unit] != a).any():
+        raise InfeasibleError("a colour class is split over devices")
+    mem = np.bincount(a, weights=p.node_mem, minlength=bench.k + 1)[:bench.k]
+    if (mem > p.mem_cap[0] * (1 + 1e-12)).any():
+        raise InfeasibleError("an accelerator holds more than maxSizePerFPGA bytes")
+
+
 def max_load(bench: Benchmark, assignment) -> float:
     """The benchmark's throughput model: the largest device load.
 
     CPU load = its ``cpuLatency`` sum. Accelerator load = its ``fpgaLatency`` sum plus, for every
     node ``u`` whose output is consumed on another device, ``cost(u)`` once on ``u``'s device and
     once on each other device consuming it (the CPU pays no communication).
+
+    Raises
+    ------
+    InfeasibleError
+        The assignment breaks support, colour classes or memory (:func:`check`).
     """
+    check(bench, assignment)
     p, a = bench.problem, np.asarray(assignment)
     load = np.bincount(a, weights=p.cost[np.arange(a.size), a], minlength=p.num_devices)
     for u in range(p.num_nodes):
@@ -137,7 +162,8 @@ def latency(bench: Benchmark, assignment) -> float:
     Raises
     ------
     InfeasibleError
-        An accelerator's node set is not convex.
+        An accelerator's node set is not convex, accelerators wait for each other in a cycle,
+        or :func:`check` fails.
     """
     p, a = bench.problem, np.asarray(assignment)
     preds = [[] for _ in range(p.num_nodes)]
@@ -154,6 +180,9 @@ def latency(bench: Benchmark, assignment) -> float:
         members = np.flatnonzero(a == dev)
         if members.size and not _convex(p, members):
             raise InfeasibleError(f"accelerator {p.device_names[dev]!r} holds a non-convex set")
+    if not nx.is_directed_acyclic_graph(q):
+        raise InfeasibleError("accelerators wait for each other's outputs in a cycle")
+    check(bench, a)
     finish = np.zeros(p.num_nodes)
     for un in nx.topological_sort(q):
         if not isinstance(un, str):
@@ -300,28 +329,36 @@ def plan_json(bench: Benchmark, assignment, objective: str) -> dict:
 
 def solve_benchmark(bench: Benchmark, objective: str, contiguous: bool = True,
                     time_limit: float = 10.0) -> Split:
-    """A contiguous split of a benchmark input under its own model, with a lower bound.
+    """A split of a benchmark input under its own model, with a lower bound.
 
-    Throughput: :func:`interval_dp` gives a first split; :func:`maxload.ideal_dp` finds the
-    optimum when the coarse DAG has at most ``IDEAL_CAP`` ideals and it finishes in
+    Throughput, contiguous: :func:`interval_dp` gives a first split; :func:`maxload.ideal_dp`
+    finds the optimum when the coarse DAG has at most ``IDEAL_CAP`` ideals and it finishes in
     ``3/4 * time_limit``; otherwise :func:`maxload.cpsat_split` improves the first split in the
-    time left and proves a bound. Latency: :func:`interval_dp`, bounded by the longest path at
-    each node's cheaper latency. Values are scored by :func:`max_load` / :func:`latency`.
-    Non-contiguous plans are not searched yet: ``contiguous=False`` raises.
+    time left and proves a bound. Throughput, any shape (``contiguous=False``): the contiguous
+    split in half the time, then :func:`maxload.cpsat_general`, its bound over all splits.
+    Latency (the model's splits are convex already; ``contiguous`` is ignored): :func:`interval_dp`,
+    then :func:`cpsat_latency`; the bound is the larger of its bound and :func:`path_bound`.
+    Values are scored by :func:`max_load` / :func:`latency`.
     """
-    if not contiguous:
-        raise NotImplementedError("non-contiguous max-load search is not implemented yet")
     t0 = time.perf_counter()
     a = interval_dp(bench, objective)
     if objective == "latency":
-        return Split(a, latency(bench, a), path_bound(bench), "FEASIBLE")
-    first = max_load(bench, a)
-    split = ideal_dp(bench, first, cap=IDEAL_CAP, time_limit=0.75 * time_limit)
-    if split is None:
         left = max(1.0, time_limit - (time.perf_counter() - t0))
-        split = cpsat_split(bench, a, time_limit=left)
-    value = max_load(bench, split.assignment)
-    log.info("%s: max-load %.6g (solver said %.6g), bound %.6g, %s in %.2f s", objective, value,
+        split, score = cpsat_latency(bench, a, time_limit=left), latency
+        split = split._replace(bound=max(split.bound, path_bound(bench)))
+    elif contiguous:
+        first = max_load(bench, a)
+        split = ideal_dp(bench, first, cap=IDEAL_CAP, time_limit=0.75 * time_limit)
+        if split is None:
+            left = max(1.0, time_limit - (time.perf_counter() - t0))
+            split = cpsat_split(bench, a, time_limit=left)
+        score = max_load
+    else:
+        warm = solve_benchmark(bench, objective, True, time_limit / 2).assignment
+        left = max(1.0, time_limit - (time.perf_counter() - t0))
+        split, score = cpsat_general(bench, warm, time_limit=left), max_load
+    value = score(bench, split.assignment)
+    log.info("%s: %.6g (solver said %.6g), bound %.6g, %s in %.2f s", objective, value,
              split.value, split.bound, split.status, time.perf_counter() - t0)
     return split._replace(value=value, bound=min(split.bound, value))
 
@@ -342,6 +379,130 @@ def path_bound(bench: Benchmark) -> float:
     return float(path.max(initial=0.0))
 
 
+def _windows(bench: Benchmark, unit: np.ndarray) -> list[list[tuple[int, int]]]:
+    """The edges between units of each shortest stretch of the critical path (at each node's
+    cheaper latency) whose units exceed ``maxSizePerFPGA``."""
+    p = bench.problem
+    size = np.bincount(unit, weights=p.node_mem)
+    cap = p.mem_cap[0] * (1 + 1e-12)
+    best = np.where(np.isfinite(p.cost[:, 0]), np.minimum(p.cost[:, 0], p.cost[:, bench.cpu]),
+                    p.cost[:, bench.cpu])
+    path, prev = best.copy(), np.full(p.num_nodes, -1)
+    for u, v in p.edges[np.argsort(p.edges[:, 1], kind="stable")].tolist():
+        if path[u] + best[v] > path[v]:
+            path[v], prev[v] = path[u] + best[v], u
+    if not p.num_nodes:
+        return []
+    chain = [int(path.argmax())]
+    while prev[chain[-1]] >= 0:
+        chain.append(int(prev[chain[-1]]))
+    chain.reverse()
+    windows = []
+    for i in range(len(chain)):
+        held: set[int] = set()
+        for j in range(i, len(chain)):
+            held.add(int(unit[chain[j]]))
+            if size[list(held)].sum() > cap:
+                window = [(chain[t], chain[t + 1]) for t in range(i, j)
+                          if unit[chain[t]] != unit[chain[t + 1]]]
+                if window:
+                    windows.append(window)
+                break
+    return windows
+
+
+def cpsat_latency(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
+                  workers: int = 2) -> Split:
+    """The best split CP-SAT finds for the latency model in ``time_limit`` s from the feasible
+    ``warm`` assignment, with a proven lower bound on every split's latency.
+
+    Times are in :class:`maxload.Ticks` of the warm start's latency: the bound holds for the
+    real latency.
+    """
+    from ortools.sat.python import cp_model
+
+    p, k, n = bench.problem, bench.k, bench.problem.num_nodes
+    unit = units(p)
+    upper = latency(bench, warm)
+    ticks = Ticks(upper)
+    horizon = ticks.horizon
+    model = cp_model.CpModel()
+    x, copies = placement_model(model, bench, unit, ticks)
+    fpga = np.where(np.isfinite(p.cost[:, 0]), p.cost[:, 0], 0.0)
+    cpu = p.cost[:, bench.cpu]
+
+    # --- Variables -------------------------------------------------------------------------
+    # finish[v]: when node v finishes; start[a], end[a]: when accelerator a's subgraph starts
+    # and finishes; rank, acc_rank: a topological number of the units (CPU nodes, accelerators).
+    finish = [model.NewIntVar(0, horizon, f"finish{v}") for v in range(n)]
+    start = [model.NewIntVar(0, horizon, f"start{a}") for a in range(k)]
+    end = [model.NewIntVar(0, horizon, f"end{a}") for a in range(k)]
+    rank = [model.NewIntVar(0, n, f"rank{v}") for v in range(n)]
+    acc_rank = [model.NewIntVar(0, n, f"acc_rank{a}") for a in range(k)]
+    makespan = model.NewIntVar(0, horizon, "latency")
+
+    def on(v, d):
+        return x[unit[v]][d]
+
+    # --- Constraints -----------------------------------------------------------------------
+    # A CPU node runs for its cpuLatency once its producers finish, and ranks after them.
+    for v in range(n):
+        model.Add(finish[v] >= ticks(cpu[v])).OnlyEnforceIf(on(v, bench.cpu))
+    for u, v in p.edges.tolist():
+        model.Add(finish[v] >= finish[u] + ticks(cpu[v])).OnlyEnforceIf(on(v, bench.cpu))
+        model.Add(rank[v] >= rank[u] + 1).OnlyEnforceIf(on(v, bench.cpu))
+    # An accelerator starts once every outside producer feeding it finishes, and ranks after
+    # them.
+    for u, v in p.edges.tolist():
+        if unit[u] != unit[v]:
+            for a in range(k):
+                outside_feeds = [on(v, a), on(u, a).Not()]
+                model.Add(start[a] >= finish[u]).OnlyEnforceIf(outside_feeds)
+                model.Add(acc_rank[a] >= rank[u] + 1).OnlyEnforceIf(outside_feeds)
+    # It runs its in-copies, its nodes and its out-copies; its nodes finish (and rank) with it.
+    for a in range(k):
+        model.Add(end[a] >= start[a] + sum(copies[a])
+                  + sum(ticks(fpga[v]) * on(v, a) for v in range(n)))
+        for v in range(n):
+            model.Add(finish[v] >= end[a]).OnlyEnforceIf(on(v, a))
+            model.Add(rank[v] >= acc_rank[a]).OnlyEnforceIf(on(v, a))
+    # Valid inequalities. same[u, v]: producer u and consumer v share an accelerator.
+    # work[v]: when v's own run ends (an accelerator runs its nodes in a topological order); it
+    # is at least a producer's plus v's run and the copies between them.
+    same = {}
+    for u, v in p.edges.tolist():
+        if unit[u] != unit[v]:
+            same[u, v] = model.NewBoolVar(f"same{u}_{v}")
+            model.AddImplication(same[u, v], on(u, bench.cpu).Not())
+            for a in range(k):
+                model.Add(on(u, a) == on(v, a)).OnlyEnforceIf(same[u, v])
+    work = [model.NewIntVar(0, horizon, f"work{v}") for v in range(n)]
+    run = [ticks(cpu[v]) * on(v, bench.cpu)
+           + ticks(fpga[v]) * (1 - on(v, bench.cpu)) for v in range(n)]
+    for v in range(n):
+        model.Add(work[v] >= run[v])
+        model.Add(work[v] <= finish[v])
+    for u, v in p.edges.tolist():
+        if (u, v) not in same:
+            model.Add(work[v] >= work[u] + run[v])
+            continue
+        sent, received = model.NewBoolVar(f"sent{u}_{v}"), model.NewBoolVar(f"recv{u}_{v}")
+        model.AddBoolOr([sent, same[u, v], on(u, bench.cpu)])
+        model.AddBoolOr([received, same[u, v], on(v, bench.cpu)])
+        w = ticks(bench.comm[u])
+        model.Add(work[v] >= work[u] + run[v] + w * sent + w * received)
+    # An accelerator's nodes on a path are consecutive (it is convex), so each stretch of the
+    # critical path too big for one accelerator has an edge between devices.
+    for window in _windows(bench, unit):
+        model.AddBoolOr([same[e].Not() for e in window])
+    # The latency is the last finish.
+    model.AddMaxEquality(makespan, finish)
+
+    # --- Objective and solve ---------------------------------------------------------------
+    model.Minimize(makespan)
+    return _solve(model, bench, unit, x, warm, upper, ticks, latency, time_limit, workers)
+
+
 def register_cli(subparsers) -> None:
     """Add ``solve FILE --format dnn-partitioning --objective ... [--contiguous]
     [--time-limit S] [--json]`` to an argparse subparsers object."""
@@ -350,7 +511,8 @@ def register_cli(subparsers) -> None:
     cmd.add_argument("--format", choices=["dnn-partitioning"], default="dnn-partitioning")
     cmd.add_argument("--objective", choices=["throughput", "latency"], default="throughput")
     cmd.add_argument("--contiguous", action="store_true",
-                     help="convex stages (a pipeline); currently the only mode")
+                     help="throughput: convex stages in a chain (a pipeline); latency plans are "
+                          "convex already")
     cmd.add_argument("--time-limit", type=float, default=10.0)
     cmd.add_argument("--json", action="store_true", help="print only the plan JSON")
     cmd.set_defaults(handler=run_cli)
@@ -360,7 +522,8 @@ def run_cli(args) -> int:
     """Handler of the ``solve`` command: print the plan JSON on stdout."""
     bench = load(args.file)
     t0 = time.perf_counter()
-    split = solve_benchmark(bench, args.objective, contiguous=True, time_limit=args.time_limit)
+    split = solve_benchmark(bench, args.objective, contiguous=args.contiguous,
+                            time_limit=args.time_limit)
     plan = plan_json(bench, split.assignment, args.objective)
     if not args.json:
         key = "maxLoad" if args.objective == "throughput" else "latency"

@@ -1,9 +1,11 @@
-"""Contiguous splits for the dnn-partitioning benchmark's max-load model: an exact dynamic program
-over ideals (downsets), and a CP-SAT model with a proven bound where the ideals are too many.
+"""Splits for the dnn-partitioning benchmark's max-load model: for contiguous splits an exact
+dynamic program over ideals (downsets) and a CP-SAT model with a proven bound where the ideals
+are too many; for splits of any shape a CP-SAT model (:func:`cpsat_general`) whose parts the
+latency model shares (:func:`placement_model`).
 
 A contiguous split is a chain of ideals ``∅ = I0 ⊂ I1 ⊂ ... ⊂ Is = V``; stage ``Ij \\ Ij-1``
-runs on its own accelerator (at most ``k``) or on the CPU side (at most one stage). Both solvers
-work on the coarse DAG of :func:`coarsen.coarsen` and score stages as :func:`max_load` does:
+runs on its own accelerator (at most ``k``) or on the CPU side (at most one stage). The contiguous
+solvers work on the coarse DAG of :func:`coarsen.coarsen` and score stages as :func:`max_load` does:
 
 * accelerator: its ``fpgaLatency`` sum, plus ``cost(u)`` for each of its nodes ``u`` feeding
   another stage and for each node of another stage feeding it; at most ``maxSizePerFPGA``;
@@ -27,19 +29,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Integer units the CP-SAT model scales the warm start's max-load to.
+#: Integer ticks the CP-SAT models scale the warm start's value to (:class:`Ticks`).
 RESOLUTION = 1_000_000
 
 
 class Split(NamedTuple):
-    """A contiguous split: device of every node, its max-load as the solver computed it, a
-    proven lower bound on every contiguous split's max-load, and ``"OPTIMAL"`` or
-    ``"FEASIBLE"``."""
+    """A split: device of every node, its value as the solver computed it, a proven lower bound
+    on the value of every split the solver searches, and ``"OPTIMAL"`` or ``"FEASIBLE"``."""
 
     assignment: np.ndarray
     value: float
     bound: float
     status: str
+
+
+class Ticks:
+    """Times as integer ticks for a CP-SAT model: a known plan's ``upper`` value is about
+    ``RESOLUTION`` ticks. Counts are rounded down and capped at ``horizon`` (a larger one exceeds
+    every value worth finding), so a model in ticks is a relaxation: its bound holds."""
+
+    def __init__(self, upper: float):
+        self.per_unit = RESOLUTION / upper if upper > 0 else 1.0
+        self.horizon = int(math.ceil(upper * self.per_unit)) + 1
+
+    def __call__(self, value: float) -> int:
+        return int(min(math.floor(value * self.per_unit), self.horizon))
 
 
 def ideals(graph, cap: int, deadline: float = math.inf) -> list[int] | None:
@@ -276,8 +290,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     """The best contiguous split CP-SAT finds in ``time_limit`` s from the contiguous ``warm``
     assignment, with its proven lower bound.
 
-    Loads are scaled to integers (the warm start's max-load is about ``RESOLUTION`` units) and
-    rounded down, so the model is a relaxation and its bound holds for the real loads.
+    Loads are in :class:`Ticks` of the warm start's max-load: the bound holds for the real loads.
     """
     from ortools.sat.python import cp_model
 
@@ -288,7 +301,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     rep = coarsen(p)
     q, positions = int(rep.max()) + 1, k + 1
     upper = max_load(bench, warm)
-    scale = RESOLUTION / max(upper, 1e-12)
+    ticks = Ticks(upper)
     fpga = np.bincount(rep, weights=np.where(np.isfinite(p.cost[:, 0]), p.cost[:, 0], 0.0),
                        minlength=q)
     cpu = np.bincount(rep, weights=p.cost[:, bench.cpu], minlength=q)
@@ -303,7 +316,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
          for c in range(q)]
     x = [[model.NewBoolVar(f"x{c}_{s}") for s in range(positions)] for c in range(q)]
     on_cpu = [model.NewBoolVar(f"cpu{s}") for s in range(positions)]
-    period = model.NewIntVar(0, int(math.ceil(upper * scale)) + 1, "period")
+    period = model.NewIntVar(0, ticks.horizon, "period")
 
     # --- Constraints -----------------------------------------------------------------------
     # Stages are numbered along the chain: x is the step of the monotone y.
@@ -335,7 +348,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
         if rep[u] != rep[v] and bench.comm[u] > 0:
             heads.setdefault(u, set()).add(int(rep[v]))
     for u, users in heads.items():
-        cu, w = int(rep[u]), int(bench.comm[u] * scale)
+        cu, w = int(rep[u]), ticks(bench.comm[u])
         if w == 0:
             continue
         for s in range(positions):
@@ -346,9 +359,9 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
             comm_terms[s] += [w * send, w * recv]
     # Every stage's load fits in the period.
     for s in range(positions):
-        model.Add(sum(int(fpga[c] * scale) * x[c][s] for c in range(q)) + sum(comm_terms[s])
+        model.Add(sum(ticks(fpga[c]) * x[c][s] for c in range(q)) + sum(comm_terms[s])
                   <= period).OnlyEnforceIf(on_cpu[s].Not())
-        model.Add(sum(int(cpu[c] * scale) * x[c][s] for c in range(q)) <= period
+        model.Add(sum(ticks(cpu[c]) * x[c][s] for c in range(q)) <= period
                   ).OnlyEnforceIf(on_cpu[s])
 
     # --- Objective -------------------------------------------------------------------------
@@ -370,7 +383,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = workers
     code = solver.Solve(model)
-    bound = solver.BestObjectiveBound() / scale
+    bound = solver.BestObjectiveBound() / ticks.per_unit
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         log.info("CP-SAT found no split in %.1f s; keeping the warm start", time_limit)
         return Split(np.asarray(warm), upper, 0.0, "FEASIBLE")
@@ -383,5 +396,158 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     value = max_load(bench, a)
     if value > upper:
         a, value = np.asarray(warm), upper
+    status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
+    return Split(a, value, min(bound, value), status)
+
+
+def units(problem) -> np.ndarray:
+    """Colour class of every node as ``0..G-1`` (a node without one alone), numbered by first
+    node: what a split must keep on one device.
+
+    Examples
+    --------
+    >>> from autoplace.solve import Problem
+    >>> units(Problem.build(np.ones((4, 2)), [], groups=[-1, 5, -1, 5])).tolist()
+    [0, 1, 2, 1]
+    """
+    n = problem.num_nodes
+    key = np.where(problem.groups >= 0, problem.groups, -1 - np.arange(n))
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse.ravel()]
+
+
+def _canonical(bench: Benchmark, unit: np.ndarray, assignment: np.ndarray) -> np.ndarray:
+    """The same split with the accelerators renumbered by their first unit."""
+    a = np.asarray(assignment)
+    used = sorted({int(d) for d in a if d != bench.cpu}, key=lambda d: unit[a == d].min())
+    mapping = {d: i for i, d in enumerate(used)} | {bench.cpu: bench.cpu}
+    return np.array([mapping[int(d)] for d in a], dtype=np.int64)
+
+
+def placement_model(model, bench: Benchmark, unit: np.ndarray, ticks: Ticks):
+    """The part of a CP-SAT model every split shares: ``x[g][d]`` (unit ``g`` on device ``d``,
+    the CPU last) and, per accelerator, the scaled copy terms of the benchmark (``cost(u)`` for
+    each of its nodes ``u`` feeding another device, and for each outside node feeding it).
+
+    Copy terms are in ``ticks`` and only bounded from below: exact when minimized.
+    """
+    p, k = bench.problem, bench.k
+    g_count, devices = int(unit.max(initial=-1)) + 1, bench.k + 1
+    unsupported = np.bincount(unit, weights=~np.isfinite(p.cost[:, 0]), minlength=g_count) > 0
+    size = np.bincount(unit, weights=np.ceil(p.node_mem), minlength=g_count)
+
+    # --- Variables -------------------------------------------------------------------------
+    x = [[model.NewBoolVar(f"x{g}_{d}") for d in range(devices)] for g in range(g_count)]
+
+    # --- Constraints -----------------------------------------------------------------------
+    # Every unit is on one device; nodes no accelerator supports are on the CPU.
+    for g in range(g_count):
+        model.AddExactlyOne(x[g])
+        if unsupported[g]:
+            model.Add(x[g][bench.cpu] == 1)
+    # An accelerator holds at most maxSizePerFPGA bytes (sizes rounded up: exact for whole
+    # bytes, as in the benchmark).
+    if size.sum() > p.mem_cap[0]:
+        for a in range(k):
+            model.Add(sum(int(size[g]) * x[g][a] for g in range(g_count))
+                      <= math.floor(p.mem_cap[0]))
+    # Identical accelerators: accelerator a holds a unit only if a - 1 holds an earlier one.
+    for a in range(1, k):
+        seen = model.NewConstant(0)  # accelerator a - 1 holds one of the units before g
+        for g in range(g_count):
+            model.AddImplication(x[g][a], seen)
+            nxt = model.NewBoolVar(f"seen{a - 1}_{g}")
+            model.AddBoolOr([seen, x[g][a - 1]]).OnlyEnforceIf(nxt)
+            model.AddImplication(seen, nxt)
+            model.AddImplication(x[g][a - 1], nxt)
+            seen = nxt
+    # A node feeding another device costs its copy on its own accelerator (sends) and on each
+    # accelerator consuming it (receives).
+    copies: list[list] = [[] for _ in range(k)]
+    heads: dict[int, set[int]] = {}
+    for u, v in p.edges.tolist():
+        if unit[u] != unit[v]:
+            heads.setdefault(u, set()).add(int(unit[v]))
+    for u, users in heads.items():
+        gu, w = int(unit[u]), ticks(bench.comm[u])
+        if w == 0:
+            continue
+        for a in range(k):
+            send, recv = model.NewBoolVar(f"send{u}_{a}"), model.NewBoolVar(f"recv{u}_{a}")
+            for gv in users:
+                model.AddBoolOr([send, x[gv][a]]).OnlyEnforceIf(x[gu][a])
+                model.AddBoolOr([recv, x[gu][a]]).OnlyEnforceIf(x[gv][a])
+            copies[a] += [w * send, w * recv]
+    return x, copies
+
+
+def _hint_all(model, solver, cp_model, fixed: list) -> bool:
+    """Solve with the literals ``fixed`` assumed, then hint every variable with that solution;
+    False when no solution was found."""
+    model.AddAssumptions(fixed)
+    ok = solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    model.ClearAssumptions()
+    if ok:
+        for i in range(len(model.Proto().variables)):
+            var = model.GetIntVarFromProtoIndex(i)
+            model.AddHint(var, solver.Value(var))
+    return ok
+
+
+def cpsat_general(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
+                  workers: int = 2) -> Split:
+    """The best split of any shape (stages need not be convex nor ordered) CP-SAT finds for the
+    max-load model in ``time_limit`` s from the feasible ``warm`` assignment, with a proven lower
+    bound on every split's max-load.
+
+    Loads are in :class:`Ticks` of the warm start's max-load: the bound holds for the real loads.
+    """
+    from ortools.sat.python import cp_model
+
+    from .dnn_partitioning import max_load
+
+    p, k = bench.problem, bench.k
+    unit = units(p)
+    g_count = int(unit.max(initial=-1)) + 1
+    upper = max_load(bench, warm)
+    ticks = Ticks(upper)
+    model = cp_model.CpModel()
+    x, copies = placement_model(model, bench, unit, ticks)
+    fpga = np.bincount(unit, weights=np.where(np.isfinite(p.cost[:, 0]), p.cost[:, 0], 0.0),
+                       minlength=g_count)
+    cpu = np.bincount(unit, weights=p.cost[:, bench.cpu], minlength=g_count)
+    period = model.NewIntVar(0, ticks.horizon, "period")
+    # Every device's load fits in the period.
+    for a in range(k):
+        model.Add(sum(ticks(fpga[g]) * x[g][a] for g in range(g_count)) + sum(copies[a])
+                  <= period)
+    model.Add(sum(ticks(cpu[g]) * x[g][bench.cpu] for g in range(g_count)) <= period)
+    model.Minimize(period)
+    return _solve(model, bench, unit, x, warm, upper, ticks, max_load, time_limit, workers)
+
+
+def _solve(model, bench, unit, x, warm, upper, ticks, score, time_limit, workers) -> Split:
+    """Hint ``warm`` in full, solve, read and rescore the split; keep ``warm`` unless the split
+    scores better."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    warm = _canonical(bench, unit, warm)
+    first = {int(g): int(warm[np.flatnonzero(unit == g)[0]]) for g in range(len(x))}
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    if not _hint_all(model, solver, cp_model, [x[g][d] for g, d in first.items()]):
+        raise ValueError("the warm start breaks the model's constraints")
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
+    code = solver.Solve(model)
+    bound = solver.BestObjectiveBound() / ticks.per_unit
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return Split(warm, upper, 0.0, "FEASIBLE")
+    a = np.array([next(d for d in range(bench.k + 1) if solver.Value(x[g][d])) for g in unit],
+                 dtype=np.int64)
+    value = score(bench, a)
+    if value > upper:
+        a, value = warm, upper
     status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
     return Split(a, value, min(bound, value), status)

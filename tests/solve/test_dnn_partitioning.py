@@ -79,6 +79,20 @@ def test_cli_prints_the_plan(tmp_path, capsys):
     assert sorted(sum((f["nodes"] for f in plan["fpgas"]), [])) == [1, 2]
 
 
+def test_cli_without_contiguous_searches_every_split(tmp_path, capsys):
+    # Node 3 is CPU-only (30 there), so 30 is the optimum of any split, found without
+    # --contiguous as well; the plan is valid JSON of the benchmark's form.
+    parser = argparse.ArgumentParser()
+    dnn.register_cli(parser.add_subparsers())
+    for objective, key, value in [("throughput", "maxLoad", 30.0), ("latency", "latency", 33.75)]:
+        args = parser.parse_args(["solve", str(_write(tmp_path)), "--objective", objective,
+                                  "--time-limit", "5", "--json"])
+        assert args.handler(args) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert plan[key] == pytest.approx(value)
+        assert plan["cpus"][0]["nodes"] == [3]
+
+
 def test_real_input_beats_the_papers_greedy_latency(bench):
     b = dnn.load(f"{bench}/latency/resnet50_inference.json")
     assert dnn.latency(b, dnn.interval_dp(b, "latency")) < 4197.0555  # README's greedy value

@@ -1,5 +1,6 @@
-"""Contiguous stage cuts on the benchmark's max-load model: coarsening and ideals by hand; the DP
-over ideals, CP-SAT and brute force agree on random small DAGs, and the scorer agrees with each."""
+"""Splits on the benchmark's two models: coarsening and ideals by hand; on random small DAGs the
+DP over ideals, CP-SAT and brute force agree on contiguous max-load, and CP-SAT and brute force on
+max-load of any shape and on latency; the scorers agree with every claimed value and bounds hold."""
 
 import itertools
 
@@ -9,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplace.solve import Problem
+from autoplace.solve import InfeasibleError, Problem
 from autoplace.solve import dnn_partitioning as dnn
 from autoplace.solve._common import stages_of
 from autoplace.solve.coarsen import coarsen
-from autoplace.solve.maxload import cpsat_split, ideal_dp, ideals
+from autoplace.solve.maxload import cpsat_general, cpsat_split, ideal_dp, ideals
 
 
 
@@ -57,11 +58,11 @@ def test_ideal_dp_beats_one_topological_order_by_hand():
 
 
 @st.composite
-def benches(draw):
-    """A random DAG of 2-7 nodes, 1-3 accelerators, a slower CPU, unsupported nodes, colour
-    classes, memory and copy costs."""
-    n = draw(st.integers(2, 7))
-    k = draw(st.integers(1, 3))
+def benches(draw, max_n=7, max_k=3):
+    """A random DAG of 2-``max_n`` nodes, 1-``max_k`` accelerators, a slower CPU, unsupported
+    nodes, colour classes, memory and copy costs."""
+    n = draw(st.integers(2, max_n))
+    k = draw(st.integers(1, max_k))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     fpga = rng.integers(0, 10, n).astype(float)
     fpga[rng.random(n) < 0.1] = np.inf
@@ -140,3 +141,82 @@ def test_op_graph_latency_beats_the_papers_greedy(bench):
     split = dnn.solve_benchmark(b, "latency")
     assert split.value == pytest.approx(dnn.latency(b, split.assignment))
     assert split.bound <= split.value < 839.5363  # README's greedy value
+
+
+def _brute_any(b, score):
+    """Least ``score`` over every assignment the scorer accepts (support, colour classes, memory;
+    for latency convex accelerator sets without a cycle between them)."""
+    best = np.inf
+    for a in itertools.product(range(b.k + 1), repeat=b.problem.num_nodes):
+        try:
+            best = min(best, score(b, np.array(a)))
+        except InfeasibleError:
+            continue
+    return best
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(benches(max_n=6, max_k=2))
+def test_general_max_load_cpsat_and_brute_force_agree(b):
+    optimum = _brute_any(b, dnn.max_load)
+    contiguous = ideal_dp(b)
+    assert optimum <= contiguous.value + 1e-9
+    split = cpsat_general(b, contiguous.assignment, time_limit=10)
+    assert split.status == "OPTIMAL"
+    assert split.value == pytest.approx(optimum, rel=1e-9, abs=1e-9)
+    assert dnn.max_load(b, split.assignment) == pytest.approx(split.value, rel=1e-12, abs=1e-12)
+    assert split.bound <= optimum + 1e-9
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(benches(max_n=6, max_k=2))
+def test_latency_cpsat_and_brute_force_agree(b):
+    optimum = _brute_any(b, dnn.latency)
+    first = dnn.interval_dp(b, "latency")
+    assert dnn.latency(b, first) >= optimum - 1e-9
+    assert dnn.path_bound(b) <= optimum + 1e-9
+    split = dnn.cpsat_latency(b, first, time_limit=10)
+    assert split.status == "OPTIMAL"
+    assert split.value == pytest.approx(optimum, rel=1e-9, abs=1e-9)
+    assert dnn.latency(b, split.assignment) == pytest.approx(split.value, rel=1e-12, abs=1e-12)
+    assert split.bound <= optimum + 1e-9
+
+
+def test_latency_runs_branches_on_accelerators_in_parallel():
+    # Fork 0 -> {1, 2} -> 3 on 2 accelerators; 1 and 2 take 5 there, 0 and 3 nothing on the
+    # CPU; copies free. 1 and 2 on their own accelerators, 0 and 3 on the CPU: 0 + 5 + 0 = 5.
+    # One topological order cut into intervals (one CPU interval) puts 1 and 2 in series: 10.
+    b = _bench([0, 5, 5, 0], [0, 100, 100, 0], [(0, 1), (0, 2), (1, 3), (2, 3)], [0] * 4, k=2)
+    first = dnn.interval_dp(b, "latency")
+    assert dnn.latency(b, first) == pytest.approx(10.0)
+    split = dnn.cpsat_latency(b, first, time_limit=10)
+    assert split.status == "OPTIMAL" and split.value == pytest.approx(5.0)
+    assert dnn.latency(b, split.assignment) == pytest.approx(5.0)
+
+
+def test_latency_refuses_accelerators_feeding_each_other():
+    # Edges 0 -> 2 and 1 -> 3; colour classes {0, 3} and {1, 2}; everything free on an
+    # accelerator, 1 on the CPU; an accelerator holds two nodes. {0, 3} and {1, 2} on two
+    # accelerators are each convex but wait for each other: not a plan (it would score 0).
+    # With one class on the CPU the other waits for it: latency 2.
+    b = _bench([0] * 4, [1] * 4, [(0, 2), (1, 3)], [0] * 4, k=2, size=[1] * 4, cap=2,
+               colors=[0, 1, 1, 0])
+    with pytest.raises(InfeasibleError, match="cycle"):
+        dnn.latency(b, [0, 1, 1, 0])
+    split = dnn.cpsat_latency(b, np.full(4, b.cpu), time_limit=10)
+    assert split.status == "OPTIMAL" and split.value == pytest.approx(2.0)
+    assert split.bound == pytest.approx(2.0, rel=1e-5)
+
+
+def test_general_max_load_beats_every_pipeline():
+    # Chain 0 -> 1 -> 2, one accelerator; fpga 1, 100, 1; cpu 5, 10, 5; copies free. Ends on the
+    # accelerator, the middle on the CPU: max(1 + 1, 10) = 10. A pipeline (one accelerator
+    # stage, one CPU stage, in order) at best puts 0 or 2 alone on the accelerator: 15.
+    b = _bench([1, 100, 1], [5, 10, 5], [(0, 1), (1, 2)], [0] * 3, k=1)
+    assert dnn.solve_benchmark(b, "throughput", contiguous=True).value == pytest.approx(15.0)
+    split = dnn.solve_benchmark(b, "throughput", contiguous=False)
+    assert split.status == "OPTIMAL" and split.value == pytest.approx(10.0)
+    assert split.assignment.tolist() == [0, 1, 0]
+    assert split.bound == pytest.approx(10.0, rel=1e-5)

@@ -5,6 +5,10 @@ attributes) and the FLOP / byte counts the op graph computes for it. The same nu
 profile store's ``workloads`` table, so the features of a measured row and of a graph node that
 was never measured are computed by one function from the same inputs.
 
+:func:`tir_features` adds what TVM's own cost model sees: the op is rebuilt from its key,
+legalized to the PrimFunc a default build compiles, and described by MetaSchedule's
+``PerStoreFeature`` (loop extents, vectorisation, bytes, strides and reuse of every buffer access).
+
 >>> from autoplace.predict.features import features
 >>> row = {"key": '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]',
 ...        "flops": 200704.0, "bytes_read": 802816, "bytes_written": 802816}
@@ -59,6 +63,11 @@ FEATURE_NAMES: tuple[str, ...] = (
     "threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute", "log10_t_memory",
 )
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
+
+
+# MetaSchedule's PerStoreFeature: 164 floats per buffer store (5 buffers per store, 10 samples of
+# the arithmetic-intensity curve); a workload's vector is the maximum over its PrimFunc's stores.
+TIR_FEATURE_NAMES: tuple[str, ...] = tuple(f"tir{i}" for i in range(164))
 
 
 def parse_key(key: str) -> tuple[str, list[tuple[tuple[int, ...], str]], dict[str, Any]]:
@@ -160,6 +169,91 @@ def feature_matrix(workloads, devices) -> np.ndarray:
     if not workloads:
         return np.zeros((0, len(FEATURE_NAMES)))
     return np.stack([features(w, d)[0] for w, d in zip(workloads, devices)])
+
+
+def tir_features(workloads) -> np.ndarray:
+    """MetaSchedule ``PerStoreFeature`` of each workload's legalized PrimFunc, max over stores.
+
+    The op is rebuilt from its workload key, legalized (``LegalizeOps``: TVM's default lowering,
+    as a default build compiles it) and each store's 164 features are extracted; a workload gets
+    their element-wise maximum. Workloads whose op cannot be rebuilt from the key (attributes the
+    key does not carry, e.g. ``strided_slice``'s bounds) get ``nan``. About 10 ms per workload on
+    this project's CPU; each distinct key is extracted once per call.
+
+    Parameters
+    ----------
+    workloads : iterable of OpNode or mapping
+        As for :func:`features`.
+
+    Returns
+    -------
+    ndarray of float, shape (n, len(TIR_FEATURE_NAMES))
+        Columns named by :data:`TIR_FEATURE_NAMES`, in TVM's order (``per_store_feature.cc``).
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    keys = [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
+    context, extractor = _tune_context(), ms.feature_extractor.PerStoreFeature()
+    by_key: dict[str, np.ndarray] = {}
+    for key in dict.fromkeys(keys):
+        try:
+            mod = tvm.relax.transform.LegalizeOps()(_single_op(key))
+        except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no TIR features
+            by_key[key] = np.full(len(TIR_FEATURE_NAMES), np.nan)
+            continue
+        stores = [extractor.extract_from(context, [ms.MeasureCandidate(
+                      tvm.s_tir.Schedule(tvm.IRModule({"main": f})), [])])[0].numpy()
+                  for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        stores = [m for m in stores if m.shape[0]]
+        by_key[key] = (np.concatenate(stores).max(axis=0) if stores
+                       else np.zeros(len(TIR_FEATURE_NAMES)))
+    return (np.stack([by_key[k] for k in keys]) if keys
+            else np.zeros((0, len(TIR_FEATURE_NAMES))))
+
+
+def _single_op(key: str):
+    """A Relax module whose ``main`` applies the key's op to parameters of the key's shapes."""
+    import re
+
+    from tvm import relax
+
+    op, inputs, attrs, extra = json.loads(key)
+    params = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(inputs)]
+    fn = relax.op
+    for part in op.removeprefix("relax.").split("."):
+        fn = getattr(fn, part)
+    args: list = [params] if op == "relax.concat" else list(params)
+    for e in extra:  # printed Relax values: R.shape([1, 32]) or a scalar like T.float64(6.0)
+        if m := re.fullmatch(r"R\.shape\(\[(.*)\]\)", e):
+            args.append([int(v) for v in m.group(1).split(",") if v.strip()])
+        elif m := re.fullmatch(r"T\.\w+\((.*)\)", e):
+            args.append(float(m.group(1)))
+        else:
+            raise ValueError(f"cannot rebuild the argument {e!r} of {op}")
+    call = fn(*args, **{k: v for k, v in attrs.items() if v is not None})
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(call)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _tune_context():
+    """A bare MetaSchedule ``TuneContext`` (target llvm), all that ``PerStoreFeature`` reads.
+
+    ``TuneContext()`` itself first imports ``tvm.s_tir.tensor_intrin``, which parses ~500
+    TVMScript functions (1-2 minutes on this project's CPU); the FFI constructor skips that.
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule import _ffi_api
+
+    context = ms.TuneContext.__new__(ms.TuneContext)
+    context.__init_handle_by_constructor__(_ffi_api.TuneContext, None, tvm.target.Target("llvm"),
+                                           None, None, "main", 1, -1, None)
+    return context
 
 
 def profile_rows(store, device: str | None = None) -> list[dict]:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.features import (FEATURE_NAMES, feature_matrix, match_device,
-                                        profile_rows, workload_row)
+from autoplace.predict.features import (FEATURE_NAMES, TIR_FEATURE_NAMES, feature_matrix,
+                                        match_device, profile_rows, tir_features, workload_row)
 from autoplace.predict.roofline import RooflineCostModel
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ class XGBCostModel(_Learned):
     """Gradient-boosted trees predicting P10 / P50 / P90 of the log latency of a workload.
 
     The trees learn the log ratio of the measured latency to a :class:`RooflineCostModel` fitted
-    on the same rows, from :func:`~autoplace.predict.features.features`, with XGBoost's
+    on the same rows, from :func:`~autoplace.predict.features.features` and (``tir=True``)
+    :func:`~autoplace.predict.features.tir_features`, with XGBoost's
     ``reg:quantileerror`` (three quantiles in one model). :meth:`predict` gives the P50. The model
     records what it was trained on (devices, op types, the range of every feature) and
     :meth:`extrapolated` flags predictions outside it.
@@ -84,13 +85,18 @@ class XGBCostModel(_Learned):
     quantiles : the quantiles to learn; the middle one is the point prediction.
     seed : int
     threads : int, XGBoost threads.
+    tir : bool
+        Also learn from TVM's per-store features of the op's lowered TIR (about 10 ms per
+        distinct workload to extract, TVM needed); models saved before they existed load with
+        ``tir=False``.
     """
 
     model_name = "xgboost"
 
     def __init__(self, rounds: int = 400, max_depth: int = 6, learning_rate: float = 0.05,
                  min_child_weight: float = 2.0, subsample: float = 0.8,
-                 quantiles: tuple[float, ...] = (0.1, 0.5, 0.9), seed: int = 0, threads: int = 1):
+                 quantiles: tuple[float, ...] = (0.1, 0.5, 0.9), seed: int = 0, threads: int = 1,
+                 tir: bool = True):
         self.rounds = rounds
         self.max_depth = max_depth
         self.learning_rate = learning_rate
@@ -99,12 +105,16 @@ class XGBCostModel(_Learned):
         self.quantiles_at = tuple(quantiles)
         self.seed = seed
         self.threads = threads
+        self.tir = tir
 
     def _settings(self) -> dict:
         return {"rounds": self.rounds, "max_depth": self.max_depth,
                 "learning_rate": self.learning_rate, "min_child_weight": self.min_child_weight,
                 "subsample": self.subsample, "quantiles": list(self.quantiles_at),
-                "seed": self.seed, "threads": self.threads}
+                "seed": self.seed, "threads": self.threads, "tir": self.tir}
+
+    def _feature_names(self) -> list[str]:
+        return [*FEATURE_NAMES, *(TIR_FEATURE_NAMES if self.tir else ())]
 
     def fit(self, rows) -> XGBCostModel:
         """Fit on measured rows (dicts of :func:`profile_rows`); returns ``self``."""
@@ -121,7 +131,7 @@ class XGBCostModel(_Learned):
                   "tree_method": "hist", "max_depth": self.max_depth, "eta": self.learning_rate,
                   "min_child_weight": self.min_child_weight, "subsample": self.subsample,
                   "seed": self.seed, "nthread": self.threads}
-        self.booster_ = xgb.train(params, xgb.DMatrix(x, y, feature_names=list(FEATURE_NAMES)),
+        self.booster_ = xgb.train(params, xgb.DMatrix(x, y, feature_names=self._feature_names()),
                                   num_boost_round=self.rounds)
         self.op_types_ = sorted({r["op_type"] for r in rows})
         with np.errstate(all="ignore"):
@@ -136,7 +146,8 @@ class XGBCostModel(_Learned):
         targets = [fp if fp is not None else device for fp in fps]
         base = np.log([self.roofline_.predict_workloads([r], t)[0] for r, t in zip(rows, targets)])
         descs = [self.devices_[fp] if fp is not None else device for fp in fps]
-        return feature_matrix(rows, descs), base
+        x = feature_matrix(rows, descs)
+        return (np.hstack([x, tir_features(rows)]) if self.tir else x), base
 
     def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
         """``(n, len(quantiles))`` seconds: P10 / P50 / P90 of each node or row, sorted per row."""
@@ -147,7 +158,7 @@ class XGBCostModel(_Learned):
         if not rows:
             return np.zeros((0, len(self.quantiles_at)))
         x, base = self._inputs(rows, device)
-        q = self.booster_.predict(xgb.DMatrix(x, feature_names=list(FEATURE_NAMES)))
+        q = self.booster_.predict(xgb.DMatrix(x, feature_names=self._feature_names()))
         q = np.sort(q.reshape(len(rows), -1), axis=1)
         return np.exp(q + base[:, None])
 
@@ -174,7 +185,7 @@ class XGBCostModel(_Learned):
         d = {"model": self.model_name, "format_version": 1, "settings": self._settings(),
              "devices": self.devices_, "launch_s": self.roofline_.launch_s,
              "op_types": self.op_types_, "n_train": self.n_train_,
-             "feature_names": list(FEATURE_NAMES),
+             "feature_names": self._feature_names(),
              "feature_min": [_num(v) for v in self.feature_min_],
              "feature_max": [_num(v) for v in self.feature_max_],
              "booster": json.loads(bytes(self.booster_.save_raw(raw_format="json")))}
@@ -185,11 +196,11 @@ class XGBCostModel(_Learned):
         import xgboost as xgb
 
         d = _read(path, cls.model_name)
-        if d["feature_names"] != list(FEATURE_NAMES):
+        s = d["settings"]
+        model = cls(**{"tir": False, **s, "quantiles": tuple(s["quantiles"])})
+        if d["feature_names"] != model._feature_names():
             raise ValueError(f"{path} was trained on other features than this autoplace computes; "
                              "train it again ('autoplace train')")
-        s = d["settings"]
-        model = cls(**{**s, "quantiles": tuple(s["quantiles"])})
         model.devices_ = d["devices"]
         model.roofline_ = RooflineCostModel(launch_s=d["launch_s"])
         model.roofline_.devices_ = d["devices"]

@@ -1,0 +1,81 @@
+"""TVM's per-store features of a workload's lowered TIR: rebuilt from the workload key alone, equal
+for a graph node and its store row, and kept or left out by the learned model's ``tir`` setting
+(models saved before these features load without them)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import zoo
+from autoplace.predict import XGBCostModel, load_cost_model
+from autoplace.predict.features import FEATURE_NAMES, TIR_FEATURE_NAMES, tir_features
+
+RELU = '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]'
+RESHAPE = '["relax.reshape",[[[1,32,1,1],"float32"]],{},["R.shape([1, 32])"]]'
+CLIP = '["relax.clip",[[[1,8,4,4],"float32"]],{},["T.float64(0.0)","T.float64(6.0)"]]'
+CONCAT = '["relax.concat",[[[1,8,4,4],"float32"],[[1,8,4,4],"float32"]],{"axis":1},[]]'
+# The key of a strided_slice does not carry its axes and bounds: it cannot be rebuilt.
+SLICE = '["relax.strided_slice",[[[3,1,4,32,16],"float32"]],{"assume_inbound":false},[]]'
+FLOAT_CMP = 4  # per_store_feature.cc, group 1: float_mad, float_addsub, float_mul, float_divmod, float_cmp
+
+
+def test_relu_counts_one_comparison_per_element():
+    [x] = tir_features([{"key": RELU}])
+    assert x.shape == (len(TIR_FEATURE_NAMES),) and np.isfinite(x).all()
+    # relu is max(x, 0): one float comparison per element, 1*64*56*56 = 200704, log2(1 + n).
+    assert x[FLOAT_CMP] == pytest.approx(math.log2(1 + 200704), rel=1e-6)
+
+
+def test_ops_with_extra_arguments_rebuild_and_unbuildable_keys_are_nan():
+    x = tir_features([{"key": k} for k in (RESHAPE, CLIP, CONCAT, SLICE, CLIP)])
+    assert np.isfinite(x[:3]).all()
+    assert np.isnan(x[3]).all()
+    np.testing.assert_array_equal(x[1], x[4])  # the same key, the same features
+    assert tir_features([]).shape == (0, len(TIR_FEATURE_NAMES))
+
+
+def test_node_and_store_row_agree():
+    graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
+    rows = [{"key": n.workload_key} for n in graph.nodes]
+    np.testing.assert_array_equal(tir_features(graph.nodes), tir_features(rows))
+
+
+def _rows():
+    """Twenty relus and adds of growing size on one device, 1 ns per element plus 1 us."""
+    dev = {"device": "fp0", "device_name": "cpu:0", "device_kind": "cpu", "threads": 1}
+    rows = []
+    for i in range(10):
+        n = 2 ** (8 + i)
+        for op, k in (("nn.relu", 1), ("add", 2)):
+            inputs = [[[1, n], "float32"]] * k
+            rows.append({**dev, "key": json.dumps([f"relax.{op}", inputs, {}, []]), "op_type": op,
+                         "flops": float(n), "bytes_read": 4 * n * k, "bytes_written": 4 * n,
+                         "latency_s": 1e-6 + n * 1e-9 * k})
+    return rows
+
+
+@pytest.mark.parametrize("tir", [True, False])
+def test_tir_setting_round_trips(tir, tmp_path):
+    rows = _rows()
+    model = XGBCostModel(rounds=20, tir=tir).fit(rows)
+    model.save(tmp_path / "m.json")
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert saved["feature_names"] == [*FEATURE_NAMES, *(TIR_FEATURE_NAMES if tir else ())]
+    loaded = load_cost_model(tmp_path / "m.json")
+    assert loaded.tir is tir
+    np.testing.assert_allclose(loaded.predict_workloads(rows), model.predict_workloads(rows))
+
+
+def test_model_saved_before_tir_features_loads_without_them(tmp_path):
+    rows = _rows()
+    model = XGBCostModel(rounds=20, tir=False).fit(rows)
+    model.save(tmp_path / "m.json")
+    d = json.loads((tmp_path / "m.json").read_text())
+    del d["settings"]["tir"]  # the format written before the setting existed
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    old = load_cost_model(tmp_path / "old.json")
+    assert old.tir is False
+    np.testing.assert_allclose(old.predict_workloads(rows), model.predict_workloads(rows))

@@ -87,8 +87,11 @@ def build_problem(
     cost: np.ndarray,
     links: Mapping[tuple[str, str], Link] | None = None,
     pins: Mapping[int, str] | None = None,
+    stage_overhead_s: float | Mapping[str, float] = 0.0,
+    max_stages: int | None = None,
 ) -> Problem:
-    """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins."""
+    """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
+    the seconds a pipeline stage costs per input (one figure, or one per device name)."""
     d = len(devices)
     alpha, beta = np.zeros((d, d)), np.full((d, d), np.inf)
     links = links or {}
@@ -101,6 +104,12 @@ def build_problem(
     pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)
     for i, name in (pins or {}).items():
         pin_arr[i] = pos[name]
+    if isinstance(stage_overhead_s, Mapping):
+        unknown = sorted(set(stage_overhead_s) - set(pos))
+        if unknown:
+            raise ValueError(f"stage_overhead_s names unknown device(s) {unknown}; devices are "
+                             f"{sorted(pos)}")
+        stage_overhead_s = [stage_overhead_s.get(dev.name, 0.0) for dev in devices]
     return Problem.build(
         cost,
         [(e.src, e.dst) for e in graph.edges],
@@ -109,6 +118,8 @@ def build_problem(
         node_mem=[n.param_bytes + n.out_bytes for n in graph.nodes],
         mem_cap=[dev.memory_bytes for dev in devices],
         pins=pin_arr,
+        stage_overhead_s=stage_overhead_s,
+        max_stages=max_stages,
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
     )
@@ -198,6 +209,8 @@ def optimize(
     links: Mapping[tuple[str, str], Link] | None = None,
     pins: Sequence[tuple[str, str]] = (),
     contiguous: bool = False,
+    stage_overhead_s: float | Mapping[str, float] | None = None,
+    max_stages: int | None = None,
     func_name: str = "main",
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
@@ -226,6 +239,12 @@ def optimize(
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
         heuristic solvers ignore it). Fewer stages, so fewer hand-offs in the pipeline.
+    stage_overhead_s : float, or mapping device name -> float, optional
+        Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
+        device and on the host. Default: :data:`autoplace.run.pipeline.STAGE_OVERHEAD_S` for
+        each device's kind (measured by ``benchmarks/stage_overhead.py``); ``0`` ignores it.
+    max_stages : int, optional
+        Throughput only: most pipeline stages a plan may have.
 
     Returns
     -------
@@ -243,6 +262,13 @@ def optimize(
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     if time_limit <= 0:
         raise ValueError(f"time_limit must be positive seconds, got {time_limit}")
+    if objective != "throughput" and (stage_overhead_s is not None or max_stages is not None):
+        raise ValueError("stage_overhead_s and max_stages describe pipelines: pass them with "
+                         "objective='throughput'")
+    if objective == "throughput" and stage_overhead_s is None:
+        from autoplace.run.pipeline import STAGE_OVERHEAD_S
+
+        stage_overhead_s = {d.name: STAGE_OVERHEAD_S[d.kind] for d in devices}
 
     graph = OpGraph.from_relax(mod, func_name)
     if isinstance(cost_model, str) and cost_model == "auto":
@@ -253,7 +279,8 @@ def optimize(
     _check_runnable(graph, devices, cost, cost_model)
     if links is None and hasattr(cost_model, "links"):
         links = cost_model.links(devices)
-    problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins))
+    problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins),
+                            stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
     solution = solve(problem, objective, solver, time_limit=time_limit, **options)
     plan = Plan.from_assignment(

@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 3] [--models a,b]
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
+     [--contiguous] [--stage-overhead SECONDS]
 
 For each model: ``optimize(objective="throughput")`` with the default costs, a :class:`Pipeline`
 of the plan's stages (one thread per stage), and the whole model built for the best single device
@@ -16,6 +17,7 @@ overhead apart from the plan's balance.
 """
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -88,6 +90,9 @@ def main():
     ap.add_argument("--contiguous", action="store_true",
                     help="optimize with contiguous stages (one stage per device)")
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap.add_argument("--stage-overhead", type=float, metavar="SECONDS",
+                    help="seconds per stage the solver assumes (default: the library's per "
+                         "device kind; 0: plans as if hand-offs were free)")
     args = ap.parse_args()
     devs = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
     rng = np.random.default_rng(0)
@@ -96,7 +101,11 @@ def main():
     print(head)
     for name in args.models.split(","):
         m = zoo.load(name)
-        res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous)
+        res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous,
+                                 stage_overhead_s=args.stage_overhead)
+        # optimize fingerprints the CPU through TVM, which pins this thread to core 0; the
+        # pipeline's workers unpin themselves, so the sequential runs here must be unpinned too.
+        os.sched_setaffinity(0, range(os.cpu_count()))
         xs = _inputs(m, args.inputs, rng)
         single = _best_single(m.mod, res.graph, devs, xs)
         plans = [(name, res.plan, 1 / res.solution.value)]

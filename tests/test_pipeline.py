@@ -12,7 +12,8 @@ from tvm.script import relax as R
 import autoplace
 from autoplace import zoo
 from autoplace.run.pipeline import (
-    Pipeline, PipelineClosedError, PipelineError, _limit_tvm_threads, split, time_sequential)
+    Pipeline, PipelineClosedError, PipelineError, _limit_tvm_threads, _process_cpus, split,
+    time_sequential)
 
 
 # A -> B -> C, and C reads A too: "a" must travel from stage 0 to stage 2 past stage 1.
@@ -243,19 +244,61 @@ def test_time_sequential_and_empty_runs(skip_pipe, rng):
     assert len(outs) == 3 and sec >= 0
 
 
-def test_stage_threads_get_one_tvm_thread_and_keep_their_cpus():
-    """``config_threadpool(1, n)`` would pin the calling thread to core 0; ours must not."""
+def test_stage_threads_get_one_tvm_thread_and_every_cpu():
+    """``config_threadpool(1, n)`` would pin the calling thread to core 0; ours must not, and a
+    worker started by a pinned thread (``runtime.NumThreads`` pins its caller) is unpinned."""
     import tvm
 
     out = {}
+    probe = threading.Thread(target=lambda: out.update(everything=set(_process_cpus())))
+    probe.start()
+    probe.join()
+    everything = out["everything"]
 
     def body():
-        before = os.sched_getaffinity(0)
         _limit_tvm_threads(1)
-        out.update(before=before, after=os.sched_getaffinity(0),
-                   n=tvm.get_global_func("runtime.NumThreads")())
+        out.update(after=os.sched_getaffinity(0), n=tvm.get_global_func("runtime.NumThreads")())
 
-    t = threading.Thread(target=body)
+    def pinned_parent():
+        os.sched_setaffinity(0, {min(everything)})
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+
+    t = threading.Thread(target=pinned_parent)
     t.start()
     t.join()
-    assert out["after"] == out["before"] and out["n"] == 1
+    assert out["after"] == everything and out["n"] == 1
+
+
+# ----------------------------------------------------------------------------- stage overhead
+
+
+def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
+    from autoplace.run.pipeline import measure_stage_overhead
+
+    fit = measure_stage_overhead(devs, max_stages=3, inputs=20, rounds=1)
+    assert fit.devices == ("a", "b") and len(fit.seconds) == 3 and min(fit.seconds) > 0
+    line = fit.fixed_s + fit.per_stage_s * np.arange(1, 4)
+    assert np.abs(line - fit.seconds).max() <= np.ptp(fit.seconds) + 1e-12
+    assert "us * stages" in str(fit)
+
+
+def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
+    # mlp: without an overhead the solver cuts 12 tiny ops into several alternating stages;
+    # at 1 ms per stage (more than any op) one stage per device or fewer pays best.
+    m = zoo.load("mlp")
+    free = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0)
+    costly = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=1e-3)
+    assert len(set(free.plan.stages)) > 2 >= len(set(costly.plan.stages))
+    assert costly.problem.stage_overhead_s.tolist() == [1e-3, 1e-3]
+    assert costly.predicted_latency_s >= 1e-3 * len(set(costly.plan.stages))
+    default = autoplace.optimize(m.mod, devs, objective="throughput")
+    assert (default.problem.stage_overhead_s > 0).all()
+    capped = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0,
+                                max_stages=2)
+    assert len(set(capped.plan.stages)) <= 2
+    with pytest.raises(ValueError, match="objective='throughput'"):
+        autoplace.optimize(m.mod, devs, stage_overhead_s=0.0)
+    with pytest.raises(ValueError, match="unknown device"):
+        autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s={"c": 1e-4})

@@ -13,7 +13,7 @@ import autoplace
 from autoplace import Device, Link, zoo
 from autoplace.report import (cost_spread, explain, plot_accuracy, plot_gantt, plot_graph,
                               plot_stage_loads)
-from autoplace.solve.simulate import copies_needed, device_loads, link_loads
+from autoplace.solve.simulate import copies_needed, device_loads, link_loads, stage_counts
 
 US = 1e-6
 
@@ -216,12 +216,16 @@ def test_graph_colours_each_node_by_its_device(res):
 
 def test_stage_loads_stack_to_the_device_loads_and_mark_the_bottleneck(tp):
     fig = plot_stage_loads(tp)
-    a = tp.solution.assignment
-    loads = device_loads(tp.problem, a)
+    a, p = tp.solution.assignment, tp.problem
+    overhead = p.stage_overhead_s * stage_counts(p, a, tp.solution.stages)
+    assert overhead.sum() > 0  # optimize's default: each stage costs a hand-off
+    loads = device_loads(p, a) + overhead
     bars = _bars(fig, "load:")
     for k, dev in enumerate(tp.problem.device_names):
         stacked = [b for key, b in bars.items() if key.startswith(f"{dev}:")]
         assert sum(b.get_height() for b in stacked) == pytest.approx(loads[k] * 1e6)
+        assert bars[f"{dev}:overhead"].get_height() == pytest.approx(overhead[k] * 1e6)
+    assert bars["host"].get_height() == pytest.approx(overhead.sum() * 1e6)
     for (s, t), x in np.ndenumerate(link_loads(tp.problem, a)):
         if x > 0:
             src, dst = tp.problem.device_names[s], tp.problem.device_names[t]

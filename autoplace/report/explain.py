@@ -207,12 +207,12 @@ def explain(result: OptimizeResult) -> Explanation:
     for u, v in problem.edges.tolist():
         preds[v].add(u)
 
-    def score(assignment) -> float:
+    def score(assignment, stages=None) -> float:
         if sol.objective == "latency":
             return simulate_latency(problem, assignment, sol.order).makespan
-        return simulate_throughput(problem, assignment)
+        return simulate_throughput(problem, assignment, stages)
 
-    base = score(a)
+    base = score(a, sol.stages)
     base_copy_s = link_loads(problem, a).sum()
     nodes = []
     for node in graph.nodes:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.report.explain import _fmt_bytes, _fmt_s
-from autoplace.solve.simulate import device_loads, link_loads
+from autoplace.solve.simulate import device_loads, link_loads, stage_counts
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from autoplace.api import OptimizeResult
 
 _COPY_COLOUR = "0.25"
+_OVERHEAD_COLOUR = "0.7"
 
 
 def plot_gantt(result: OptimizeResult, ax: Axes | None = None) -> Figure:
@@ -120,21 +121,25 @@ def plot_graph(result: OptimizeResult, ax: Axes | None = None) -> Figure:
 
 
 def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
-    """Seconds per input on each device (stacked by pipeline stage) and each copying link.
+    """Seconds per input on each device (stacked by pipeline stage, then the stages' hand-off
+    cost), each copying link, and the host that hands every input on (``stage_overhead_s``).
 
     The pipeline runs at the pace of its busiest bar, the bottleneck (outlined in red); the
     dashed line is the plan's predicted time per input. Each stage segment's ``gid`` is
-    ``"load:<device>:<stage>"`` (stage ``-`` for a plan without stages), each link's
-    ``"load:<src>-><dst>"``.
+    ``"load:<device>:<stage>"`` (stage ``-`` for a plan without stages), the hand-offs'
+    ``"load:<device>:overhead"`` and ``"load:host"``, each link's ``"load:<src>-><dst>"``.
     """
     ax = _axes(ax, (7, 4))
-    problem, plan = result.problem, result.plan
-    a = np.asarray(result.solution.assignment)
+    problem, sol = result.problem, result.solution
+    a = np.asarray(sol.assignment)
     devs = problem.device_names
-    dev_load, link_load = device_loads(problem, a), link_loads(problem, a)
-    value = max(dev_load.max(initial=0.0), link_load.max(initial=0.0))
+    stages = sol.stages if sol.stages is not None else result.plan.stages
+    stages = np.asarray(stages) if stages is not None else np.full(a.size, -1)
+    overhead = problem.stage_overhead_s * (stage_counts(problem, a, stages)
+                                           if stages.min(initial=0) >= 0 else 0)
+    dev_load, link_load = device_loads(problem, a) + overhead, link_loads(problem, a)
+    value = max(dev_load.max(initial=0.0), link_load.max(initial=0.0), overhead.sum())
     unit, scale = _time_unit(value)
-    stages = np.asarray(plan.stages) if plan.stages is not None else np.full(a.size, -1)
     stage_colour = _colours(sorted(set(stages.tolist())))
     node_s = problem.cost[np.arange(a.size), a]
 
@@ -146,6 +151,9 @@ def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
             ax.bar(len(names), h, bottom=bottom, color=stage_colour[s], edgecolor="white",
                    linewidth=0.5, gid=f"load:{dev}:{'-' if s < 0 else s}")
             bottom += h
+        if overhead[k] > 0:
+            ax.bar(len(names), overhead[k] * scale, bottom=bottom, color=_OVERHEAD_COLOUR,
+                   edgecolor="white", linewidth=0.5, gid=f"load:{dev}:overhead")
         names.append(dev)
         heights.append(dev_load[k] * scale)
     for (s, t), x in np.ndenumerate(link_load):
@@ -154,6 +162,10 @@ def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
                    gid=f"load:{devs[s]}->{devs[t]}")
             names.append(f"copy\n{devs[s]} → {devs[t]}")
             heights.append(x * scale)
+    if overhead.sum() > 0:
+        ax.bar(len(names), overhead.sum() * scale, color=_OVERHEAD_COLOUR, gid="load:host")
+        names.append("host\n(hand-offs)")
+        heights.append(overhead.sum() * scale)
     top = int(np.argmax(heights))
     ax.bar(top, heights[top], fill=False, edgecolor="tab:red", linewidth=2.5,
            gid="bottleneck")
@@ -170,6 +182,8 @@ def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
     handles = [Line2D([], [], color="k", ls="--", lw=1,
                       label=f"predicted {_fmt_s(result.solution.value)} per input")]
     handles += [Patch(color=c, label=f"stage {s}") for s, c in stage_colour.items() if s >= 0]
+    if overhead.sum() > 0:
+        handles.append(Patch(color=_OVERHEAD_COLOUR, label="stage hand-offs"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
               frameon=False)
     return ax.figure

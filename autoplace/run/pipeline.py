@@ -12,6 +12,9 @@ with ``runtime.config_threadpool(-3, n, <the CPUs this process may use>)`` (mode
 "share all cores"): that sets the thread-local concurrency to ``n`` and leaves the thread free
 to run on any allowed core. The obvious ``config_threadpool(1, n)`` (mode "big cores") pins the
 calling thread to the first core, so every stage would share core 0 (checked on TVM 0.27).
+"The CPUs this process may use" are not the worker's inherited affinity: starting a thread's
+default pool (``runtime.NumThreads`` does, and ``optimize`` calls it to fingerprint the CPU)
+pins that thread to core 0, and every thread it starts inherits the pin.
 """
 
 from __future__ import annotations
@@ -561,9 +564,18 @@ def _limit_tvm_threads(n: int) -> None:
     """Give the calling thread's TVM pool ``n`` threads without pinning it (see module doc)."""
     import tvm
 
-    cpus = [str(c) for c in sorted(os.sched_getaffinity(0))] if hasattr(os, "sched_getaffinity") \
-        else [str(c) for c in range(os.cpu_count() or 1)]
+    cpus = [str(c) for c in _process_cpus()]
     tvm.get_global_func("runtime.config_threadpool")(-3, n, cpus)
+
+
+def _process_cpus() -> list[int]:
+    """Every CPU the system lets this process use, whatever the calling thread was pinned to
+    (the kernel keeps those of ``range(os.cpu_count())`` that the process's cpuset allows; a
+    narrower ``taskset`` affinity is not kept, since TVM's pin looks the same)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return list(range(os.cpu_count() or 1))
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    return sorted(os.sched_getaffinity(0))
 
 
 def _on_device(value, dev):
@@ -581,3 +593,88 @@ def time_sequential(fn: Callable[..., Any], inputs: Iterable[Sequence[np.ndarray
     t0 = time.perf_counter()
     outs = [fn(*x) for x in inputs]
     return outs, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- stage overhead
+
+#: Seconds per input one stage costs beyond its ops, by device kind: the slope of
+#: ``benchmarks/stage_overhead.py`` with stages alternating over cpu:0 and cpu:1 on the 2-core
+#: development machine (31-53 us over three runs). Not yet measured on a GPU host: the CUDA
+#: figure is the CPU one (the hand-off runs on the host either way).
+STAGE_OVERHEAD_S = {"cpu": 40e-6, "cuda": 40e-6}
+
+@dataclass(frozen=True)
+class StageOverhead:
+    """Time per input of pipelines of ``k = 1..len(seconds)`` trivial stages, and its fit
+    ``seconds[k - 1] ~= fixed_s + per_stage_s * k`` (least squares)."""
+
+    devices: tuple[str, ...]
+    seconds: tuple[float, ...]
+    fixed_s: float
+    per_stage_s: float
+
+    def __str__(self) -> str:
+        per_k = " ".join(f"{s * 1e6:.0f}" for s in self.seconds)
+        return (f"{'+'.join(self.devices)}: {self.fixed_s * 1e6:.1f} us + "
+                f"{self.per_stage_s * 1e6:.1f} us * stages  (us per input, k=1..: {per_k})")
+
+
+def _chain_module(k: int, size: int):
+    """``main(x)``: ``k`` chained adds of a tiny float32 tensor."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((size,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            v = x
+            for _ in range(k):
+                v = bb.emit(relax.op.add(v, v))
+            out = bb.emit_output(v)
+        bb.emit_func_output(out)
+    return tvm.IRModule({"main": bb.get()["main"]})
+
+
+def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
+                           inputs: int = 200, rounds: int = 3, size: int = 4) -> StageOverhead:
+    """Measure what a stage costs the pipeline beyond its kernels.
+
+    For ``k = 1..max_stages``, a chain of ``k`` one-add stages on ``size``-element tensors runs
+    ``inputs`` inputs ``rounds`` times (the best round counts); stage ``j`` is on
+    ``devices[j % len(devices)]``. Spread over two devices, as a plan's stages are,
+    ``per_stage_s`` is the figure :data:`STAGE_OVERHEAD_S` holds; on one device the hand-offs
+    cost less (the stages take turns on one lock instead of waking each other across cores).
+    """
+    devices = list(devices)
+    if not devices or max_stages < 2:
+        raise ValueError("measure_stage_overhead needs a device and max_stages >= 2")
+    # Every stage is main(a) -> (a + a,): one executable per device serves all of them.
+    one = _chain_module(1, size)
+    graph = OpGraph.from_relax(one)
+    exes = {}
+    for d in devices:
+        plan = Plan.from_assignment(graph, [d], [d.name], stages=(0,), objective="throughput")
+        exes[d.name] = _compile_stage(split(one, plan).stages[0])
+    xs = [[np.full(size, 1.0, dtype=np.float32)] for _ in range(inputs)]
+    seconds = []
+    for k in range(1, max_stages + 1):
+        mod = _chain_module(k, size)
+        graph = OpGraph.from_relax(mod)
+        names = [devices[j % len(devices)].name for j in range(k)]
+        plan = Plan.from_assignment(graph, devices, names, stages=tuple(range(k)),
+                                    objective="throughput")
+        staged = split(mod, plan)
+        with Pipeline(staged, [exes[s.device.name] for s in staged.stages]) as pipe:
+            pipe.run(xs[:8])  # warm-up
+            best = min(_timed(pipe, xs) for _ in range(rounds))
+        seconds.append(best / inputs)
+        log.info("%d stages: %.1f us per input", k, seconds[-1] * 1e6)
+    per_stage, fixed = np.polyfit(np.arange(1, max_stages + 1), seconds, 1)
+    return StageOverhead(tuple(d.name for d in devices), tuple(seconds), float(fixed),
+                         float(per_stage))
+
+
+def _timed(pipe: Pipeline, xs) -> float:
+    pipe.run(xs)
+    return pipe.stats.wall_s

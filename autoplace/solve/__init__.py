@@ -54,7 +54,8 @@ def best_baseline(problem: Problem, objective: str) -> Solution:
 
 def _brute(problem, objective, time_limit, **options):
     from .bruteforce import brute_force
-    return brute_force(problem, objective, time_limit=time_limit)
+    return brute_force(problem, objective, time_limit=time_limit,
+                       contiguous=options.get("contiguous", False))
 
 
 def _cpsat(problem, objective, time_limit, **options):

@@ -1,4 +1,4 @@
-"""Helpers shared by the solvers: scoring a plan into a Solution, stages, trivial bounds."""
+"""Helpers shared by the solvers: scoring a plan into a Solution, trivial bounds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import networkx as nx
 import numpy as np
 
 from .problem import Problem, Solution
-from .simulate import allowed_devices, check_feasible, simulate_latency, simulate_throughput
+from .simulate import (allowed_devices, check_feasible, simulate_latency, simulate_throughput,
+                       stages_of)
 
 
 def graph(problem: Problem) -> nx.DiGraph:
@@ -17,29 +18,6 @@ def graph(problem: Problem) -> nx.DiGraph:
     g.add_nodes_from(range(problem.num_nodes))
     g.add_edges_from(problem.edges.tolist())
     return g
-
-
-def stages_of(problem: Problem, assignment) -> np.ndarray:
-    """Stage of every node, numbered in topological order of the stage DAG.
-
-    When the devices' node sets form a DAG (every device's set is convex), each device holding
-    nodes is one stage. Otherwise a device may hold several stages: a node's level is the number
-    of device changes on its longest incoming path, and a stage is a (level, device) pair.
-    """
-    a = np.asarray(assignment, dtype=np.int64)
-    q = nx.DiGraph()
-    q.add_nodes_from(np.unique(a).tolist())
-    q.add_edges_from((int(a[u]), int(a[v])) for u, v in problem.edges.tolist() if a[u] != a[v])
-    if nx.is_directed_acyclic_graph(q):
-        first = {k: int(np.flatnonzero(a == k)[0]) for k in q.nodes}
-        rank = {k: r for r, k in enumerate(nx.lexicographical_topological_sort(q, key=first.get))}
-        return np.array([rank[k] for k in a.tolist()], dtype=np.int64)
-    level = np.zeros(a.size, dtype=np.int64)
-    for u, v in sorted(problem.edges.tolist(), key=lambda e: e[1]):
-        level[v] = max(level[v], level[u] + int(a[u] != a[v]))
-    keys = sorted(set(zip(level.tolist(), a.tolist())))
-    rank = {key: r for r, key in enumerate(keys)}
-    return np.array([rank[key] for key in zip(level.tolist(), a.tolist())], dtype=np.int64)
 
 
 def trivial_bound(problem: Problem, objective: str) -> float:
@@ -75,14 +53,16 @@ def trivial_bound(problem: Problem, objective: str) -> float:
 
 def make_solution(problem: Problem, objective: str, assignment, solver: str, *,
                   status: str = "HEURISTIC", bound: float | None = None, order=None,
-                  transfer_order=None, started: float | None = None) -> Solution:
+                  transfer_order=None, stages=None, started: float | None = None) -> Solution:
     """Check ``assignment`` and score it with the simulator into a :class:`Solution`.
 
-    The bound is the larger of ``bound`` (a solver's claim) and :func:`trivial_bound`, capped at
-    the simulated value.
+    Throughput plans run as ``stages`` (default :func:`stages_of`). The bound is the larger of
+    ``bound`` (a solver's claim) and :func:`trivial_bound`, capped at the simulated value.
     """
     a = np.asarray(assignment, dtype=np.int64)
-    check_feasible(problem, a)
+    if objective == "throughput":
+        stages = stages_of(problem, a) if stages is None else np.asarray(stages, dtype=np.int64)
+    check_feasible(problem, a, stages)
     lb = trivial_bound(problem, objective)
     if bound is not None:
         lb = max(lb, float(bound))
@@ -94,7 +74,7 @@ def make_solution(problem: Problem, objective: str, assignment, solver: str, *,
         return Solution(assignment=a, objective=objective, value=value, bound=lb, status=status,
                         solver=solver, start=s.start, wall_s=wall, order=s.order,
                         transfer_order=tuple((t.node, t.dst) for t in s.transfers))
-    value = simulate_throughput(problem, a)
+    value = simulate_throughput(problem, a, stages)
     lb = min(lb, value)
     return Solution(assignment=a, objective=objective, value=value, bound=lb, status=status,
-                    solver=solver, stages=stages_of(problem, a), wall_s=wall)
+                    solver=solver, stages=stages, wall_s=wall)

@@ -19,11 +19,13 @@ import numpy as np
 
 from ._common import make_solution
 from .problem import InfeasibleError, Problem, Solution
-from .simulate import (allowed_devices, copies_needed, orders_from_times,
-                       simulate_throughput)
+from .simulate import (allowed_devices, copies_needed, device_loads, link_loads,
+                       orders_from_times, simulate_throughput)
 
 #: Most assignments brute force will enumerate.
 MAX_ASSIGNMENTS = 200_000
+#: Most topological orders it searches for the stagings of a throughput plan.
+MAX_ORDERS = 20_000
 
 
 def _assignments(problem: Problem):
@@ -115,34 +117,77 @@ def _best_schedule(problem: Problem, a: np.ndarray, upper: float):
     return best[0], np.array(s[:n]), np.array(f[:n]), {c: (s[cid[c]], f[cid[c]]) for c in copies}
 
 
-def brute_force(problem: Problem, objective: str, time_limit: float = 60.0) -> Solution:
+def best_staging(problem: Problem, assignment, orders: np.ndarray, contiguous: bool = False):
+    """The least throughput period of ``assignment`` over its stagings, and that staging.
+
+    A staging lists its stages in a topological order: the runs of one device along the nodes
+    in that order are its stages. ``orders`` holds every topological order (one per row), so the
+    result is exact. ``contiguous`` keeps stagings with at most one stage per device. Returns
+    ``(inf, None)`` when no staging obeys ``max_stages`` (and ``contiguous``).
+    """
+    a = np.asarray(assignment)
+    seq = a[orders]
+    first = np.ones(seq.shape, dtype=bool)
+    first[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    runs = np.stack([(first & (seq == k)).sum(axis=1) for k in range(problem.num_devices)], 1)
+    ok = runs.sum(axis=1) <= (problem.max_stages or problem.num_nodes)
+    if contiguous:
+        ok &= (runs <= 1).all(axis=1)
+    if not ok.any():
+        return np.inf, None
+    overhead = problem.stage_overhead_s * runs
+    period = np.maximum((device_loads(problem, a) + overhead).max(axis=1), overhead.sum(axis=1))
+    period = np.maximum(period, link_loads(problem, a).max(initial=0.0))
+    best = int(np.flatnonzero(ok)[np.argmin(period[ok])])
+    stages = np.empty(problem.num_nodes, dtype=np.int64)
+    stages[orders[best]] = np.cumsum(first[best]) - 1
+    return float(period[best]), stages
+
+
+def brute_force(problem: Problem, objective: str, time_limit: float = 60.0,
+                contiguous: bool = False) -> Solution:
     """Optimal placement by enumeration (status OPTIMAL, bound = value).
+
+    Throughput with stage overheads, ``max_stages`` or ``contiguous`` (one stage per device)
+    enumerates the stagings of every assignment too (every topological order, see
+    :func:`best_staging`); without them the stages do not change the period.
 
     Raises
     ------
     InfeasibleError
-        No assignment satisfies support, pins, groups and memory.
+        No assignment satisfies support, pins, groups and memory (and the stage limits).
     ValueError
         Too many assignments to enumerate, or ``time_limit`` ran out.
     """
     t0 = time.perf_counter()
     best_a, best_v, best_sched = None, np.inf, None
+    staged = objective == "throughput" and (contiguous or problem.max_stages is not None
+                                            or bool(problem.stage_overhead_s.any()))
+    if staged:
+        g = nx.DiGraph()
+        g.add_nodes_from(range(problem.num_nodes))
+        g.add_edges_from(problem.edges.tolist())
+        orders = np.array(list(itertools.islice(nx.all_topological_sorts(g), MAX_ORDERS + 1)))
+        if len(orders) > MAX_ORDERS:
+            raise ValueError(f"more than {MAX_ORDERS} topological orders to search for stagings")
     for a in _assignments(problem):
         if time.perf_counter() - t0 > time_limit:
             raise ValueError(f"brute force ran past its time limit of {time_limit} s")
         if objective == "throughput":
-            v = simulate_throughput(problem, a)
+            v, stages = (best_staging(problem, a, orders, contiguous) if staged
+                         else (simulate_throughput(problem, a), None))
             if v < best_v - 1e-12:
-                best_a, best_v = a, v
+                best_a, best_v, best_sched = a, v, stages
             continue
         found = _best_schedule(problem, a, best_v)
         if found is not None:
             best_a, best_v, best_sched = a, found[0], found[1:]
     if best_a is None:
-        raise InfeasibleError("no assignment satisfies support, pins, groups and memory")
+        raise InfeasibleError("no assignment satisfies support, pins, groups, memory "
+                              "and the stage limits")
     if objective == "throughput":
         return make_solution(problem, objective, best_a, "brute", status="OPTIMAL",
-                             bound=best_v, started=t0)
+                             bound=best_v, stages=best_sched, started=t0)
     order, transfer_order = orders_from_times(*best_sched)
     return make_solution(problem, objective, best_a, "brute", status="OPTIMAL", bound=best_v,
                          order=order, transfer_order=transfer_order, started=t0)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._common import make_solution, stages_of
 from .problem import InfeasibleError, Problem, Solution
-from .simulate import allowed_devices, copies_needed, orders_from_times
+from .simulate import allowed_devices, copies_needed, orders_from_times, simulate_throughput
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 RESOLUTION = 1_000_000
 #: Integer memory units the largest node size or capacity is scaled to.
 MEMORY_RESOLUTION = 1_000_000_000
+#: Most (node, level) variables the free throughput model with stage overheads may use; past it
+#: the levels are cut, and the plan is no longer proven optimal.
+MAX_LEVEL_VARS = 20_000
 
 
 def _consumers(problem: Problem) -> list[list[int]]:
@@ -242,20 +245,43 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
     t0 = time.perf_counter()
     n, d = problem.num_nodes, problem.num_devices
     allowed = allowed_devices(problem)
-    upper = warm.value if warm else _serial_time(problem)
+    # Without a warm start: every node and copy in series, and a stage per node on one device.
+    upper = warm.value if warm else (_serial_time(problem)
+                                     + n * float(problem.stage_overhead_s.max(initial=0.0)))
     scale = RESOLUTION / max(upper, 1e-12)
+    overhead = [int(problem.stage_overhead_s[k] * scale) for k in range(d)]
+    # Free stages are modelled only when they cost something or are limited.
+    needed = 0 if contiguous or (not any(overhead) and problem.max_stages is None) \
+        else _max_levels(problem, allowed, upper)
+    levels = min(needed, max(1, MAX_LEVEL_VARS // max(n, 1)))
+    if levels < needed:
+        log.info("throughput model: %d levels of the %d an optimal staging may need", levels,
+                 needed)
     model = cp_model.CpModel()
 
     # --- Variables -------------------------------------------------------------------------
     x, need, z = _placement_vars(model, problem, allowed)
     cap = int(math.ceil(upper * scale)) + 1
     period = model.NewIntVar(0, cap, "period")
+    # stages[k]: pipeline stages on device k (contiguous: 1 if used; free: its levels used).
+    stages = [0] * d
+    if contiguous:
+        used = [model.NewBoolVar(f"used{k}") for k in range(d)]
+        for (i, k), var in x.items():
+            model.AddImplication(var, used[k])
+        stages = used
+    elif levels:
+        # level[i]: the stage DAG position of node i; a stage is a (level, device) pair.
+        y = {(i, lv): model.NewBoolVar(f"y{i}_{lv}") for i in range(n) for lv in range(levels)}
+        level = [model.NewIntVar(0, levels - 1, f"level{i}") for i in range(n)]
+        on = {(lv, k): model.NewBoolVar(f"on{lv}_{k}") for lv in range(levels) for k in range(d)}
+        stages = [sum(on[lv, k] for lv in range(levels)) for k in range(d)]
 
     # --- Constraints -----------------------------------------------------------------------
-    # Every device's summed compute fits in the period.
+    # Every device's summed compute and stage overheads fit in the period.
     for k in range(d):
         model.Add(sum(int(problem.cost[i, k] * scale) * x[i, k] for i in range(n)
-                      if (i, k) in x) <= period)
+                      if (i, k) in x) + overhead[k] * stages[k] <= period)
     # Every directed link's summed copy time fits in the period.
     for j in range(d):
         for k in range(d):
@@ -263,6 +289,9 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
                      for (u, jj, kk), var in z.items() if (jj, kk) == (j, k)]
             if terms:
                 model.Add(sum(terms) <= period)
+    # The host's load, every stage's overhead, fits in the period.
+    if any(overhead) and (contiguous or levels):
+        model.Add(sum(overhead[k] * stages[k] for k in range(d)) <= period)
     if contiguous:
         # Devices take distinct pipeline positions and no edge goes back: every device's
         # node set is convex, so the devices form a chain of stages.
@@ -275,25 +304,93 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
             model.AddElement(dev[i], pos, rank[i])
         for u, v in problem.edges.tolist():
             model.Add(rank[u] <= rank[v])
+    elif levels:
+        # Every node has one level.
+        for i in range(n):
+            model.AddExactlyOne(y[i, lv] for lv in range(levels))
+            model.Add(level[i] == sum(lv * y[i, lv] for lv in range(levels)))
+        # No edge goes to a lower level, and an edge between devices goes to a higher one.
+        for u, v in problem.edges.tolist():
+            model.Add(level[u] <= level[v])
+            for k in range(d):
+                if (u, k) in x:
+                    cond = [x[u, k]] + ([x[v, k].Not()] if (v, k) in x else [])
+                    model.Add(level[v] >= level[u] + 1).OnlyEnforceIf(cond)
+        # A node at level lv on device k makes (lv, k) a stage.
+        for (i, k), var in x.items():
+            for lv in range(levels):
+                model.AddBoolOr([var.Not(), y[i, lv].Not(), on[lv, k]])
+    if problem.max_stages is not None and (contiguous or levels):
+        # At most max_stages stages in all.
+        model.Add(sum(stages) <= problem.max_stages)
 
     # --- Objective -------------------------------------------------------------------------
     model.Minimize(period)
-    for (i, k), var in x.items() if warm else ():
-        model.AddHint(var, int(warm.assignment[i] == k))
+    if warm:
+        for (i, k), var in x.items():
+            model.AddHint(var, int(warm.assignment[i] == k))
+        if levels:
+            _hint_levels(model, problem, warm, y, level, on)
 
     # --- Solve -----------------------------------------------------------------------------
     solver, code = _run(model, time_limit, workers, cp_model)
     status = _status(solver, code, cp_model)
     if status is None:
         raise InfeasibleError("CP-SAT proved the throughput model infeasible (support, pins, "
-                              "groups, memory" + (", contiguity" if contiguous else "") + ")")
+                              "groups, memory" + (", contiguity" if contiguous else "")
+                              + (", max_stages" if problem.max_stages is not None else "") + ")")
     if status == "UNKNOWN":
         return _fallback(warm, time_limit)
     a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
                   for i in range(n)], dtype=np.int64)
-    sol = make_solution(problem, "throughput", a, "cpsat", status=status,
-                        bound=solver.BestObjectiveBound() / scale, started=t0)
+    staging = stages_of(problem, a)
+    if levels:
+        # The model's stages, unless stages_of's score as well with no more stages.
+        keys = list(zip((solver.Value(v) for v in level), a.tolist()))
+        rank = {key: r for r, key in enumerate(sorted(set(keys)))}
+        mine = np.array([rank[key] for key in keys], dtype=np.int64)
+        staging = min((staging, mine), key=lambda s: (
+            _stage_count(s) > (problem.max_stages or n), simulate_throughput(problem, a, s),
+            _stage_count(s)))
+    if levels < needed:  # the model saw only some stagings: no proof
+        status, bound = "FEASIBLE", None
+    else:
+        bound = solver.BestObjectiveBound() / scale
+    sol = make_solution(problem, "throughput", a, "cpsat", status=status, stages=staging,
+                        bound=bound, started=t0)
     return _no_worse(sol, warm)
+
+
+def _stage_count(stages: np.ndarray) -> int:
+    return len(np.unique(stages))
+
+
+def _max_levels(problem: Problem, allowed: np.ndarray, upper: float) -> int:
+    """Levels enough for an optimal free staging: its stages in all. A device holds at most its
+    allowed nodes' worth, and no more stages than its overheads fit in ``upper``; all stages'
+    overheads fit in ``upper`` too (the host's load)."""
+    ov = problem.stage_overhead_s
+    fit = np.where(ov > 0, np.floor(upper / np.where(ov > 0, ov, 1.0) + 1e-9), np.inf)
+    total = min(float(np.minimum(allowed.sum(axis=0), fit).sum()), problem.num_nodes,
+                problem.max_stages or problem.num_nodes)
+    if (ov > 0).all():
+        total = min(total, float(np.floor(upper / ov.min() + 1e-9)))
+    return max(1, int(total))
+
+
+def _hint_levels(model, problem: Problem, warm: Solution, y, level, on) -> None:
+    """AddHint the warm start's stages (numbered in stage DAG order, so they are levels)."""
+    stages = warm.stages if warm.stages is not None else stages_of(problem, warm.assignment)
+    levels = 1 + max(lv for _, lv in y)
+    if stages.max(initial=0) >= levels:
+        return
+    for (i, lv), var in y.items():
+        model.AddHint(var, int(stages[i] == lv))
+    for i, var in enumerate(level):
+        model.AddHint(var, int(stages[i]))
+    held = set(zip(stages.tolist(), warm.assignment.tolist()))
+    for key, var in on.items():
+        model.AddHint(var, int(key in held))
 
 
 def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
@@ -313,6 +410,8 @@ def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
         CP-SAT search workers.
     contiguous : bool
         Throughput only: every device's node set must be convex (a pipeline of stages).
+        Otherwise, when the problem has a ``stage_overhead_s`` or ``max_stages``, the model
+        chooses the stages too (a level per node; a stage is a level and a device).
 
     Returns
     -------
@@ -327,9 +426,11 @@ def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
         except InfeasibleError as e:
             log.info("no baseline placement (%s); CP-SAT starts cold", e)
     warm = warm_start
-    if (contiguous and objective == "throughput" and warm is not None
-            and not _contiguous(problem, warm)):
-        # The warm start bounds the period and may be returned: it must obey contiguity too.
+    if objective == "throughput" and warm is not None and (
+            (contiguous and not _contiguous(problem, warm)) or (
+            problem.max_stages is not None and warm.stages is not None
+            and _stage_count(warm.stages) > problem.max_stages)):
+        # The warm start bounds the period and may be returned: it must obey the stages too.
         from .baselines import single
 
         try:

@@ -38,8 +38,14 @@ class Problem:
         Device a node must run on, or ``-1``.
     groups : (n,) int array
         Colocation group (nodes sharing a non-negative id share a device), or ``-1``.
+    stage_overhead_s : (d,) float array
+        Throughput only: seconds per input that a pipeline stage on device ``k`` costs beyond
+        its ops (the executor's hand-off: thread wake-up, queues, tensor conversion, VM call),
+        charged to its device and to the host; 0 by default.
     node_names, device_names : tuples of str
         Used only in error messages and reports.
+    max_stages : int or None
+        Throughput only: most stages a plan may have (``None``: no limit).
     """
 
     cost: np.ndarray
@@ -51,8 +57,10 @@ class Problem:
     mem_cap: np.ndarray
     pins: np.ndarray
     groups: np.ndarray
+    stage_overhead_s: np.ndarray
     node_names: tuple[str, ...] = field(default=())
     device_names: tuple[str, ...] = field(default=())
+    max_stages: int | None = None
 
     @classmethod
     def build(
@@ -67,6 +75,8 @@ class Problem:
         mem_cap=None,
         pins=None,
         groups=None,
+        stage_overhead_s=0.0,
+        max_stages=None,
         node_names=(),
         device_names=(),
     ) -> Problem:
@@ -91,8 +101,10 @@ class Problem:
             mem_cap=full(mem_cap, (d,), np.inf),
             pins=full(pins, (n,), -1, np.int64),
             groups=full(groups, (n,), -1, np.int64),
+            stage_overhead_s=full(stage_overhead_s, (d,), 0.0),
             node_names=tuple(node_names) or tuple(f"n{i}" for i in range(n)),
             device_names=tuple(device_names) or tuple(f"d{k}" for k in range(d)),
+            max_stages=None if max_stages is None else int(max_stages),
         )
         p.validate()
         return p
@@ -122,7 +134,7 @@ class Problem:
         if d == 0:
             raise ValueError("a problem needs at least one device")
         shapes = {"out_bytes": (n,), "node_mem": (n,), "pins": (n,), "groups": (n,),
-                  "alpha": (d, d), "beta": (d, d), "mem_cap": (d,)}
+                  "alpha": (d, d), "beta": (d, d), "mem_cap": (d,), "stage_overhead_s": (d,)}
         for name, shape in shapes.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {shape}")
@@ -142,6 +154,10 @@ class Problem:
                     "nodes must be numbered in topological order (src < dst)")
         if ((self.pins < -1) | (self.pins >= d)).any():
             raise ValueError(f"pins must be -1 or a device index in 0..{d - 1}")
+        if not (np.isfinite(self.stage_overhead_s) & (self.stage_overhead_s >= 0)).all():
+            raise ValueError("stage_overhead_s must be finite and non-negative seconds")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise ValueError(f"max_stages must be at least 1 (or None), got {self.max_stages}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,7 +168,8 @@ class Solution:
     the time per input for throughput); ``bound`` is a proven lower bound (``value`` when
     OPTIMAL, ``0.0`` or a trivial bound for heuristics); ``gap = (value - bound) / value``.
     For latency, ``order`` (node priority) and ``transfer_order`` (``(node, dst_device)`` copies
-    in link order) replay the schedule in ``simulate_latency`` and give exactly ``value``.
+    in link order) replay the schedule in ``simulate_latency`` and give exactly ``value``; for
+    throughput, ``simulate_throughput(problem, assignment, stages)`` gives exactly ``value``.
     """
 
     assignment: np.ndarray

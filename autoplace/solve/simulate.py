@@ -13,8 +13,12 @@ Latency model (:func:`simulate_latency`)
     makespan no larger than it.
 
 Throughput model (:func:`simulate_throughput`)
-    Time per input of the pipeline: the maximum over devices of their summed compute and over
-    directed links of their summed copy time (one copy per tensor per destination device).
+    Time per input of the pipeline: the maximum over devices of their load and over directed
+    links of their summed copy time (one copy per tensor per destination device), and of the
+    host's load. Every pipeline stage costs ``stage_overhead_s`` of its device: that time is
+    added to its device's summed compute, and the host's load is the sum over all stages (one
+    process hands every input from stage to stage). The stages are given, or
+    :func:`stages_of` the assignment.
 """
 
 from __future__ import annotations
@@ -213,8 +217,57 @@ def device_loads(problem: Problem, assignment) -> np.ndarray:
                        minlength=problem.num_devices).astype(float)
 
 
-def simulate_throughput(problem: Problem, assignment) -> float:
-    """Time per input of the pipeline: the busiest device or directed link.
+def stages_of(problem: Problem, assignment) -> np.ndarray:
+    """Stage of every node, numbered in topological order of the stage DAG.
+
+    When the devices' node sets form a DAG (every device's set is convex), each device holding
+    nodes is one stage. Otherwise a device may hold several stages: a node's level is the number
+    of device changes on its longest incoming path, and a stage is a (level, device) pair.
+    """
+    a = np.asarray(assignment, dtype=np.int64)
+    q = nx.DiGraph()
+    q.add_nodes_from(np.unique(a).tolist())
+    q.add_edges_from((int(a[u]), int(a[v])) for u, v in problem.edges.tolist() if a[u] != a[v])
+    if nx.is_directed_acyclic_graph(q):
+        first = {k: int(np.flatnonzero(a == k)[0]) for k in q.nodes}
+        rank = {k: r for r, k in enumerate(nx.lexicographical_topological_sort(q, key=first.get))}
+        return np.array([rank[k] for k in a.tolist()], dtype=np.int64)
+    level = np.zeros(a.size, dtype=np.int64)
+    for u, v in sorted(problem.edges.tolist(), key=lambda e: e[1]):
+        level[v] = max(level[v], level[u] + int(a[u] != a[v]))
+    keys = sorted(set(zip(level.tolist(), a.tolist())))
+    rank = {key: r for r, key in enumerate(keys)}
+    return np.array([rank[key] for key in zip(level.tolist(), a.tolist())], dtype=np.int64)
+
+
+def _stages(problem: Problem, a: np.ndarray, stages) -> np.ndarray:
+    """``stages`` checked against ``a`` (one device per stage, no edge back), or stages_of."""
+    if stages is None:
+        return stages_of(problem, a)
+    s = np.asarray(stages, dtype=np.int64)
+    if s.shape != a.shape:
+        raise ValueError(f"stages has shape {s.shape}, expected {a.shape}")
+    _, first = np.unique(s, return_index=True)
+    if (a != a[first][np.searchsorted(s[first], s)]).any():
+        raise ValueError("a stage spans several devices")
+    if problem.edges.size and (s[problem.edges[:, 0]] > s[problem.edges[:, 1]]).any():
+        raise ValueError("an edge goes from a later stage to an earlier one")
+    return s
+
+
+def stage_counts(problem: Problem, assignment, stages=None) -> np.ndarray:
+    """(d,) number of pipeline stages on each device (``stages`` default: :func:`stages_of`)."""
+    a = _assignment(problem, assignment)
+    s = _stages(problem, a, stages)
+    _, first = np.unique(s, return_index=True)
+    return np.bincount(a[first], minlength=problem.num_devices)
+
+
+def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
+    """Time per input of the pipeline: the busiest device, directed link, or the host.
+
+    ``stages``: a stage per node (one device each, no edge back), by default
+    :func:`stages_of`; they cost only with a ``stage_overhead_s``.
 
     Examples
     --------
@@ -223,17 +276,34 @@ def simulate_throughput(problem: Problem, assignment) -> float:
     >>> p = Problem.build([[1.0, 1.0], [1.0, 1.0]], [(0, 1)], [4.0, 0.0], alpha=1.0, beta=2.0)
     >>> simulate_throughput(p, [0, 1])
     3.0
-    """
-    return float(max(device_loads(problem, assignment).max(initial=0.0),
-                     link_loads(problem, assignment).max(initial=0.0)))
 
+    With 2.5 s per stage, (a, b, a) is three stages: 7.5 s on the host, while a holds two
+    (2 + 5 = 7 s). On one device: 3 + 2.5 s.
 
-def check_feasible(problem: Problem, assignment) -> None:
-    """Raise :class:`InfeasibleError` naming the node/device if ``assignment`` breaks a constraint.
-
-    Checks support, pins, colocation groups and memory capacity.
+    >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.5)
+    >>> simulate_throughput(p, [0, 1, 0]), simulate_throughput(p, [0, 0, 0])
+    (7.5, 5.5)
     """
     a = _assignment(problem, assignment)
+    loads, host = device_loads(problem, a), 0.0
+    if stages is not None or problem.stage_overhead_s.any():
+        overhead = problem.stage_overhead_s * stage_counts(problem, a, stages)
+        loads, host = loads + overhead, overhead.sum()
+    return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host))
+
+
+def check_feasible(problem: Problem, assignment, stages=None) -> None:
+    """Raise :class:`InfeasibleError` naming the node/device if ``assignment`` breaks a constraint.
+
+    Checks support, pins, colocation groups and memory capacity; given ``stages`` (a
+    throughput plan's), also ``max_stages``.
+    """
+    a = _assignment(problem, assignment)
+    if stages is not None and problem.max_stages is not None:
+        count = int(stage_counts(problem, a, stages).sum())
+        if count > problem.max_stages:
+            raise InfeasibleError(f"the plan has {count} stages, more than max_stages="
+                                  f"{problem.max_stages}")
     names, devs = problem.node_names, problem.device_names
     _check_supported(problem, a)
     bad = np.flatnonzero((problem.pins >= 0) & (problem.pins != a))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from autoplace.solve import InfeasibleError, Problem, simulate_latency, simulate_throughput, solve
 from autoplace.solve._common import trivial_bound
+from autoplace.solve.bruteforce import best_staging, brute_force
 
 HEURISTICS = ("single", "priority", "greedy", "heft")
 
@@ -112,3 +113,53 @@ def test_infeasible_inputs_name_their_cause(problem, cause):
     for solver in ("heft", "brute", "cpsat"):
         with pytest.raises(InfeasibleError, match=message):
             solve(bad, "latency", solver)
+
+
+def _exact_throughput(problem, contiguous):
+    """Brute force over every assignment and staging; the period its search computes for a
+    staging is the simulator's."""
+    import networkx as nx
+
+    try:
+        sol = brute_force(problem, "throughput", contiguous=contiguous)
+    except InfeasibleError:
+        return np.inf
+    g = nx.DiGraph(problem.edges.tolist())
+    g.add_nodes_from(range(problem.num_nodes))
+    period, stages = best_staging(problem, sol.assignment,
+                                  np.array(list(nx.all_topological_sorts(g))), contiguous)
+    assert period == pytest.approx(simulate_throughput(problem, sol.assignment, stages))
+    assert period == pytest.approx(sol.value)
+    return sol.value
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([None, 1, 2, 3]), st.booleans())
+def test_throughput_with_stage_overhead_matches_brute_force_over_stagings(
+        base, seed, max_stages, contiguous):
+    rng = np.random.default_rng(seed)
+    d = base.num_devices
+    overhead = rng.choice([0.0, 0.5, 2.0, 6.0], d)
+    problem = Problem.build(base.cost, base.edges, base.out_bytes, alpha=base.alpha,
+                            beta=base.beta, node_mem=base.node_mem, mem_cap=base.mem_cap,
+                            pins=base.pins, groups=base.groups, stage_overhead_s=overhead,
+                            max_stages=max_stages)
+    optimum = _exact_throughput(problem, contiguous)
+    if not np.isfinite(optimum):
+        with pytest.raises(InfeasibleError):
+            solve(problem, "throughput", "cpsat", contiguous=contiguous)
+        return
+    cp = solve(problem, "throughput", "cpsat", time_limit=20.0, contiguous=contiguous)
+    assert cp.status == "OPTIMAL"
+    assert cp.value == pytest.approx(optimum, rel=1e-4)
+    assert cp.bound <= optimum * (1 + 1e-9)
+    # The claim is the simulator's score of the plan's own stages, which obey max_stages.
+    assert simulate_throughput(problem, cp.assignment, cp.stages) == cp.value
+    assert len(set(cp.stages.tolist())) <= (max_stages or problem.num_nodes)
+    for name in HEURISTICS:
+        sol = _solve_or_none(problem, "throughput", name)
+        if sol is not None:
+            if not contiguous:  # heuristic plans are free: they may beat a contiguous optimum
+                assert sol.value >= optimum * (1 - 1e-9), name
+            assert simulate_throughput(problem, sol.assignment, sol.stages) == sol.value

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autoplace.solve import InfeasibleError, Problem, simulate_latency, simulate_throughput
-from autoplace.solve.simulate import check_feasible, link_loads, precheck
+from autoplace.solve.simulate import check_feasible, link_loads, precheck, stage_counts
 
 
 def _chain():
@@ -107,3 +107,43 @@ def test_precheck_unsupported_everywhere():
     p = Problem.build([[1.0], [np.inf]], node_names=["x", "y"])
     with pytest.raises(InfeasibleError, match="'y' is supported on no device"):
         precheck(p)
+
+
+def test_each_stage_adds_its_overhead_to_its_device():
+    # Chain 0 -> 1 -> 2, every node 1 s, 2.5 s per stage, free copies.
+    # (a, b, a): the devices' node sets form a cycle, so a holds two stages: 2 + 2 * 2.5 = 7
+    # (b: 1 + 2.5), and the host hands off three: 7.5, the period.
+    # (a, a, b): one stage each: a 2 + 2.5 = 4.5, b 1 + 2.5 = 3.5, host 5.
+    p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.5)
+    assert stage_counts(p, [0, 1, 0]).tolist() == [2, 1]
+    assert simulate_throughput(p, [0, 1, 0]) == pytest.approx(7.5)
+    assert simulate_throughput(p, [0, 0, 1]) == pytest.approx(5.0)
+    # Given stages count as given: (a, a, b) cut into three stages costs a 2 + 5 = 7, host 7.5.
+    assert simulate_throughput(p, [0, 0, 1], stages=[0, 1, 2]) == pytest.approx(7.5)
+    # A per-device overhead: only b's stage costs (0.5 s): max(2, 1 + 0.5, 0.5) = 2.
+    q = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=[0.0, 0.5])
+    assert simulate_throughput(q, [0, 0, 1]) == pytest.approx(2.0)
+    # Without an overhead the stages do not matter.
+    assert simulate_throughput(_chain(), [0, 1], stages=[0, 1]) == simulate_throughput(
+        _chain(), [0, 1])
+
+
+def test_stages_must_be_a_pipeline_of_the_assignment():
+    p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=1.0)
+    with pytest.raises(ValueError, match="spans several devices"):
+        simulate_throughput(p, [0, 0, 1], stages=[0, 0, 0])
+    with pytest.raises(ValueError, match="later stage to an earlier"):
+        simulate_throughput(p, [0, 0, 1], stages=[1, 0, 2])
+    with pytest.raises(ValueError, match="shape"):
+        simulate_throughput(p, [0, 0, 1], stages=[0, 1])
+
+
+def test_max_stages_is_checked_with_the_stages():
+    p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], max_stages=2)
+    check_feasible(p, [0, 1, 0])  # a latency plan has no stages
+    with pytest.raises(InfeasibleError, match="3 stages, more than max_stages=2"):
+        check_feasible(p, [0, 1, 0], stages=[0, 1, 2])
+    with pytest.raises(ValueError, match="max_stages must be at least 1"):
+        Problem.build(np.ones((1, 1)), max_stages=0)
+    with pytest.raises(ValueError, match="stage_overhead_s must be finite"):
+        Problem.build(np.ones((1, 2)), stage_overhead_s=[0.0, -1.0])

@@ -98,3 +98,43 @@ def test_contiguous_throughput_is_not_bounded_by_a_non_contiguous_warm_start():
     assert len(set(stages_of(p, chain.assignment))) == len(set(chain.assignment))
     warm = solve_cpsat(p, "throughput", time_limit=5, contiguous=True, warm_start=free)
     assert warm.value == pytest.approx(3.0)
+
+
+def test_a_stage_overhead_makes_cpsat_cut_fewer_stages():
+    # Chain 0 -> 1 -> 2 costing 1, 2, 1 anywhere, free copies. Without an overhead (a, b, a) is
+    # best: a 1 + 1 = 2, b 2. With 1.5 s per stage it costs a 2 + 2 * 1.5 = 5; one device
+    # 4 + 1.5 = 5.5; a cut into two stages max(1 + 1.5, 3 + 1.5, host 2 * 1.5) = 4.5, optimal.
+    from autoplace.solve.simulate import simulate_throughput
+
+    cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
+    assert solve(Problem.build(cost, [(0, 1), (1, 2)]), "throughput", "cpsat").value == 2.0
+    p = Problem.build(cost, [(0, 1), (1, 2)], stage_overhead_s=1.5)
+    for contiguous in (False, True):
+        sol = solve(p, "throughput", "cpsat", contiguous=contiguous)
+        assert sol.value == pytest.approx(4.5) and sol.status == "OPTIMAL"
+        assert len(set(sol.stages.tolist())) == 2
+        assert simulate_throughput(p, sol.assignment, sol.stages) == sol.value
+
+
+def test_max_stages_limits_the_pipeline():
+    # Same chain, no overhead: at most one stage means one device, 4 s; two stages give 3.
+    cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
+    for limit, value in ((1, 4.0), (2, 3.0), (3, 2.0)):
+        p = Problem.build(cost, [(0, 1), (1, 2)], max_stages=limit)
+        sol = solve(p, "throughput", "cpsat")
+        assert sol.value == pytest.approx(value) and sol.status == "OPTIMAL", limit
+        assert len(set(sol.stages.tolist())) <= limit
+
+
+def test_too_many_levels_are_cut_and_nothing_is_claimed(monkeypatch):
+    # The chain above at 0.1 s per stage: (a, b, a) needs 3 levels, 2.2 s (a: 2 + 0.2). With
+    # room for one level per node CP-SAT sees only one-stage plans: 4.1 s, not proven optimal.
+    from autoplace.solve import cpsat
+
+    cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
+    p = Problem.build(cost, [(0, 1), (1, 2)], stage_overhead_s=0.1)
+    assert solve(p, "throughput", "cpsat").value == pytest.approx(2.2)
+    monkeypatch.setattr(cpsat, "MAX_LEVEL_VARS", 3)
+    sol = cpsat.solve_cpsat(p, "throughput", warm_start=solve(p, "throughput", "single"))
+    assert sol.value == pytest.approx(4.1) and sol.status == "FEASIBLE"
+    assert sol.bound < sol.value

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import platform
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _tvm_threads() -> int:
+    """TVM's CPU thread count, read in a throwaway thread: starting a thread's TVM pool pins that
+    thread to core 0, and the caller (``optimize``'s thread) should not be pinned for a number."""
+    import tvm
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(int(tvm.get_global_func("runtime.NumThreads")())))
+    t.start()
+    t.join()
+    return out[0]
+
+
 def probe_module() -> tvm.IRModule:
     """``add`` of two 16-float vectors: a device that cannot run this is broken, not limited."""
     from tvm import relax
@@ -138,7 +151,7 @@ class LocalRunner:
             hardware = dev.device_name if dev.exist else "absent"
         else:
             hardware = _cpu_model()
-        threads = int(tvm.get_global_func("runtime.NumThreads")())
+        threads = _tvm_threads()
         return {"kind": self.device.kind, "target": str(self.device.tvm_target()),
                 "hardware": hardware, "tvm": tvm.__version__, "threads": threads,
                 "host": platform.node(), "remote": None}

@@ -2,6 +2,7 @@
 unsupported ops discovered, and measured costs flowing into ``optimize``."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -193,3 +194,19 @@ def test_optimize_cli_uses_a_given_profile(tmp_path):
     assert report["cost_sources"] == ["measured"] and report["cost_model"] == "MeasuredCostModel"
     p = _cli("optimize", "--model", "zoo:mlp", "--no-profile", "--json")
     assert json.loads(p.communicate(timeout=300)[0])["cost_sources"] == ["roofline"]
+
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or os.cpu_count() < 2,
+                    reason="needs two cores or more")
+def test_fingerprinting_a_cpu_leaves_the_callers_cores_alone():
+    # TVM pins a thread to core 0 when it starts that thread's pool (runtime.NumThreads does);
+    # optimize fingerprints the CPU on the user's thread, which must keep all its cores. A fresh
+    # process: in this one the main thread's pool may have started (and pinned it) already.
+    code = ("import os, autoplace; from autoplace.profile import LocalRunner; "
+            "os.sched_setaffinity(0, range(os.cpu_count())); before = os.sched_getaffinity(0); "
+            "LocalRunner(autoplace.Device.cpu(0)).info(); "
+            "print(len(before), os.sched_getaffinity(0) == before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert int(out[0]) >= 2 and out[1] == "True"

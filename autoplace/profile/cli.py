@@ -128,13 +128,21 @@ def register_cli(sub) -> None:
                    help="seconds to wait for an rpc: device (default 30)")
     p.set_defaults(func=_cmd_profile)
 
-    p = sub.add_parser("profile-export", help="write one device's profile as a JSON file")
+    p = sub.add_parser("profile-export", help="write one device's profile as a JSON file",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""example:
+  autoplace profile-export --db prof.db --device cuda:0 --out profiles/my-gpu.json
+
+The file format and how optimize uses it: docs/devices.md.""")
     p.add_argument("--db", required=True)
     p.add_argument("--device", required=True, help="the spec it was profiled as, or its fingerprint")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("profile-import", help="merge a profile JSON file into a store")
+    p = sub.add_parser("profile-import", help="merge a profile JSON file into a store",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""example:
+  autoplace profile-import profiles/nvidia-h100-sm90a.json --db prof.db   # then train/evaluate
+
+Measurements already in the store are kept, never overwritten.""")
     p.add_argument("file")
     p.add_argument("--db", required=True)
     p.set_defaults(func=_cmd_import)

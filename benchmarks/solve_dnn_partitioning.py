@@ -11,10 +11,12 @@ the CPU, autoplace's greedy. Latency columns: our split (DP over one topological
 CP-SAT), its bound (the larger of CP-SAT's and the longest path's) and gap, seconds, the DP's
 split alone, the paper's greedy (README), autoplace's greedy and HEFT (``nan``: their plan puts
 a non-convex set on an accelerator, which the model does not allow), one accelerator.
+
+:func:`throughput_row` and :func:`latency_row` compute one input's row as a dict (the keys of
+``THROUGHPUT_COLUMNS`` / ``LATENCY_COLUMNS``); ``notebooks/dnn_partitioning.ipynb`` uses them too.
 """
 
 import argparse
-import glob
 import os
 import time
 from pathlib import Path
@@ -27,9 +29,21 @@ from autoplace.solve.coarsen import coarse_graph, coarsen
 from autoplace.solve.maxload import ideals
 
 ROOT = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
-PAPER_GREEDY = {"bert24": 100.2185, "gnmt": 268.5005, "inceptionv3": 2485.2396,
-                "resnet50": 4197.0555, "op_bert_l-3": 416.2044, "op_bert_l-6": 494.1352,
-                "op_bert_l-12": 867.8395, "op_resnet50": 839.5363}
+
+#: (row key, printed header, format spec) of each table column, in order.
+THROUGHPUT_COLUMNS = [
+    ("input", "input", "<13"), ("n", "n", ">4"), ("coarse", "coarse", ">7"),
+    ("ideals", "ideals", ">8"), ("maxLoad", "maxLoad", ">10.4f"), ("bound", "bound", ">10.4f"),
+    ("gap %", "gap %", ">8.4f"), ("method", "method", ">8"), ("s", "s", ">6.1f"),
+    ("any shape", "any", ">10.4f"), ("any bound", "bound", ">10.4f"),
+    ("any gap %", "gap %", ">7.2f"), ("topo DP", "topo DP", ">10.4f"),
+    ("one acc", "one acc", ">10.4f"), ("all cpu", "all cpu", ">10.2f"),
+    ("greedy", "greedy", ">10.4f")]
+LATENCY_COLUMNS = [
+    ("input", "input", "<13"), ("n", "n", ">4"), ("latency", "latency", ">10.4f"),
+    ("bound", "bound", ">10.4f"), ("gap %", "gap %", ">7.1f"), ("s", "s", ">6.1f"),
+    ("topo DP", "topo DP", ">10.4f"), ("paper greedy", "paper gr.", ">10.4f"),
+    ("greedy", "greedy", ">10.4f"), ("heft", "heft", ">10.4f"), ("one acc", "one acc", ">10.4f")]
 
 
 def _single_acc(bench, score):
@@ -46,11 +60,65 @@ def _baseline(rule, bench, objective, score):
         return float("nan")
 
 
-def _inputs(kind, only):
-    for path in sorted(glob.glob(f"{ROOT}/{kind}/*.json")):
+def inputs(kind, only=None, root=ROOT):
+    """(name, :class:`dnn.Benchmark`) of each ``root/kind/*.json`` (kind: ``"throughput"`` or
+    ``"latency"``), by name; only those named in ``only`` when given."""
+    for path in sorted(Path(root, kind).glob("*.json")):
         name = os.path.basename(path).removesuffix("_inference.json")
         if not only or name in only:
             yield name, dnn.load(path)
+
+
+def throughput_row(name, b, time_limit):
+    """One input's throughput row: our contiguous and any-shape splits with their bounds, and
+    the baselines, all scored by :func:`dnn.max_load`."""
+    rep = coarsen(b.problem)
+    count = ideals(coarse_graph(b.problem, rep), dnn.IDEAL_CAP)
+    t0 = time.perf_counter()
+    s = dnn.solve_benchmark(b, "throughput", time_limit=time_limit)
+    dt = time.perf_counter() - t0
+    g = dnn.solve_benchmark(b, "throughput", contiguous=False, time_limit=time_limit)
+    return {
+        "input": name, "n": b.problem.num_nodes, "coarse": int(rep.max()) + 1,
+        "ideals": len(count) if count else None,  # None: more than IDEAL_CAP
+        "maxLoad": s.value, "bound": s.bound,
+        "gap %": max(0.0, 100 * (s.value - s.bound) / s.value),
+        "method": "ideals" if count is not None else "cpsat", "s": dt,
+        "any shape": g.value, "any bound": g.bound,
+        "any gap %": 100 * (g.value - g.bound) / g.value,
+        "topo DP": dnn.max_load(b, dnn.interval_dp(b, "throughput")),
+        "one acc": _single_acc(b, dnn.max_load),
+        "all cpu": dnn.max_load(b, np.full(b.problem.num_nodes, b.cpu)),
+        "greedy": _baseline(greedy, b, "throughput", dnn.max_load)}
+
+
+def latency_row(name, b, time_limit):
+    """One input's latency row: our split with its bound, and the baselines (the paper's greedy
+    from the README), all scored by :func:`dnn.latency` (``nan``: not allowed by the model)."""
+    t0 = time.perf_counter()
+    s = dnn.solve_benchmark(b, "latency", time_limit=time_limit)
+    dt = time.perf_counter() - t0
+    return {
+        "input": name, "n": b.problem.num_nodes, "latency": s.value, "bound": s.bound,
+        "gap %": 100 * (s.value - s.bound) / s.value, "s": dt,
+        "topo DP": dnn.latency(b, dnn.interval_dp(b, "latency")),
+        "paper greedy": dnn.PAPER_GREEDY_LATENCY.get(name, float("nan")),
+        "greedy": _baseline(greedy, b, "latency", dnn.latency),
+        "heft": _baseline(heft, b, "latency", dnn.latency),
+        "one acc": _single_acc(b, dnn.latency)}
+
+
+def _line(columns, row=None):
+    """The header (no row) or one row of a table as printed."""
+    cells = []
+    for key, header, spec in columns:
+        if row is None:
+            cells.append(f"{header:{spec.split('.')[0]}}")
+        elif row[key] is None:  # ideals past the cap
+            cells.append(f"{'>' + str(dnn.IDEAL_CAP // 1000) + 'k':{spec}}")
+        else:
+            cells.append(f"{row[key]:{spec}}")
+    return "".join(cells)
 
 
 def main():
@@ -60,40 +128,14 @@ def main():
     args = parser.parse_args()
 
     print("THROUGHPUT (max-load, benchmark model; contiguous, then any shape)")
-    print(f"{'input':<13}{'n':>4}{'coarse':>7}{'ideals':>8}{'maxLoad':>10}{'bound':>10}"
-          f"{'gap %':>8}{'method':>8}{'s':>6}{'any':>10}{'bound':>10}{'gap %':>7}"
-          f"{'topo DP':>10}{'one acc':>10}{'all cpu':>10}{'greedy':>10}")
-    for name, b in _inputs("throughput", args.only):
-        rep = coarsen(b.problem)
-        count = ideals(coarse_graph(b.problem, rep), dnn.IDEAL_CAP)
-        t0 = time.perf_counter()
-        s = dnn.solve_benchmark(b, "throughput", time_limit=args.time_limit)
-        dt = time.perf_counter() - t0
-        method = "ideals" if count is not None else "cpsat"
-        gap = max(0.0, 100 * (s.value - s.bound) / s.value)
-        cpu = dnn.max_load(b, np.full(b.problem.num_nodes, b.cpu))
-        g = dnn.solve_benchmark(b, "throughput", contiguous=False, time_limit=args.time_limit)
-        print(f"{name:<13}{b.problem.num_nodes:>4}{rep.max() + 1:>7}"
-              f"{len(count) if count else '>' + str(dnn.IDEAL_CAP // 1000) + 'k':>8}"
-              f"{s.value:>10.4f}{s.bound:>10.4f}{gap:>8.4f}{method:>8}{dt:>6.1f}"
-              f"{g.value:>10.4f}{g.bound:>10.4f}{100 * (g.value - g.bound) / g.value:>7.2f}"
-              f"{dnn.max_load(b, dnn.interval_dp(b, 'throughput')):>10.4f}"
-              f"{_single_acc(b, dnn.max_load):>10.4f}{cpu:>10.2f}"
-              f"{_baseline(greedy, b, 'throughput', dnn.max_load):>10.4f}", flush=True)
+    print(_line(THROUGHPUT_COLUMNS))
+    for name, b in inputs("throughput", args.only):
+        print(_line(THROUGHPUT_COLUMNS, throughput_row(name, b, args.time_limit)), flush=True)
     print()
     print("LATENCY (benchmark model)")
-    print(f"{'input':<13}{'n':>4}{'latency':>10}{'bound':>10}{'gap %':>7}{'s':>6}"
-          f"{'topo DP':>10}{'paper gr.':>10}{'greedy':>10}{'heft':>10}{'one acc':>10}")
-    for name, b in _inputs("latency", args.only):
-        t0 = time.perf_counter()
-        s = dnn.solve_benchmark(b, "latency", time_limit=args.time_limit)
-        dt = time.perf_counter() - t0
-        print(f"{name:<13}{b.problem.num_nodes:>4}{s.value:>10.4f}{s.bound:>10.4f}"
-              f"{100 * (s.value - s.bound) / s.value:>7.1f}{dt:>6.1f}"
-              f"{dnn.latency(b, dnn.interval_dp(b, 'latency')):>10.4f}{PAPER_GREEDY[name]:>10.4f}"
-              f"{_baseline(greedy, b, 'latency', dnn.latency):>10.4f}"
-              f"{_baseline(heft, b, 'latency', dnn.latency):>10.4f}"
-              f"{_single_acc(b, dnn.latency):>10.4f}", flush=True)
+    print(_line(LATENCY_COLUMNS))
+    for name, b in inputs("latency", args.only):
+        print(_line(LATENCY_COLUMNS, latency_row(name, b, args.time_limit)), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ here (:func:`max_load`, :func:`latency`), exactly as the benchmark's README desc
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -26,6 +27,13 @@ from .maxload import Split, Ticks, _solve, cpsat_general, cpsat_split, ideal_dp,
 from .problem import InfeasibleError, Problem
 
 log = logging.getLogger(__name__)
+
+#: The paper's greedy baseline on the ``latency/`` inputs, scored by :func:`latency` (from the
+#: benchmark's README), by input name (the file name less ``_inference.json``).
+PAPER_GREEDY_LATENCY = {
+    "bert24": 100.2185, "gnmt": 268.5005, "inceptionv3": 2485.2396, "resnet50": 4197.0555,
+    "op_bert_l-3": 416.2044, "op_bert_l-6": 494.1352, "op_bert_l-12": 867.8395,
+    "op_resnet50": 839.5363}
 
 
 @dataclass(frozen=True, eq=False)
@@ -506,7 +514,14 @@ def cpsat_latency(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.
 def register_cli(subparsers) -> None:
     """Add ``solve FILE --format dnn-partitioning --objective ... [--contiguous]
     [--time-limit S] [--json]`` to an argparse subparsers object."""
-    cmd = subparsers.add_parser("solve", help="place a benchmark input and print the plan")
+    cmd = subparsers.add_parser(
+        "solve", help="place a benchmark input and print the plan",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
+  autoplace solve ../shared/benchmarks/dnn-partitioning/throughput/gnmt_inference.json --contiguous --json
+  autoplace -v solve FILE --objective latency --time-limit 60   # -v logs the bound and status
+
+FILE is an input of the public dnn-partitioning benchmark (its README gives the format); the plan
+is printed in the benchmark's own output form ({"maxLoad" or "latency", "cpus", "fpgas"}).""")
     cmd.add_argument("file")
     cmd.add_argument("--format", choices=["dnn-partitioning"], default="dnn-partitioning")
     cmd.add_argument("--objective", choices=["throughput", "latency"], default="throughput")

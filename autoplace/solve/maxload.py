@@ -343,11 +343,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     # of a consumer (receives); these only bound the loads from below, which is exact when
     # minimizing.
     comm_terms: list[list] = [[] for _ in range(positions)]
-    heads = {}
-    for u, v in p.edges.tolist():
-        if rep[u] != rep[v] and bench.comm[u] > 0:
-            heads.setdefault(u, set()).add(int(rep[v]))
-    for u, users in heads.items():
+    for u, users in _consumers(p.edges, rep).items():
         cu, w = int(rep[u]), ticks(bench.comm[u])
         if w == 0:
             continue
@@ -464,11 +460,7 @@ def placement_model(model, bench: Benchmark, unit: np.ndarray, ticks: Ticks):
     # A node feeding another device costs its copy on its own accelerator (sends) and on each
     # accelerator consuming it (receives).
     copies: list[list] = [[] for _ in range(k)]
-    heads: dict[int, set[int]] = {}
-    for u, v in p.edges.tolist():
-        if unit[u] != unit[v]:
-            heads.setdefault(u, set()).add(int(unit[v]))
-    for u, users in heads.items():
+    for u, users in _consumers(p.edges, unit).items():
         gu, w = int(unit[u]), ticks(bench.comm[u])
         if w == 0:
             continue
@@ -551,3 +543,12 @@ def _solve(model, bench, unit, x, warm, upper, ticks, score, time_limit, workers
         a, value = warm, upper
     status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
     return Split(a, value, min(bound, value), status)
+
+
+def _consumers(edges: np.ndarray, unit) -> dict[int, set[int]]:
+    """For each node whose output leaves its unit (coarse node), the units that read it."""
+    out: dict[int, set[int]] = {}
+    for u, v in edges.tolist():
+        if unit[u] != unit[v]:
+            out.setdefault(u, set()).add(int(unit[v]))
+    return out

@@ -1,6 +1,7 @@
 """Pipelined throughput per zoo model: measured vs sequential vs predicted.
 
 Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 3] [--models a,b]
+     [--micro-batch 1 8]   (a row per micro-batch size, same plan, same inputs)
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
      [--contiguous] [--stage-overhead SECONDS]
 
@@ -45,9 +46,9 @@ def _halves(graph, devs):
                                           stages=(0,) * k + (1,) * (n - k), objective="throughput")
 
 
-def _row(label, mod, plan, pred, single, xs, rounds):
+def _row(label, mod, plan, pred, single, xs, rounds, micro_batch):
     t0 = time.perf_counter()
-    with Pipeline.from_plan(mod, plan) as pipe:
+    with Pipeline.from_plan(mod, plan, micro_batch=micro_batch) as pipe:
         t_build = time.perf_counter() - t0
         pipe.run(xs[:4])  # warm-up
         single(*xs[0])
@@ -90,6 +91,9 @@ def main():
     ap.add_argument("--contiguous", action="store_true",
                     help="optimize with contiguous stages (one stage per device)")
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap.add_argument("--micro-batch", type=int, nargs="+", default=[1], metavar="N",
+                    help="inputs handed between stages together; several values give a row "
+                         "each (default 1)")
     ap.add_argument("--stage-overhead", type=float, metavar="SECONDS",
                     help="seconds per stage the solver assumes (default: the library's per "
                          "device kind; 0: plans as if hand-offs were free)")
@@ -103,8 +107,8 @@ def main():
         m = zoo.load(name)
         res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous,
                                  stage_overhead_s=args.stage_overhead)
-        # optimize fingerprints the CPU through TVM, which pins this thread to core 0; the
-        # pipeline's workers unpin themselves, so the sequential runs here must be unpinned too.
+        # Running TVM kernels on a thread can pin it to core 0; the pipeline's workers unpin
+        # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
         xs = _inputs(m, args.inputs, rng)
         single = _best_single(m.mod, res.graph, devs, xs)
@@ -112,7 +116,9 @@ def main():
         if not args.no_halves:
             plans.append(("  halves", _halves(res.graph, devs), float("nan")))
         for label, plan, pred in plans:
-            _row(label, m.mod, plan, pred, single, xs, args.rounds)
+            for mb in args.micro_batch:
+                tag = label if len(args.micro_batch) == 1 else f"{label} mb{mb}"
+                _row(tag, m.mod, plan, pred, single, xs, args.rounds, mb)
     print("targets: ratio >= 1.6 where the solver balances the stages; meas/pred within 0.85-1.15")
 
 

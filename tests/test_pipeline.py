@@ -209,6 +209,22 @@ def test_an_input_iterable_that_raises_midway(skip_pipe, rng):
     assert len(_within(20, lambda: skip_pipe.run(_inputs([np.zeros((4, 8), "float32")], 2, rng)))) == 2
 
 
+@pytest.mark.parametrize("micro_batch", [1, 3, 8])
+def test_micro_batches_keep_input_order_and_name_the_failing_input(devs, rng, micro_batch):
+    # 7 inputs: with 3 per micro-batch the last batch is partial; with 8 there is one batch.
+    plan = _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])
+    xs = _inputs([np.zeros((4, 8), "float32")], 7, rng)
+    _assert_matches_single(Skip, plan, devs, xs, micro_batch=micro_batch)
+    with Pipeline.from_plan(Skip, plan, micro_batch=micro_batch) as pipe:
+        bad = list(xs)
+        bad[4] = [np.zeros((5, 8), "float32")]
+        with pytest.raises(PipelineError, match="failed on input 4"):
+            _within(20, lambda: pipe.run(bad))
+        assert len(_within(20, lambda: pipe.run(xs))) == 7  # still usable
+    with pytest.raises(ValueError, match="micro_batch must be at least 1"):
+        Pipeline(split(Skip, plan), [None] * 3, micro_batch=0)
+
+
 def test_close_while_inputs_are_pending(devs):
     pipe = Pipeline.from_plan(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2]), queue_size=1)
 

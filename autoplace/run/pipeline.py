@@ -331,17 +331,24 @@ class Pipeline:
     executables : sequence
         One VM executable per stage (``tvm.compile`` of ``stage.mod`` for its device).
     queue_size : int
-        Items each queue between stages holds before the stage feeding it waits (back-pressure).
+        Micro-batches each queue between stages holds before the stage feeding it waits
+        (back-pressure).
+    micro_batch : int
+        Inputs handed from stage to stage together: each stage runs them one after another, and
+        the hand-off (queue, thread wake-up) is paid once per micro-batch instead of per input.
     num_threads : int or None
         TVM kernel threads per stage; ``None`` leaves TVM's default (``TVM_NUM_THREADS``).
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
-                 queue_size: int = 4, num_threads: int | None = 1):
+                 queue_size: int = 4, num_threads: int | None = 1, micro_batch: int = 1):
         if len(executables) != len(staged.stages):
             raise ValueError(f"{len(staged.stages)} stages but {len(executables)} executables")
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
+        self.micro_batch = micro_batch
         self.staged = staged
         self.stats: PipelineStats | None = None
         self._closed = threading.Event()
@@ -371,7 +378,7 @@ class Pipeline:
     def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main", **kwargs) -> Pipeline:
         """Split ``mod`` by ``plan``'s stages, compile each stage for its device, start workers.
 
-        ``kwargs`` go to the constructor (``queue_size``, ``num_threads``).
+        ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
         """
         staged = split(mod, plan, func_name)
         return cls(staged, [_compile_stage(s) for s in staged.stages], **kwargs)
@@ -405,19 +412,20 @@ class Pipeline:
             self._queues[0].put(source)  # stage 0 pulls the inputs itself
             results, error = {}, None
             while True:
-                item = self._get(self._queues[-1])
-                if item is None:
+                batch = self._get(self._queues[-1])
+                if batch is None:
                     source.abort.set()
                     raise PipelineClosedError(f"the pipeline was closed while running "
                                               f"({len(results)} results were in)")
-                if item is _END:
+                if batch is _END:
                     break
-                if item.error is not None:
-                    if error is None:
-                        error = item.error
-                    source.abort.set()
-                elif error is None:
-                    results[item.seq] = self._outputs(item.values)
+                for item in batch:
+                    if item.error is not None:
+                        if error is None:
+                            error = item.error
+                        source.abort.set()
+                    elif error is None:
+                        results[item.seq] = self._outputs(item.values)
             wall = time.perf_counter() - t0
             if error is not None:
                 raise error
@@ -485,8 +493,9 @@ class Pipeline:
         return False
 
     def _pull(self, source: _Source, process, q_out: queue.Queue) -> bool:
-        """Stage 0: run the inputs of ``source`` and pass them on; False once closed."""
-        n = 0
+        """Stage 0: run the inputs of ``source`` and pass them on in micro-batches; False once
+        closed."""
+        n, batch = 0, []
         try:
             for x in source.it:
                 if source.abort.is_set():
@@ -497,11 +506,16 @@ class Pipeline:
                                     f"({', '.join(self.staged.inputs)}), got {len(x)}")
                 item = _Item(n, dict(zip(self.staged.inputs, x)))
                 process(item)
-                if not self._put(q_out, item):
-                    return False
+                batch.append(item)
                 n += 1
+                if len(batch) == self.micro_batch or item.error is not None:
+                    if not self._put(q_out, batch):
+                        return False
+                    batch = []
         except Exception as e:  # noqa: BLE001 - re-raised in the caller
             source.error = e
+        if batch and not self._put(q_out, batch):
+            return False
         return self._put(q_out, _END)
 
     def _work(self, k: int, executable, num_threads: int | None, ready: threading.Barrier):
@@ -538,16 +552,18 @@ class Pipeline:
                     self._busy[k] += time.perf_counter() - t0
 
         while True:
-            item = self._get(q_in)
-            if item is None:
+            batch = self._get(q_in)
+            if batch is None:
                 return
-            if isinstance(item, _Source):
-                if not self._pull(item, process, q_out):
+            if isinstance(batch, _Source):
+                if not self._pull(batch, process, q_out):
                     return
                 continue
-            if item is not _END and item.error is None:
-                process(item)
-            if not self._put(q_out, item):
+            if batch is not _END:
+                for item in batch:
+                    if item.error is None:
+                        process(item)
+            if not self._put(q_out, batch):
                 return
 
 

@@ -64,18 +64,17 @@ class MeasuredCostModel:
         return RooflineCostModel()
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
-        """Seconds of every node of ``graph`` on ``device``, in node order."""
-        guess = np.asarray(self._fallback(device).predict(graph, device), dtype=float)
+        """Seconds of every node of ``graph`` on ``device``, in node order; the fallback is
+        asked only when the profile lacks some node."""
         prof = self.profile_for(device)
-        if prof is None:
-            return guess
-        out = guess.copy()
-        for n in graph.nodes:
-            key = n.workload_key
-            if key in prof.latency_s:
-                out[n.index] = prof.latency_s[key]
-            elif key in prof.unsupported:
-                out[n.index] = np.inf
+        known = {} if prof is None else {**dict.fromkeys(prof.unsupported, np.inf),
+                                         **prof.latency_s}
+        keys = [n.workload_key for n in graph.nodes]
+        if all(k in known for k in keys):
+            return np.array([known[k] for k in keys], dtype=float)
+        out = np.array(self._fallback(device).predict(graph, device), dtype=float)
+        for i, k in enumerate(keys):
+            out[i] = known.get(k, out[i])
         return out
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:

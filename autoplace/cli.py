@@ -61,19 +61,14 @@ def _cost_model(args):
 def _pipeline_report(res, model, devices, n: int) -> dict:
     """Run ``n`` inputs through the plan's pipeline and, in the same run, each single-device build;
     "sequential" is the fastest of those."""
-    import autoplace
-    from autoplace.run.pipeline import time_sequential
+    from autoplace.run.pipeline import fastest_single_device
 
     rng = np.random.default_rng(0)
     xs = [[rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
            else a for a in model.inputs] for _ in range(n)]
-    singles = [autoplace.compile(model.mod, autoplace.place(res.graph, devices, [("*", d.name)]))
-               for d in devices]
-    for single in singles:
-        single(*xs[0])  # warm-up
     with res.pipeline() as pipe:
         pipe.run(xs[:4])  # warm-up
-        ref, seq_s = min((time_sequential(single, xs) for single in singles), key=lambda r: r[1])
+        _, ref, seq_s = fastest_single_device(model.mod, res.graph, devices, xs)
         outs = pipe.run(xs)
         stats, stages = pipe.stats, pipe.staged.stages
     err = max(float(np.max(np.abs(a - b))) for o, r in zip(outs, ref) for a, b in zip(o, r))

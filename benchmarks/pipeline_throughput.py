@@ -25,7 +25,7 @@ import numpy as np
 
 import autoplace
 from autoplace import zoo
-from autoplace.run.pipeline import Pipeline, time_sequential
+from autoplace.run.pipeline import Pipeline, fastest_single_device, time_sequential
 
 
 def _inputs(model, n, rng):
@@ -70,18 +70,6 @@ def _row(label, mod, plan, pred, single, xs, rounds, micro_batch):
           f"  (build {t_build:.1f} s)", flush=True)
 
 
-def _best_single(mod, graph, devs, xs):
-    """The whole model built for each device alone; the one that runs ``xs`` fastest."""
-    best = None
-    for d in devs:
-        run = autoplace.compile(mod, autoplace.place(graph, devs, [("*", d.name)]))
-        run(*xs[0])  # warm-up
-        sec = time_sequential(run, xs)[1]
-        if best is None or sec < best[0]:
-            best = (sec, run)
-    return best[1]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", type=int, default=64)
@@ -111,7 +99,7 @@ def main():
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
         xs = _inputs(m, args.inputs, rng)
-        single = _best_single(m.mod, res.graph, devs, xs)
+        single = fastest_single_device(m.mod, res.graph, devs, xs)[0]
         plans = [(name, res.plan, 1 / res.solution.value)]
         if not args.no_halves:
             plans.append(("  halves", _halves(res.graph, devs), float("nan")))

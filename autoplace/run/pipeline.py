@@ -611,6 +611,23 @@ def time_sequential(fn: Callable[..., Any], inputs: Iterable[Sequence[np.ndarray
     return outs, time.perf_counter() - t0
 
 
+def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
+                          inputs: Sequence[Sequence[np.ndarray]]):
+    """The whole model built for each device alone and run on ``inputs`` after one warm-up call:
+    ``(run, outputs, seconds)`` of the fastest, a pipeline's sequential baseline."""
+    from autoplace.manual import place
+    from autoplace.run.compile import compile as build
+
+    best = None
+    for d in devices:
+        run = build(mod, place(graph, devices, [("*", d.name)]))
+        run(*inputs[0])
+        outs, sec = time_sequential(run, inputs)
+        if best is None or sec < best[2]:
+            best = (run, outs, sec)
+    return best
+
+
 # ----------------------------------------------------------------------------- stage overhead
 
 #: Seconds per input one stage costs beyond its ops, by device kind: the slope of

@@ -184,3 +184,24 @@ def test_cuda_plans_compile_without_a_gpu_each_kernel_for_its_device():
         for mod in modules:
             modules.extend(mod.imports)
         assert "cuda" in {mod.kind for mod in modules}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int8", "bool"])
+@pytest.mark.parametrize("shape", [(), (0, 3), (5, 7), (3, 64, 65)])
+def test_to_tvm_and_to_numpy_copy_exactly_and_keep_nothing_shared(dtype, shape, rng):
+    from autoplace.run.compile import to_numpy, to_tvm
+
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    for src in (x, np.asfortranarray(x), x.reshape(-1)[1:].reshape(-1) if x.size > 1 else x):
+        t = to_tvm(src, tvm.cpu(0))
+        assert t.dtype == str(src.dtype) and tuple(t.shape) == src.shape
+        before = np.array(src)
+        if src.size:
+            src.reshape(-1)[0] = src.reshape(-1)[-1]  # the tensor holds its own copy
+        back = to_numpy(t)
+        np.testing.assert_array_equal(back, before)
+        if back.size:
+            back.reshape(-1)[0] = 0  # and what comes back is the caller's to write
+            np.testing.assert_array_equal(to_numpy(t), before)
+        np.testing.assert_array_equal(to_numpy(to_tvm(before, tvm.cpu(1))), before)
+

@@ -179,6 +179,29 @@ def test_torch_resnet_in_three_stages_matches(devs, rng):
     _assert_matches_single(m.mod, plan, devs, _inputs(m.inputs, 4, rng), queue_size=1)
 
 
+def test_a_stream_that_refills_its_buffers_gives_each_input_its_own_result(devs):
+    # A camera-style source writes every frame into the same arrays. Stage 2 reads the model
+    # input y after stage 0 has moved on to later frames: the pipeline must copy inputs when it
+    # takes them. The arrays are 64-byte aligned, so TVM could take them over without a copy.
+    def aligned():
+        raw = np.zeros(32 + 16, "float32")
+        start = (-raw.ctypes.data % 64) // 4
+        return raw[start:start + 32].reshape(4, 8)
+
+    x, y = aligned(), aligned()
+
+    def frames():
+        for k in range(12):
+            x[:], y[:] = k, -k
+            yield [x, y]
+
+    plan = _plan(Diamond, devs, ["a", "b", "a", "b"], [0, 1, 2, 3])
+    with Pipeline.from_plan(Diamond, plan, queue_size=4) as pipe:
+        outs = _within(20, lambda: pipe.run(frames()))
+    np.testing.assert_allclose([out[0][0, 0] for out in outs],
+                               [np.exp(k) - k * k for k in range(12)], rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------- errors, shutdown
 
 

@@ -209,8 +209,7 @@ class CompiledModel:
             names = [p.name for p in self.mod[self.func_name].params[: self.num_inputs]]
             raise TypeError(f"expected {self.num_inputs} inputs ({', '.join(names)}), "
                             f"got {len(inputs)}")
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev)
-                for x, dev in zip(inputs, self._input_devices)]
+        args = [to_tvm(x, dev) for x, dev in zip(inputs, self._input_devices)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
 
@@ -227,8 +226,40 @@ def _vdevice_position(vdev, vdevs) -> int:
 
 def _flatten(result) -> list[np.ndarray]:
     if hasattr(result, "numpy"):
-        return [result.numpy()]
+        return [to_numpy(result)]
     return [a for item in result for a in _flatten(item)]
+
+
+def to_tvm(x, dev: tvm.runtime.Device) -> tvm.runtime.Tensor:
+    """A copy of the array ``x`` as a TVM tensor on ``dev``.
+
+    On ``cpu(0)`` numpy copies ``x`` into a 64-byte-aligned buffer (the alignment TVM's kernels
+    assume) that TVM adopts through DLPack: about 5 us for a small array where
+    ``tvm.runtime.tensor`` takes about 40 us (measured on the 2-core development machine).
+    """
+    import tvm
+
+    x = np.asarray(x)
+    if dev != tvm.cpu(0) or x.size == 0:  # numpy gives an empty array no aligned pointer
+        return tvm.runtime.tensor(np.ascontiguousarray(x), dev)
+    buf = np.empty(x.nbytes + _ALIGN, dtype=np.uint8)
+    start = -buf.ctypes.data % _ALIGN
+    out = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    np.copyto(out, x)
+    return tvm.runtime.from_dlpack(out)
+
+
+def to_numpy(t: tvm.runtime.Tensor) -> np.ndarray:
+    """A numpy copy of the TVM tensor ``t`` (from a CPU tensor through DLPack, about 15 us
+    less than ``t.numpy()``)."""
+    import tvm
+
+    if t.device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
+        return t.numpy()
+    return np.from_dlpack(t).copy()
+
+
+_ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
 
 
 def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> CompiledModel:

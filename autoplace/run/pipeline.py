@@ -33,7 +33,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 from autoplace.plan import Plan, PlanError
-from autoplace.run.compile import build_single
+from autoplace.run.compile import build_single, to_numpy, to_tvm
 
 if TYPE_CHECKING:
     import tvm
@@ -470,7 +470,7 @@ class Pipeline:
         out = []
         for key in self.staged.outputs:
             v = consts[key] if key in consts else values[key]
-            out.append(np.array(v) if isinstance(v, np.ndarray) else v.numpy())
+            out.append(np.array(v) if isinstance(v, np.ndarray) else to_numpy(v))
         return out
 
     def _get(self, q: queue.Queue):
@@ -504,7 +504,7 @@ class Pipeline:
                 if len(x) != self.num_inputs:
                     raise TypeError(f"input {n}: expected {self.num_inputs} arrays "
                                     f"({', '.join(self.staged.inputs)}), got {len(x)}")
-                item = _Item(n, dict(zip(self.staged.inputs, x)))
+                item = _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, x)})
                 process(item)
                 batch.append(item)
                 n += 1
@@ -525,7 +525,7 @@ class Pipeline:
         try:
             if num_threads is not None:
                 _limit_tvm_threads(num_threads)
-            dev = stage.device.tvm_device()
+            dev = _runtime_device(stage.device)
             fn = relax.VirtualMachine(executable, dev)["main"]
         except Exception as e:  # noqa: BLE001 - reported by the constructor
             self._startup_errors.append(e)
@@ -594,12 +594,25 @@ def _process_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _on_device(value, dev):
-    """``value`` (a numpy array or a TVM tensor) as a TVM tensor on ``dev``."""
+def _runtime_device(device: Device):
+    """The TVM device a stage's VM runs on. CPU devices of one host share its memory, so every
+    CPU stage uses ``cpu(0)``: tensors pass between them without a copy (TVM's kernels check
+    that their arguments share a device id, so ``cpu(1)`` would need one)."""
     import tvm
 
-    if not hasattr(value, "copyto"):
-        return tvm.runtime.tensor(np.ascontiguousarray(value), dev)
+    return tvm.cpu(0) if device.kind == "cpu" else device.tvm_device()
+
+
+def _take(value):
+    """A model input as the pipeline holds it: an array is copied to the host now, since the
+    caller may refill it for the next input while later stages still have to read this one."""
+    import tvm
+
+    return value if hasattr(value, "copyto") else to_tvm(value, tvm.cpu(0))
+
+
+def _on_device(value, dev):
+    """The TVM tensor ``value`` on ``dev`` (copied there if it is elsewhere)."""
     return value if value.device == dev else value.copyto(dev)
 
 
@@ -632,9 +645,10 @@ def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[D
 
 #: Seconds per input one stage costs beyond its ops, by device kind: the slope of
 #: ``benchmarks/stage_overhead.py`` with stages alternating over cpu:0 and cpu:1 on the 2-core
-#: development machine (31-53 us over three runs). Not yet measured on a GPU host: the CUDA
-#: figure is the CPU one (the hand-off runs on the host either way).
-STAGE_OVERHEAD_S = {"cpu": 40e-6, "cuda": 40e-6}
+#: development machine (13.9-16.1 us over three runs, since CPU stages hand tensors over without
+#: copying and inputs are uploaded through DLPack; 31-53 us before). Not measured on a GPU host:
+#: the CUDA figure is the CPU one (the hand-off runs on the host either way).
+STAGE_OVERHEAD_S = {"cpu": 15e-6, "cuda": 15e-6}
 
 @dataclass(frozen=True)
 class StageOverhead:

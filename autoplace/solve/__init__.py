@@ -63,13 +63,19 @@ def _cpsat(problem, objective, time_limit, **options):
     return solve_cpsat(problem, objective, time_limit=time_limit, **options)
 
 
+def _coarse(problem, objective, time_limit, **options):
+    from .multilevel import solve_coarse
+    return solve_coarse(problem, objective, time_limit=time_limit, **options)
+
+
 def _auto(problem, objective, time_limit, **options):
     if problem.num_nodes > AUTO_CPSAT_MAX_NODES:
-        return best_baseline(problem, objective)
+        return _coarse(problem, objective, time_limit, **options)
     return _cpsat(problem, objective, time_limit, **options)
 
 
-#: Above this many nodes ``"auto"`` returns the best baseline instead of running CP-SAT.
+#: Above this many nodes ``"auto"`` coarsens, solves and refines (``"coarse"``) instead of
+#: running CP-SAT on every node.
 AUTO_CPSAT_MAX_NODES = 2000
 
 #: Solver name -> ``f(problem, objective, time_limit, **options) -> Solution``.
@@ -82,6 +88,7 @@ SOLVERS: dict[str, Callable[..., Solution]] = {
     "heft": _heft,
     "brute": _brute,
     "cpsat": _cpsat,
+    "coarse": _coarse,
 }
 
 

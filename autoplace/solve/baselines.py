@@ -174,7 +174,7 @@ class _Timeline:
 
 
 def _list_schedule(problem: Problem, objective: str, order: list[int], insertion: bool,
-                   rule: str) -> Solution:
+                   rule: str, work_weight: float = 0.0) -> Solution:
     t0 = time.perf_counter()
     preds: list[list[int]] = [[] for _ in range(problem.num_nodes)]
     for u, v in problem.edges.tolist():
@@ -182,6 +182,10 @@ def _list_schedule(problem: Problem, objective: str, order: list[int], insertion
     placer = _Placer(problem)
     tl = _Timeline(problem, insertion)
     loads = np.zeros(problem.num_devices)
+    # Seconds each node would take beyond its cheapest allowed device.
+    allowed = allowed_devices(problem)
+    cheapest = np.where(allowed, problem.cost, np.inf).min(axis=1, keepdims=True)
+    excess = np.subtract(problem.cost, cheapest, out=np.zeros_like(problem.cost), where=allowed)
     for i in order:
         cands = placer.candidates(i)
         if not cands:
@@ -189,7 +193,8 @@ def _list_schedule(problem: Problem, objective: str, order: list[int], insertion
         inputs = sorted(preds[i])
         options = [(k, *tl.eft(i, inputs, k)) for k in cands]
         if objective == "latency":
-            k, s, f, new = min(options, key=lambda o: (o[2], o[0]))
+            k, s, f, new = min(options, key=lambda o: (o[2] + work_weight * excess[i, o[0]],
+                                                       o[0]))
         else:  # balance the pipeline: smallest resulting device load, then earliest finish
             k, s, f, new = min(options, key=lambda o: (loads[o[0]] + problem.cost[i, o[0]],
                                                        o[2], o[0]))
@@ -235,9 +240,15 @@ def upward_rank(problem: Problem) -> np.ndarray:
     return rank
 
 
-def heft(problem: Problem, objective: str) -> Solution:
+def heft(problem: Problem, objective: str, work_weight: float = 0.0) -> Solution:
     """HEFT (Topcuoglu, Hariri, Wu 2002): nodes by decreasing upward rank, each on the device
-    of earliest finish with insertion into idle device gaps; copies queue on their link."""
+    of earliest finish with insertion into idle device gaps; copies queue on their link.
+
+    ``work_weight`` (latency): each node goes where its finish time plus ``work_weight`` times
+    the seconds it takes beyond its cheapest allowed device is least. Plain HEFT (0) spends work
+    to finish each node early; on wide graphs, where the makespan is mostly total work over the
+    devices, a weight of a few units gives shorter plans.
+    """
     rank = upward_rank(problem)
     order = sorted(range(problem.num_nodes), key=lambda i: (-rank[i], i))
-    return _list_schedule(problem, objective, order, True, "heft")
+    return _list_schedule(problem, objective, order, True, "heft", work_weight)

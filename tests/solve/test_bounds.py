@@ -42,3 +42,13 @@ def test_heuristics_report_the_bound():
     for solver in ("greedy", "heft", "auto"):
         sol = solve(p, "latency", solver)
         assert sol.bound == 4.0 and sol.value == 4.0 and sol.gap == 0.0
+
+
+def test_weighted_load_relaxation_beats_total_work_over_devices():
+    # Three independent nodes, 2 s on device 0 or 4 s on device 1. Total cheapest work over
+    # devices: 6 / 2 = 3. Any plan loads some device 4 s (three on d0: 6; two: 4 | 4; one: 2 | 8),
+    # and weights (2/3, 1/3) prove it: each node costs min(4/3, 4/3), 3 * 4/3 = 4.
+    p = Problem.build(np.tile([2.0, 4.0], (3, 1)))
+    assert 3.99 < trivial_bound(p, "latency") <= 4.0
+    assert 3.99 < trivial_bound(p, "throughput") <= 4.0
+    assert solve(p, "latency", "brute").value == 4.0

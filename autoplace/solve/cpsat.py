@@ -325,7 +325,11 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
         model.Add(sum(stages) <= problem.max_stages)
 
     # --- Objective -------------------------------------------------------------------------
-    model.Minimize(period)
+    # The period, then the fewest stages among plans of that period: a stage that fits in
+    # another device's slack is free in the model but adds a hand-off to every input's
+    # latency and a thread. ``weight`` exceeds any stage count, so no stage buys a period unit.
+    weight = d * max(levels, 1) + 1 if contiguous or levels else 1
+    model.Minimize(period * weight + (sum(stages) if weight > 1 else 0))
     if warm:
         for (i, k), var in x.items():
             model.AddHint(var, int(warm.assignment[i] == k))
@@ -355,7 +359,8 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
     if levels < needed:  # the model saw only some stagings: no proof
         status, bound = "FEASIBLE", None
     else:
-        bound = solver.BestObjectiveBound() / scale
+        # period * weight + stages >= the objective's bound, stages < weight.
+        bound = math.floor(solver.BestObjectiveBound() / weight) / scale
     sol = make_solution(problem, "throughput", a, "cpsat", status=status, stages=staging,
                         bound=bound, started=t0)
     return _no_worse(sol, warm)

@@ -116,6 +116,20 @@ def test_a_stage_overhead_makes_cpsat_cut_fewer_stages():
         assert simulate_throughput(p, sol.assignment, sol.stages) == sol.value
 
 
+def test_cpsat_breaks_period_ties_with_the_fewest_stages():
+    # Chain a -> b -> c -> d -> e on three devices, free copies, 0.1 s per stage. a (5 s) on
+    # device 0 sets the period 5.1 s; b..e (1 s each) fit in the slack of devices 1 and 2 in
+    # many stagings (alternating them makes five stages), but one stage on one device suffices.
+    cost = np.array([[5.0, 9.0, 9.0]] + [[9.0, 1.0, 1.0]] * 4)
+    p = Problem.build(cost, [(0, 1), (1, 2), (2, 3), (3, 4)], stage_overhead_s=0.1)
+    alternating = solve(p, "throughput", "cpsat", time_limit=0.01)  # hint: 5 stages
+    for warm in (None, alternating):
+        sol = solve(p, "throughput", "cpsat", warm_start=warm)
+        assert sol.value == pytest.approx(5.1) and sol.status == "OPTIMAL"
+        assert len(set(sol.stages.tolist())) == 2
+        assert sol.bound == pytest.approx(5.1, rel=1e-4)
+
+
 def test_max_stages_limits_the_pipeline():
     # Same chain, no overhead: at most one stage means one device, 4 s; two stages give 3.
     cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])

@@ -171,6 +171,7 @@ def format_table(result: dict) -> str:
         lines.append(f"  {name:<24} measured {1e3 * m['measured_s']:9.3f} ms  predicted "
                      f"{1e3 * m['predicted_s']:9.3f} ms  ({100 * m['error']:5.1f}%)  roofline "
                      f"{1e3 * m['roofline_s']:9.3f} ms")
-    lines.append(f"noise floor: median cv of the measurements {pct(result['noise_cv']).strip()} "
-                 f"({result['n_workloads']} measured workloads)")
+    lines.append(f"noise: median cv of one measurement's repeats {pct(result['noise_cv']).strip()} "
+                 f"({result['n_workloads']} measured workloads; measuring again another time "
+                 "differs more)")
     return "\n".join(lines)

@@ -38,18 +38,7 @@ def _heft(problem, objective, time_limit, **options):
 
 def best_baseline(problem: Problem, objective: str) -> Solution:
     """The best of the baselines that succeed; raises the first cause when none does."""
-    best, errors = None, []
-    for rule in (baselines.heft, baselines.greedy, baselines.priority, baselines.single):
-        try:
-            sol = rule(problem, objective)
-        except InfeasibleError as e:
-            errors.append(e)
-            continue
-        if best is None or sol.value < best.value:
-            best = sol
-    if best is None:
-        raise errors[0]
-    return best
+    return baselines.best(problem, objective)
 
 
 def _brute(problem, objective, time_limit, **options):

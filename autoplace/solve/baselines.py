@@ -252,3 +252,25 @@ def heft(problem: Problem, objective: str, work_weight: float = 0.0) -> Solution
     rank = upward_rank(problem)
     order = sorted(range(problem.num_nodes), key=lambda i: (-rank[i], i))
     return _list_schedule(problem, objective, order, True, "heft", work_weight)
+
+
+def best(problem: Problem, objective: str, rules=None, deadline: float | None = None) -> Solution:
+    """The best plan of the ``rules`` that succeed (default: :func:`heft`, :func:`greedy`,
+    :func:`priority`, :func:`single`), each called ``rule(problem, objective)``; once one has
+    succeeded, none starts past ``deadline`` (``time.perf_counter()`` seconds). Raises the
+    first rule's :class:`InfeasibleError` when none succeeds."""
+    found, errors = None, []
+    for rule in rules or (heft, greedy, priority, single):
+        if found is not None and deadline is not None and time.perf_counter() > deadline:
+            break
+        try:
+            sol = rule(problem, objective)
+        except InfeasibleError as e:
+            errors.append(e)
+            continue
+        if found is None or sol.value < found.value:
+            found = sol
+    if found is None:
+        raise errors[0]
+    return found
+

@@ -115,25 +115,19 @@ def _solve_small(problem: Problem, objective: str, deadline: float, workers: int
         rules += [partial(baselines.heft, work_weight=w) for w in WORK_WEIGHTS]
     else:
         rules += [baselines.greedy, baselines.heft, _balanced]
-    best, errors = None, []
-    for rule in rules:
-        if best is not None and time.perf_counter() > deadline:
-            break
-        try:
-            sol = rule(problem, objective)
-        except InfeasibleError as e:
-            errors.append(e)
-            continue
-        if best is None or sol.value < best.value:
-            best = sol
-    if problem.num_nodes <= COARSE_CPSAT_MAX_NODES:
+    small = problem.num_nodes <= COARSE_CPSAT_MAX_NODES
+    try:
+        best = baselines.best(problem, objective, rules, deadline)
+    except InfeasibleError:
+        if not small:
+            raise
+        best = None  # CP-SAT may still find a plan, or names the cause
+    if small:
         from .cpsat import solve_cpsat
 
         left = max(0.0, deadline - time.perf_counter())
         return solve_cpsat(problem, objective, time_limit=CPSAT_SHARE * left, warm_start=best,
                            workers=workers, contiguous=contiguous)
-    if best is None:
-        raise errors[0]
     return best
 
 

@@ -342,17 +342,7 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     # A node feeding another stage costs its comm on its own stage (sends) and on each stage
     # of a consumer (receives); these only bound the loads from below, which is exact when
     # minimizing.
-    comm_terms: list[list] = [[] for _ in range(positions)]
-    for u, users in _consumers(p.edges, rep).items():
-        cu, w = int(rep[u]), ticks(bench.comm[u])
-        if w == 0:
-            continue
-        for s in range(positions):
-            send, recv = model.NewBoolVar(f"send{u}_{s}"), model.NewBoolVar(f"recv{u}_{s}")
-            for cv in users:
-                model.Add(send >= x[cu][s] - x[cv][s])
-                model.Add(recv >= x[cv][s] - x[cu][s])
-            comm_terms[s] += [w * send, w * recv]
+    comm_terms = _copy_terms(model, p.edges, rep, [ticks(c) for c in bench.comm], x, positions)
     # Every stage's load fits in the period.
     for s in range(positions):
         model.Add(sum(ticks(fpga[c]) * x[c][s] for c in range(q)) + sum(comm_terms[s])
@@ -459,18 +449,7 @@ def placement_model(model, bench: Benchmark, unit: np.ndarray, ticks: Ticks):
             seen = nxt
     # A node feeding another device costs its copy on its own accelerator (sends) and on each
     # accelerator consuming it (receives).
-    copies: list[list] = [[] for _ in range(k)]
-    for u, users in _consumers(p.edges, unit).items():
-        gu, w = int(unit[u]), ticks(bench.comm[u])
-        if w == 0:
-            continue
-        for a in range(k):
-            send, recv = model.NewBoolVar(f"send{u}_{a}"), model.NewBoolVar(f"recv{u}_{a}")
-            for gv in users:
-                model.AddBoolOr([send, x[gv][a]]).OnlyEnforceIf(x[gu][a])
-                model.AddBoolOr([recv, x[gu][a]]).OnlyEnforceIf(x[gv][a])
-            copies[a] += [w * send, w * recv]
-    return x, copies
+    return x, _copy_terms(model, p.edges, unit, [ticks(c) for c in bench.comm], x, k)
 
 
 def _hint_all(model, solver, cp_model, fixed: list) -> bool:
@@ -545,10 +524,24 @@ def _solve(model, bench, unit, x, warm, upper, ticks, score, time_limit, workers
     return Split(a, value, min(bound, value), status)
 
 
-def _consumers(edges: np.ndarray, unit) -> dict[int, set[int]]:
-    """For each node whose output leaves its unit (coarse node), the units that read it."""
-    out: dict[int, set[int]] = {}
+def _copy_terms(model, edges: np.ndarray, unit, weight, x, slots: int) -> list[list]:
+    """Per slot (stage or accelerator), the weighted copy booleans it pays: a node whose unit
+    ``x`` puts in the slot while a reading unit is elsewhere sends there, and a slot holding a
+    reading unit but not the node receives. The booleans are only forced up, which is exact
+    when minimizing. ``weight[u]`` is node ``u``'s copy in ticks."""
+    users: dict[int, set[int]] = {}
     for u, v in edges.tolist():
         if unit[u] != unit[v]:
-            out.setdefault(u, set()).add(int(unit[v]))
-    return out
+            users.setdefault(u, set()).add(int(unit[v]))
+    terms: list[list] = [[] for _ in range(slots)]
+    for u, readers in users.items():
+        cu, w = int(unit[u]), weight[u]
+        if w == 0:
+            continue
+        for s in range(slots):
+            send, recv = model.NewBoolVar(f"send{u}_{s}"), model.NewBoolVar(f"recv{u}_{s}")
+            for cv in readers:
+                model.AddBoolOr([send, x[cv][s]]).OnlyEnforceIf(x[cu][s])
+                model.AddBoolOr([recv, x[cu][s]]).OnlyEnforceIf(x[cv][s])
+            terms[s] += [w * send, w * recv]
+    return terms

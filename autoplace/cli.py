@@ -61,11 +61,9 @@ def _cost_model(args):
 def _pipeline_report(res, model, devices, n: int) -> dict:
     """Run ``n`` inputs through the plan's pipeline and, in the same run, each single-device build;
     "sequential" is the fastest of those."""
-    from autoplace.run.pipeline import fastest_single_device
+    from autoplace.run.pipeline import fastest_single_device, random_inputs_like
 
-    rng = np.random.default_rng(0)
-    xs = [[rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
-           else a for a in model.inputs] for _ in range(n)]
+    xs = random_inputs_like(model.inputs, n, np.random.default_rng(0))
     with res.pipeline() as pipe:
         pipe.run(xs[:4])  # warm-up
         _, ref, seq_s = fastest_single_device(model.mod, res.graph, devices, xs)

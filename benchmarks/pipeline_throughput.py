@@ -25,16 +25,8 @@ import numpy as np
 
 import autoplace
 from autoplace import zoo
-from autoplace.run.pipeline import Pipeline, fastest_single_device, time_sequential
-
-
-def _inputs(model, n, rng):
-    def one(a):
-        if np.issubdtype(a.dtype, np.floating):
-            return rng.standard_normal(a.shape).astype(a.dtype)
-        return a.copy()
-
-    return [[one(a) for a in model.inputs] for _ in range(n)]
+from autoplace.run.pipeline import (Pipeline, fastest_single_device, random_inputs_like,
+                                     time_sequential)
 
 
 def _halves(graph, devs):
@@ -98,7 +90,7 @@ def main():
         # Running TVM kernels on a thread can pin it to core 0; the pipeline's workers unpin
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
-        xs = _inputs(m, args.inputs, rng)
+        xs = random_inputs_like(m.inputs, args.inputs, rng)
         single = fastest_single_device(m.mod, res.graph, devs, xs)[0]
         plans = [(name, res.plan, 1 / res.solution.value)]
         if not args.no_halves:

@@ -624,6 +624,13 @@ def time_sequential(fn: Callable[..., Any], inputs: Iterable[Sequence[np.ndarray
     return outs, time.perf_counter() - t0
 
 
+def random_inputs_like(examples: Sequence[np.ndarray], n: int, rng: np.random.Generator):
+    """``n`` inputs shaped like ``examples`` (one array per parameter): floating arrays drawn
+    from a standard normal, the others (indices, masks) kept as given."""
+    return [[rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
+             else a for a in examples] for _ in range(n)]
+
+
 def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
                           inputs: Sequence[Sequence[np.ndarray]]):
     """The whole model built for each device alone and run on ``inputs`` after one warm-up call:

@@ -2,7 +2,7 @@
 and how well the per-op profile predicts each whole model.
 
 Run: .venv/bin/python benchmarks/profile_campaign.py [--db prof.db] [--models a,b] [--sweep OP:N]
-     [--export profiles/NAME.json]
+     [--passes K] [--export profiles/NAME.json]
 With an existing --db, only what is missing is measured (the campaign resumes).
 """
 
@@ -28,7 +28,7 @@ def _campaign(args, store):
             op, _, n = s.partition(":")
             models += [(f"sweep:{name}", mod) for name, mod in sweep(op, int(n or 32))]
     t0 = time.perf_counter()
-    rep = run_campaign(models, args.device, store, progress=True)
+    rep = run_campaign(models, args.device, store, progress=True, passes=args.passes)
     wall = time.perf_counter() - t0
     d = rep.devices[0]
     print(f"\n== campaign on {', '.join(args.device)} ({d.fingerprint})")
@@ -37,9 +37,9 @@ def _campaign(args, store):
     zoo_nodes = sum(v for k, v in rep.models.items() if k.startswith("zoo:"))
     print(f"zoo alone: {zoo_nodes} op nodes")
     if d.measured:
-        print(f"measured {d.measured} workloads ({d.unsupported} unsupported) in {d.seconds:.1f} s: "
-              f"{60 * d.measured / d.seconds:.0f} workloads/min (campaign wall {wall:.1f} s, "
-              "incl. import and links)")
+        print(f"took {d.measured} timings ({args.passes} pass(es); {d.unsupported} workloads "
+              f"unsupported) in {d.seconds:.1f} s: {60 * d.measured / d.seconds:.0f} timings/min "
+              f"(campaign wall {wall:.1f} s, incl. import and links)")
     else:
         print("nothing new to measure (the store already holds everything)")
     return d.fingerprint
@@ -49,12 +49,12 @@ def _spread(store, fp):
     ms = [m for m in store.measurements(fp) if m.ok]
     cv = np.array([m.cv for m in ms])
     rep = np.array([m.repeats for m in ms])
-    med = np.array([m.median_s for m in ms])
+    med = np.array([m.latency_s for m in ms])
     print(f"\n== spread of {len(ms)} workloads (CV = std/mean of the repeats)")
     print("CV p50 {:.3f}  p90 {:.3f}  p99 {:.3f}  max {:.3f};  share CV<=0.03: {:.0%}, "
           "<=0.10: {:.0%}".format(*np.percentile(cv, [50, 90, 99]), cv.max(),
                                  np.mean(cv <= 0.03), np.mean(cv <= 0.10)))
-    print(f"repeats p50 {np.median(rep):.0f}, max {rep.max()};  median latency "
+    print(f"repeats p50 {np.median(rep):.0f}, max {rep.max()};  latency "
           f"p50 {np.median(med) * 1e6:.1f} us, max {med.max() * 1e3:.2f} ms")
     for lo, hi in ((0, 1e-5), (1e-5, 1e-4), (1e-4, 1e-3), (1e-3, np.inf)):
         sel = (med >= lo) & (med < hi)
@@ -79,8 +79,8 @@ def _links(store):
 def _whole_models(args, prof):
     from autoplace.profile.whole_model import check
 
-    print("\n== whole model vs the per-op profile (median of 20 runs; errors = (pred - measured) "
-          "/ measured)")
+    print("\n== whole model vs the per-op profile (fastest of 20 repeats; errors = "
+          "(pred - measured) / measured)")
     print(f"{'model':<18}{'ops':>4}{'kernels':>8}{'measured ms':>12}{'cv':>6}{'op sum ms':>10}"
           f"{'err':>7}{'kernel sum':>11}{'err':>7}{'group max':>10}{'err':>7}")
     dev = Device.from_spec(args.device[0])
@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--sweep", action="append", default=[], help="OP:N shape sweep (repeatable)")
     ap.add_argument("--device", action="append", help="default: cpu:0 and cpu:1 (the same cores: "
                     "measured once, and the copy between them fitted)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="occasions to time each workload on (the fastest is kept)")
     ap.add_argument("--export", help="write the device's profile JSON here")
     args = ap.parse_args()
     args.device = args.device or ["cpu:0", "cpu:1"]

@@ -19,7 +19,7 @@ from autoplace.profile import ProfileStore
 def _times(path, device):
     with ProfileStore(path) as store:
         fp = store.device(device).fingerprint
-        return {m.workload: (m.median_s, parse_key(m.workload)[0]) for m in store.measurements(fp)
+        return {m.workload: (m.latency_s, parse_key(m.workload)[0]) for m in store.measurements(fp)
                 if m.ok}
 
 

@@ -31,7 +31,7 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
     - ``heldout_model``: leave one ``zoo:`` model out: train on every workload that model does not
       use (other models and sweeps), test on its workloads; metrics averaged over models. Also the
       whole-model error ``|sum(count * predicted) - sum(count * measured)| / sum(count * measured)``
-      over the model's ops. The reference is the count-weighted sum of measured per-op medians,
+      over the model's ops. The reference is the count-weighted sum of measured per-op latencies,
       not a whole-model run (docs/profiling.md: that sum is within -6 % .. +19 % of the measured
       whole models of the zoo), so this is the cost model's error alone.
 

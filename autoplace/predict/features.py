@@ -261,7 +261,8 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
 
     Each row is a ``workloads`` row (``key``, ``op_type``, ``flops``, ``bytes_read``,
     ``bytes_written``, ``param_bytes``) plus ``device`` (fingerprint), ``device_name``,
-    ``device_kind``, ``threads``, ``latency_s`` (median), ``cv`` and ``models`` (``{model: count}``).
+    ``device_kind``, ``threads``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv`` and
+    ``models`` (``{model: count}``).
 
     Parameters
     ----------
@@ -277,10 +278,10 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
     for fp in fps:
         info = devs[fp].info
         for m in store.measurements(fp):
-            if m.ok and m.median_s and m.median_s > 0 and m.workload in workloads:
+            if m.ok and m.latency_s and m.latency_s > 0 and m.workload in workloads:
                 rows.append({**workloads[m.workload], "device": fp, "device_name": devs[fp].name,
                              "device_kind": info.get("kind", "cpu"),
-                             "threads": info.get("threads"), "latency_s": float(m.median_s),
+                             "threads": info.get("threads"), "latency_s": float(m.latency_s),
                              "cv": m.cv, "models": used_by.get(m.workload, {})})
     return rows
 

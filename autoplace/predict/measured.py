@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class MeasuredCostModel:
-    """The profile's median where a node's workload was measured on the device, ``inf`` where it
+    """The profile's latency where a node's workload was measured on the device, ``inf`` where it
     failed there (the solver then avoids the device), else the ``fallback`` model's prediction.
 
     Parameters

@@ -53,7 +53,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         if not rows:
             raise ValueError(f"nothing measured on {device_spec} yet: profile some models first")
         model = XGBCostModel().fit(rows)
-        done = store.measured(device)
+        done = {m.workload for m in store.measurements(device)}
         pool = []
         for op in sorted(set(sweep_names()) & set(model.op_types_)):
             try:
@@ -72,7 +72,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         chosen = [pool[i] for i in pick]
         run_campaign([(f"refine:{name}", mod) for name, mod, _ in chosen], [device_spec], store,
                      links=False, **campaign_kwargs)
-        measured = {m.workload: m.median_s for m in store.measurements(device) if m.ok}
+        measured = {m.workload: m.latency_s for m in store.measurements(device) if m.ok}
         pairs = [(q[i, q.shape[1] // 2], measured[pool[i][2]["key"]]) for i in pick
                  if pool[i][2]["key"] in measured]
         ape = np.array([abs(p - t) / t for p, t in pairs]) if pairs else np.array([np.nan])

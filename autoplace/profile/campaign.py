@@ -1,8 +1,9 @@
 """Profiling campaigns: every distinct workload of some models on some devices, into a store.
 
-Resumable by construction: what is pending is what the store does not hold yet, and every
-measurement is committed as soon as it is taken. A device that fails (absent, or an RPC server
-that dies) is reported and skipped; the other devices go on.
+Resumable by construction: what is pending is what the store does not hold yet (or holds from
+fewer than ``passes`` passes), and every measurement is committed as soon as it is taken. A
+device that fails (absent, or an RPC server that dies) is reported and skipped; the other devices
+go on.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class DeviceReport:
     spec: str
     fingerprint: str | None = None
     pending: int = 0
-    measured: int = 0
+    measured: int = 0         # timings taken (a workload counts once per pass)
     unsupported: int = 0
     skipped: int = 0          # declared unsupported by the Device, or measured meanwhile elsewhere
     seconds: float = 0.0
@@ -145,9 +146,17 @@ def run_campaign(
     progress: bool = True,
     rng: np.random.Generator | None = None,
     runner_kwargs: dict | None = None,
+    passes: int = 1,
 ) -> CampaignReport:
     """Measure every pending (workload, device) pair; with ``links``, fit copies between every
-    ordered pair of local devices not yet in the store."""
+    ordered pair of local devices not yet in the store.
+
+    With ``passes > 1`` every workload is timed on that many occasions, one sweep over all of
+    them after another, and the store keeps each one's fastest occasion: load that comes and goes
+    on the machine then rarely touches every pass of the same workload.
+    """
+    if passes < 1:
+        raise ValueError(f"passes must be at least 1, got {passes}")
     wl = collect(models, None if dry_run else store)
     # A malformed spec is a typo: fail before measuring anything. An unreachable device is not.
     parsed = [runner_from_spec(spec, **(runner_kwargs or {})) for spec in device_specs]
@@ -165,7 +174,7 @@ def run_campaign(
         if not dry_run:
             store.add_device(rep.fingerprint, spec, info)
         declared = getattr(getattr(runner, "device", None), "unsupported_ops", frozenset())
-        pending = [k for k in store.pending(wl.modules, rep.fingerprint)
+        pending = [k for k in store.pending(wl.modules, rep.fingerprint, passes=passes)
                    if (rep.fingerprint, k) not in claimed]  # same hardware listed twice
         claimed.update((rep.fingerprint, k) for k in pending)
         todo = [k for k in pending if wl.op_types[k] not in declared]
@@ -174,49 +183,61 @@ def run_campaign(
             rep.pending_ops[wl.op_types[k]] = rep.pending_ops.get(wl.op_types[k], 0) + 1
         runners.append((runner, rep, todo))
     if not dry_run:
-        _measure_all(runners, wl, store, policy, progress, rng or np.random.default_rng(0))
+        _measure_all(runners, wl, store, policy, passes, progress, rng or np.random.default_rng(0))
         if links:
             _measure_links([(r, rep) for r, rep, _ in runners if isinstance(r, LocalRunner)
                             and rep.error is None], store)
     return CampaignReport(tuple(reports), len(wl.modules), wl.nodes, wl.models, dry_run)
 
 
-def _measure_all(runners, wl: Workloads, store, policy, progress: bool, rng) -> None:
+def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: bool, rng) -> None:
     from tqdm.auto import tqdm
 
-    # One runner's pending list may shrink if a device with the same fingerprint goes first.
-    total = sum(len(todo) for _, _, todo in runners)
-    with tqdm(total=total, disable=not progress, unit="op", desc="profiling") as bar:
-        for runner, rep, todo in runners:
-            t0 = time.perf_counter()
-            try:
-                runner.check()
-            except DeviceUnavailable as e:
-                rep.error = str(e)
-                bar.update(len(todo))
+    jobs = []  # (pass, runner index, workload): pass by pass, so each pass is its own occasion
+    for r, (_, rep, todo) in enumerate(runners):
+        done = {m.workload: m.passes for m in store.measurements(rep.fingerprint)}
+        jobs += [(p, r, k) for p in range(1, passes + 1) for k in todo if done.get(k, 0) < p]
+    jobs.sort(key=lambda j: j[:2])
+    checked = set()
+    with tqdm(total=len(jobs), disable=not progress, unit="op", desc="profiling") as bar:
+        for p, r, key in jobs:
+            runner, rep, _ = runners[r]
+            bar.update(1)
+            if rep.error is not None:
                 continue
-            for k, key in enumerate(todo):
-                bar.set_postfix_str(f"{rep.spec} {wl.op_types[key]}")
-                if store.has(rep.fingerprint, key):  # measured meanwhile by another process
-                    rep.skipped += 1
-                    bar.update(1)
-                    continue
+            if r not in checked:
+                checked.add(r)
                 try:
-                    t = runner.measure(wl.modules[key], policy, rng)
-                    store.put(Measurement(key, rep.fingerprint, "ok", t.median_s, t.min_s,
-                                          t.mean_s, t.cv, t.repeats, t.number))
-                    rep.measured += 1
-                except OpFailed as e:
-                    log.info("%s cannot run %s: %s", rep.spec, wl.op_types[key], e)
-                    store.put(Measurement(key, rep.fingerprint, "unsupported", error=str(e)))
-                    rep.unsupported += 1
+                    runner.check()
                 except DeviceUnavailable as e:
-                    rep.error = f"{e} (after {rep.measured + rep.unsupported} measurements; "\
-                                "run again to resume)"
-                    bar.update(len(todo) - k)
-                    break
-                bar.update(1)
-            rep.seconds = time.perf_counter() - t0
+                    rep.error = str(e)
+                    continue
+            # Another process may have taken this pass meanwhile, or the op failed on an earlier.
+            if key not in store.pending([key], rep.fingerprint, passes=p):
+                if p == 1:
+                    rep.skipped += 1
+                continue
+            bar.set_postfix_str(f"{rep.spec} {wl.op_types[key]}" + (f" pass {p}" if passes > 1
+                                                                       else ""))
+            t1 = time.perf_counter()
+            try:
+                t = runner.measure(wl.modules[key], policy, rng)
+                stored = store.add_pass(Measurement(key, rep.fingerprint, "ok", t.median_s,
+                                                    t.min_s, t.mean_s, t.cv, t.repeats, t.number))
+                rep.measured += 1
+            except OpFailed as e:
+                log.info("%s cannot run %s: %s", rep.spec, wl.op_types[key], e)
+                stored = store.add_pass(Measurement(key, rep.fingerprint, "unsupported",
+                                                    error=str(e)))
+                if stored.ok:
+                    log.warning("%s failed on pass %d of %s after succeeding before; the earlier "
+                                "pass is kept: %s", rep.spec, p, key, e)
+                else:
+                    rep.unsupported += 1
+            except DeviceUnavailable as e:
+                n = rep.measured + rep.unsupported
+                rep.error = f"{e} (after {n} measurements; run again to resume)"
+            rep.seconds += time.perf_counter() - t1
 
 
 def _measure_links(local, store: ProfileStore) -> None:

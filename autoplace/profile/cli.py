@@ -50,7 +50,7 @@ def _cmd_profile(args) -> int:
         try:
             report = run_campaign(
                 models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
-                links=not args.no_links, progress=not args.json,
+                links=not args.no_links, progress=not args.json, passes=args.passes,
                 runner_kwargs={"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout})
             rounds = _refine(args, store, policy) if args.refine and not args.dry_run else []
         except KeyboardInterrupt:
@@ -119,6 +119,10 @@ def register_cli(sub) -> None:
                    help="repeat until the spread (std/mean) is below this (default 0.03)")
     p.add_argument("--budget", type=float, default=2.0,
                    help="seconds of timing per workload at most (default 2)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="time every workload on this many occasions, one sweep after another, "
+                        "and keep each one's fastest: robust to load that comes and goes; on a "
+                        "store measured before, adds the missing passes (default 1)")
     p.add_argument("--refine", type=int, default=0, metavar="ROUNDS",
                    help="then, for ROUNDS rounds, measure the sweep workloads the learned model "
                         "is least sure about on the first --device, and print its error per round")

@@ -65,6 +65,26 @@ def test_campaign_measures_each_workload_once(tmp_path):
     assert store.workload_models()[ms[0].workload] == {"mlp": 4}
 
 
+def test_passes_time_every_workload_again_and_resume(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    models = [("m", _cumsum_of_bool()), ("mlp", zoo.load("mlp").mod)]
+    first = run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False)
+    before = {m.workload: m for m in store.measurements() if m.ok}
+    rep = run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False,
+                       passes=3)
+    # 4 workloads build (3 of mlp, the add), one does not: 2 more passes of the 4, none of it.
+    assert (first.devices[0].measured, rep.devices[0].pending, rep.devices[0].measured,
+            rep.devices[0].unsupported) == (4, 4, 8, 0)
+    after = {m.workload: m for m in store.measurements() if m.ok}
+    assert {m.passes for m in after.values()} == {3} and after.keys() == before.keys()
+    assert all(after[k].min_s <= before[k].min_s for k in after)  # the fastest occasion is kept
+    again = run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False,
+                         passes=3)
+    assert again.pending == 0 and again.devices[0].measured == 0
+    with pytest.raises(ValueError, match="passes must be at least 1"):
+        run_campaign(models, ["cpu:0"], store, passes=0)
+
+
 def test_unsupported_ops_are_discovered_and_avoided(tmp_path):
     store = ProfileStore(tmp_path / "p.db")
     rep = run_campaign([("m", _cumsum_of_bool())], ["cpu:0"], store, policy=FAST,

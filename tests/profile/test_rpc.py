@@ -186,10 +186,11 @@ def test_server_killed_mid_campaign_then_resume(cluster, mlp, tmp_path):
     class KillAfterFirst(ProfileStore):
         """Kills the server right after the campaign's first measurement is committed."""
 
-        def put(self, m):
-            super().put(m)
+        def add_pass(self, m):
+            stored = super().add_pass(m)
             if "main" in cluster.procs:
                 cluster.kill("main")
+            return stored
 
     devices = [cluster.ensure("main"), "cpu:0"]
     kw = dict(links=False, progress=False, policy=FAST, runner_kwargs={"rpc_timeout_s": 5})

@@ -7,8 +7,8 @@ with the measured figure and PASS / FAIL. Targets: on held-out shapes >= 90 % of
 +-10 % and MAPE <= 8 %; leave-one-model-out whole-model error <= 10 %; learned MAPE at most half
 of the (fitted) roofline's on every split. The median cv of one measurement's repeats
 understates the labels' noise: measuring the same ops again another time
-(``benchmarks/retest_noise.py``) is the floor that says how close to zero any model can get
-(on the shipped CPU profile only 48.8 % of ops came back within +-10 %).
+(``benchmarks/retest_noise.py``) is the ceiling any model can reach against these labels (the
+shipped CPU profile, two passes by the fastest repeat: 92.0 % of ops came back within +-10 %).
 """
 
 from __future__ import annotations

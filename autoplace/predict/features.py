@@ -59,7 +59,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "kernel_h", "kernel_w", "stride_h", "stride_w", "padding", "dilation", "log2_groups",
     "depthwise", "n_axes", "keepdims",
     "log10_flops", "log10_bytes_read", "log10_bytes_written", "log10_intensity", "dtype_bits",
-    "inner_mod4", "inner_mod8", "inner_mod16", "in1_inner_mod8",
+    "inner_mod4", "inner_mod8", "inner_mod16", "in1_inner_mod8", "in0_row_pow2", "in1_row_pow2",
     "threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute", "log10_t_memory",
 )
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
@@ -68,6 +68,12 @@ _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
 # MetaSchedule's PerStoreFeature: 164 floats per buffer store (5 buffers per store, 10 samples of
 # the arithmetic-intensity curve); a workload's vector is the maximum over its PrimFunc's stores.
 TIR_FEATURE_NAMES: tuple[str, ...] = tuple(f"tir{i}" for i in range(164))
+
+
+def _pow2_factor(n: int, cap: int = 16) -> int:
+    """log2 of the largest power of two dividing ``n`` (at most ``cap``): a row stride of a
+    large power of two bytes maps a column walk onto few cache sets."""
+    return min((n & -n).bit_length() - 1, cap) if n > 0 else 0
 
 
 def parse_key(key: str) -> tuple[str, list[tuple[tuple[int, ...], str]], dict[str, Any]]:
@@ -151,6 +157,8 @@ def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
     for m in (4, 8, 16):
         put(f"inner_mod{m}", float(inner % m == 0))
     put("in1_inner_mod8", float(len(shapes) > 1 and bool(shapes[1]) and shapes[1][-1] % 8 == 0))
+    for i, (shape, dtype) in enumerate(inputs[:2]):
+        put(f"in{i}_row_pow2", _pow2_factor(shape[-1] * _bits(dtype) // 8) if shape else 0)
 
     threads, peak, bw = (_get(device, k) for k in ("threads", "peak_flops", "mem_bandwidth"))
     put("threads", threads)

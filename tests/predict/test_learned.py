@@ -65,6 +65,19 @@ def test_features_agree_for_node_and_store_row(rows):
     assert np.isnan(features(node)[0][names.index("log10_peak_flops")])
 
 
+def test_row_stride_features_see_powers_of_two():
+    """Untuned matmuls walk the weight by columns: a row of 3072 floats (12 KiB, 2^12 * 3) is a
+    stride that lands on few cache sets, a row of 576 (2^8 * 9 bytes) is not."""
+    def key(n):
+        return json.dumps(["relax.matmul", [[[64, 256], "float32"], [[256, n], "float32"]], {}, []])
+
+    names = FEATURE_NAMES
+    x = {n: features({"key": key(n), "flops": 1.0, "bytes_read": 1, "bytes_written": 1})[0]
+         for n in (3072, 576, 1000)}
+    assert [x[n][names.index("in1_row_pow2")] for n in (3072, 576, 1000)] == [12, 8, 5]
+    assert x[3072][names.index("in0_row_pow2")] == 10  # 256 floats: 1 KiB
+
+
 @pytest.mark.parametrize("make", [lambda: RooflineCostModel(), SMALL,
                                   lambda: NearestNeighborCostModel(k=2)],
                          ids=["roofline", "xgboost", "nearest"])

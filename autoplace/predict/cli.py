@@ -28,12 +28,12 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from autoplace.predict.evaluate import evaluate, format_table
+    from autoplace.predict.evaluate import evaluate, format_table, to_json
     from autoplace.profile.store import ProfileStore
 
     with ProfileStore(args.db) as store:
         result = evaluate(store, args.device)
-    print(json.dumps(result, indent=1) if args.json else format_table(result))
+    print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
     return 0
 
 

@@ -51,9 +51,12 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
     -------
     dict
         ``device`` (spec or ``None``), ``n_workloads``, ``noise_cv`` (median spread std/mean of
-        the repeats of the measurements), and per split a dict of :data:`METRICS` plus ``n_test``
-        and ``folds``: ``mape`` / ``median_ape`` mean / median of ``|predicted - measured| /
-        measured``, ``within_10`` / ``within_25`` the fraction within 10 / 25 %,
+        the repeats of the measurements), ``retest_within_10`` (the share of the
+        ``retest_workloads`` timed in two or more passes whose slowest pass came within 10 % of
+        their fastest; ``None`` if none was), and per split a dict of :data:`METRICS` plus
+        ``n_test`` and ``folds``: ``mape`` / ``median_ape`` mean / median of
+        ``|predicted - measured| / measured``, ``within_10`` / ``within_25`` the fraction within
+        10 / 25 %,
         ``roofline_mape`` / ``nn_mape`` the baselines' MAPE, ``spearman`` / ``kendall`` rank
         correlation within each op type of the test part (op types with 3+ rows), averaged
         (``None`` if there is none). ``heldout_model`` adds ``whole_model_error`` and
@@ -66,8 +69,11 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
                          "(at least 10) before evaluating a cost model")
     rng = np.random.default_rng(seed)
     cvs = [r["cv"] for r in rows if r["cv"] is not None]
+    spread = np.array([r["occasion_spread"] for r in rows if r["occasion_spread"] is not None])
     out = {"device": device, "n_workloads": len(rows),
-           "noise_cv": float(np.median(cvs)) if cvs else None}
+           "noise_cv": float(np.median(cvs)) if cvs else None,
+           "retest_workloads": int(spread.size),
+           "retest_within_10": float(np.mean(spread <= 0.10)) if spread.size else None}
 
     n = len(rows)
     test = set(rng.permutation(n)[: max(1, round(0.2 * n))].tolist())
@@ -152,6 +158,13 @@ def _mean(values) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def to_json(result: dict) -> dict:
+    """:func:`evaluate`'s result as ``autoplace evaluate --json`` prints it: the four splits
+    under ``"splits"``, everything else (``noise_cv``, ``retest_within_10``...) beside them."""
+    return {"splits": {s: result[s] for s in SPLITS},
+            **{k: v for k, v in result.items() if k not in SPLITS}}
+
+
 def format_table(result: dict) -> str:
     """A readable table of :func:`evaluate`'s result: one row per split, percentages."""
     pct = lambda v: "   -" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
@@ -172,6 +185,12 @@ def format_table(result: dict) -> str:
                      f"{1e3 * m['predicted_s']:9.3f} ms  ({100 * m['error']:5.1f}%)  roofline "
                      f"{1e3 * m['roofline_s']:9.3f} ms")
     lines.append(f"noise: median cv of one measurement's repeats {pct(result['noise_cv']).strip()} "
-                 f"({result['n_workloads']} measured workloads; measuring again another time "
-                 "differs more)")
+                 f"({result['n_workloads']} measured workloads)")
+    if result["retest_workloads"]:
+        lines.append(f"noise between occasions: {pct(result['retest_within_10']).strip()} of the "
+                     f"{result['retest_workloads']} workloads timed in 2+ passes came within 10% "
+                     "of their fastest pass on their slowest")
+    else:
+        lines.append("noise between occasions: unknown (profile with --passes 2 to measure it; "
+                     "it is larger than the repeats' cv)")
     return "\n".join(lines)

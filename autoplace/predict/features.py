@@ -269,8 +269,8 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
 
     Each row is a ``workloads`` row (``key``, ``op_type``, ``flops``, ``bytes_read``,
     ``bytes_written``, ``param_bytes``) plus ``device`` (fingerprint), ``device_name``,
-    ``device_kind``, ``threads``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv`` and
-    ``models`` (``{model: count}``).
+    ``device_kind``, ``threads``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv``,
+    ``occasion_spread`` (:attr:`Measurement.occasion_spread`) and ``models`` (``{model: count}``).
 
     Parameters
     ----------
@@ -290,7 +290,8 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
                 rows.append({**workloads[m.workload], "device": fp, "device_name": devs[fp].name,
                              "device_kind": info.get("kind", "cpu"),
                              "threads": info.get("threads"), "latency_s": float(m.latency_s),
-                             "cv": m.cv, "models": used_by.get(m.workload, {})})
+                             "cv": m.cv, "occasion_spread": m.occasion_spread,
+                             "models": used_by.get(m.workload, {})})
     return rows
 
 

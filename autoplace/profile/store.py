@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had no passes column: one pass each
+READABLE_VERSIONS = (1, 2)  # version 1 had no passes or slowest_s column: one pass each
 PROFILE_FORMAT = "autoplace-profile"
 
 _SCHEMA = """
@@ -50,6 +50,7 @@ CREATE TABLE measurements (
     error TEXT,                  -- why the op could not be built or run, if unsupported
     measured_at TEXT NOT NULL,
     passes INTEGER NOT NULL DEFAULT 1,  -- occasions measured (the row holds the fastest one)
+    slowest_s REAL,              -- the slowest occasion's latency (NULL after one pass)
     PRIMARY KEY (device, workload, schedule)
 );
 CREATE TABLE links (
@@ -72,7 +73,8 @@ class Measurement:
     """One workload's latency on one device (``status == "unsupported"``: it failed there).
 
     Each repeat is the mean of ``number`` back-to-back calls; ``passes`` counts the occasions
-    (campaign passes) it was timed on, and the row keeps the fastest occasion (:func:`fastest`).
+    (campaign passes) it was timed on, and the row keeps the fastest occasion (:func:`fastest`)
+    and the slowest occasion's latency (``slowest_s``).
     """
 
     workload: str
@@ -88,6 +90,7 @@ class Measurement:
     error: str | None = None
     measured_at: str = ""
     passes: int = 1
+    slowest_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -101,6 +104,14 @@ class Measurement:
         it, on 83 % by the median (``benchmarks/retest_noise.py``, profiles/README.md)."""
         return self.min_s
 
+    @property
+    def occasion_spread(self) -> float | None:
+        """How much slower the slowest occasion was than the fastest (``None`` after one pass):
+        the test-retest noise of this workload's label."""
+        if not self.ok or self.slowest_s is None or not self.latency_s:
+            return None
+        return self.slowest_s / self.latency_s - 1
+
 
 def fastest(old: Measurement | None, new: Measurement) -> Measurement:
     """One more pass over a workload: keep the faster occasion, count both. A failure does not
@@ -110,7 +121,8 @@ def fastest(old: Measurement | None, new: Measurement) -> Measurement:
     if not new.ok:
         return old
     keep = new if new.latency_s < old.latency_s else old
-    return replace(keep, passes=old.passes + new.passes)
+    slowest = max(m.slowest_s if m.slowest_s is not None else m.latency_s for m in (old, new))
+    return replace(keep, passes=old.passes + new.passes, slowest_s=slowest)
 
 
 @dataclass(frozen=True)
@@ -188,12 +200,13 @@ class ProfileStore:
                 f"{self.path} is an SQLite database but not an autoplace profile store "
                 f"(tables: {', '.join(sorted(tables))}); nothing was changed. Pass a new --db path.")
         version = int(meta.get("schema_version", -1))
-        if version == 1:  # add the passes column: every row so far is one pass
+        if version == 1:  # add the passes columns: every row so far is one pass
             with self._tx() as db:
                 if int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
                        .fetchone()[0]) == 1:  # not migrated meanwhile by another process
                     db.execute("ALTER TABLE measurements ADD COLUMN passes INTEGER NOT NULL "
                                "DEFAULT 1")
+                    db.execute("ALTER TABLE measurements ADD COLUMN slowest_s REAL")
                     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                                (str(SCHEMA_VERSION),))
             return

@@ -160,7 +160,9 @@ def test_each_device_gets_the_fallback_fitted_on_it(store, rows):
 
 def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
     result = evaluate(store, seed=0, learned=SMALL)
-    assert set(result) == {"device", "n_workloads", "noise_cv", *SPLITS}
+    assert set(result) == {"device", "n_workloads", "noise_cv", "retest_workloads",
+                           "retest_within_10", *SPLITS}
+    assert (result["retest_workloads"], result["retest_within_10"]) == (0, None)  # one pass
     for split in SPLITS:
         extra = {"whole_model_error", "whole_model_roofline_error", "models"} \
             if split == "heldout_model" else set()
@@ -175,6 +177,18 @@ def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
         assert result[split]["mape"] < result[split]["roofline_mape"], format_table(result)
 
 
+def test_evaluate_reports_the_noise_between_passes(tmp_path):
+    store = ProfileStore(tmp_path / "p.db")
+    models = [(f"zoo:{n}", zoo.load(n).mod) for n in ("mlp", "branchy_cnn")]
+    run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False, passes=2)
+    spreads = [r["occasion_spread"] for r in profile_rows(store)]
+    assert len(spreads) == 12 and all(s >= 0 for s in spreads)
+    result = evaluate(store, seed=0, learned=SMALL)
+    assert result["retest_workloads"] == 12
+    assert result["retest_within_10"] == np.mean(np.array(spreads) <= 0.10)
+    assert "noise between occasions" in format_table(result)
+
+
 def test_cli_train_and_evaluate(store, tmp_path, capsys):
     from autoplace.predict.cli import register_cli
 
@@ -187,3 +201,12 @@ def test_cli_train_and_evaluate(store, tmp_path, capsys):
     graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
     assert load_cost_model(out).predict(graph, autoplace.Device.cpu(0)).shape == (len(graph.nodes),)
     assert "wrote" in capsys.readouterr().out
+    args = parser.parse_args(["evaluate", "--db", str(store.path), "--json"])
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)  # the JSON scripts read, as the issue wrote it
+    assert set(report["splits"]) == {"random", "heldout_shapes", "heldout_op_type",
+                                     "heldout_model"}
+    for m in report["splits"].values():
+        assert {"mape", "median_ape", "within_10", "within_25", "roofline_mape"} <= set(m)
+        assert 0 <= m["within_10"] <= m["within_25"] <= 1
+    assert 0 < report["noise_cv"] < 1

@@ -66,9 +66,11 @@ def test_passes_keep_the_fastest_occasion_and_count_every_one(tmp_path):
     assert store.pending(["k1", "k2"], "fp0", passes=2) == ["k1"]  # a failure is not retried
     slower = Measurement("k1", "fp0", "ok", 3e-5, 2e-5, 3e-5, 0.01, 5, 100)
     faster = Measurement("k1", "fp0", "ok", 6e-6, 5e-6, 6e-6, 0.01, 5, 200)
+    assert store.measurements("fp0")[0].occasion_spread is None  # one pass: no spread yet
     assert (store.add_pass(slower).min_s, store.add_pass(slower).passes) == (9e-6, 3)
     kept = store.add_pass(faster)
     assert (kept.median_s, kept.min_s, kept.number, kept.passes) == (6e-6, 5e-6, 200, 4)
+    assert kept.slowest_s == 2e-5 and kept.occasion_spread == pytest.approx(3.0)
     failed = store.add_pass(Measurement("k1", "fp0", "unsupported", error="flaky"))
     assert failed.ok and failed.min_s == 5e-6  # one failure does not undo a success
     assert store.pending(["k1"], "fp0", passes=4) == []
@@ -82,6 +84,7 @@ def test_a_version_1_store_gains_the_passes_column(tmp_path):
     _filled(path).close()
     with sqlite3.connect(path) as db:  # what autoplace wrote before passes existed
         db.execute("ALTER TABLE measurements DROP COLUMN passes")
+        db.execute("ALTER TABLE measurements DROP COLUMN slowest_s")
         db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     store = ProfileStore(path)
     assert [m.passes for m in store.measurements("fp0")] == [1, 1]
@@ -90,7 +93,7 @@ def test_a_version_1_store_gains_the_passes_column(tmp_path):
     assert data["schema_version"] == SCHEMA_VERSION == 2
     data["schema_version"] = 1  # an export written before passes existed still imports
     for m in data["measurements"]:
-        del m["passes"]
+        del m["passes"], m["slowest_s"]
     assert ProfileStore(tmp_path / "other.db").import_profile(data) == 2
 
 

@@ -208,7 +208,7 @@ def optimize(
     time_limit: float = 10.0,
     links: Mapping[tuple[str, str], Link] | None = None,
     pins: Sequence[tuple[str, str]] = (),
-    contiguous: bool = False,
+    contiguous: bool = True,
     stage_overhead_s: float | Mapping[str, float] | None = None,
     max_stages: int | None = None,
     func_name: str = "main",
@@ -238,7 +238,11 @@ def optimize(
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
-        heuristic solvers ignore it). Fewer stages, so fewer hand-offs in the pipeline.
+        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.83-0.90
+        of their predicted rate (1.44-1.76x one device on the four larger zoo models), where
+        plans with more stages than devices ran at 0.42-0.81 and never faster
+        (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``). ``False``
+        lets a device hold several stages.
     stage_overhead_s : float, or mapping device name -> float, optional
         Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
         device and on the host. Default: :data:`autoplace.run.pipeline.STAGE_OVERHEAD_S` for

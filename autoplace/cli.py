@@ -17,7 +17,7 @@ EPILOG_DEMO = """examples:
 EPILOG_OPTIMIZE = """examples:
   autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1
   autoplace optimize --model model.onnx --device cpu:0 --device cpu:1 --rule 'op:nn.conv2d#0=cpu0' --json
-  autoplace optimize --model zoo:resnet --objective throughput --contiguous --run 64 --json
+  autoplace optimize --model zoo:resnet --objective throughput --run 64 --json
 """
 
 
@@ -158,8 +158,9 @@ def _add_run_options(p):
                                    "(zoo: mlp, branchy_cnn, resnet, mobilenet, inception, transformer)")
     p.add_argument("--device", action="append", help="cpu:N or cuda:N; repeat for each device")
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
-    p.add_argument("--contiguous", action="store_true",
-                   help="throughput: one stage per device, the devices a chain (fewer hand-offs)")
+    p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
+                   help="throughput: one stage per device, the devices a chain (the default; "
+                        "--no-contiguous lets a device hold several stages)")
     p.add_argument("--solver", default="auto", help="solver name (default: auto)")
     p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
     p.add_argument("--rule", action="append", default=[],

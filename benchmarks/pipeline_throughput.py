@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 3] [--models a,b]
      [--micro-batch 1 8]   (a row per micro-batch size, same plan, same inputs)
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
-     [--contiguous] [--stage-overhead SECONDS]
+     [--no-contiguous] [--stage-overhead SECONDS]
 
 For each model: ``optimize(objective="throughput")`` with the default costs, a :class:`Pipeline`
 of the plan's stages (one thread per stage), and the whole model built for the best single device
@@ -77,8 +77,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(zoo.names()))
     ap.add_argument("--no-halves", action="store_true", help="skip the two-stage FLOP-split rows")
-    ap.add_argument("--contiguous", action="store_true",
-                    help="optimize with contiguous stages (one stage per device)")
+    ap.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
+                    help="one stage per device (optimize's default; --no-contiguous lets a "
+                         "device hold several stages)")
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
     ap.add_argument("--micro-batch", type=int, nargs="+", default=[1], metavar="N",
                     help="inputs handed between stages together; several values give a row "

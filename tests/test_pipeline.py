@@ -327,15 +327,18 @@ def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
     # mlp: without an overhead the solver cuts 12 tiny ops into several alternating stages;
     # at 1 ms per stage (more than any op) one stage per device or fewer pays best.
     m = zoo.load("mlp")
-    free = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0)
-    costly = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=1e-3)
+    free = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0,
+                              contiguous=False)
+    costly = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=1e-3,
+                                contiguous=False)
     assert len(set(free.plan.stages)) > 2 >= len(set(costly.plan.stages))
     assert costly.problem.stage_overhead_s.tolist() == [1e-3, 1e-3]
     assert costly.predicted_latency_s >= 1e-3 * len(set(costly.plan.stages))
     default = autoplace.optimize(m.mod, devs, objective="throughput")
     assert (default.problem.stage_overhead_s > 0).all()
+    assert len(set(default.plan.stages)) <= len(devs)  # one stage per device by default
     capped = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0,
-                                max_stages=2)
+                                max_stages=2, contiguous=False)
     assert len(set(capped.plan.stages)) <= 2
     with pytest.raises(ValueError, match="objective='throughput'"):
         autoplace.optimize(m.mod, devs, stage_overhead_s=0.0)

@@ -2,6 +2,7 @@
 
 import json
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,24 +176,27 @@ def test_shipped_cpu_profile_covers_the_zoo():
     assert shipped_profile("no-such-fingerprint") is None
 
 
-def test_shipped_cost_model_fills_in_what_the_profile_lacks():
-    from pathlib import Path
+SHIPPED = Path(__file__).resolve().parents[2] / "profiles"
 
+
+@pytest.mark.parametrize("model_path", sorted(SHIPPED.glob("*.xgb.json")), ids=lambda p: p.name)
+def test_every_shipped_cost_model_loads_and_fills_in_what_its_profile_lacks(model_path):
+    """A learned model must be retrained whenever the features change: an old one no longer
+    loads, and ``optimize`` on the machine it was shipped for would fail."""
     import autoplace
     from autoplace.predict import MeasuredCostModel, XGBCostModel, load_cost_model
     from autoplace.profile.sweeps import sweep
 
-    here = Path(__file__).resolve().parents[2] / "profiles"
-    prof = DeviceProfile.load(here / "amd-epyc-cpu-1thread.json")
-    learned = load_cost_model(here / "amd-epyc-cpu-1thread.xgb.json")
+    prof = DeviceProfile.load(model_path.with_name(model_path.name.replace(".xgb", "")))
+    learned = load_cost_model(model_path)
     assert isinstance(learned, XGBCostModel) and prof.fingerprint in learned.devices_
     # A conv2d shape that no campaign measured: the learned model answers, not the roofline.
     _, mod = sweep("nn.conv2d", 1, rng=np.random.default_rng(12345))[0]
     graph = autoplace.OpGraph.from_relax(mod)
     assert graph.nodes[0].workload_key not in prof.latency_s
     model = MeasuredCostModel(prof, fallback=learned)
-    cpu = autoplace.Device.cpu(0)
-    assert model.sources(graph, cpu) == ["learned"]
-    [t] = model.predict(graph, cpu)
-    p10, p50, p90 = learned.quantiles(graph, cpu)[0]
+    dev = autoplace.Device.from_spec(f"{prof.kind}:0")
+    assert model.sources(graph, dev) == ["learned"]
+    [t] = model.predict(graph, dev)
+    p10, p50, p90 = learned.quantiles(graph, dev)[0]
     assert t == p50 and 0 < p10 <= p50 <= p90 < 10

@@ -13,7 +13,7 @@ import autoplace
 from autoplace import zoo
 from autoplace.run.pipeline import (
     Pipeline, PipelineClosedError, PipelineError, _limit_tvm_threads, _process_cpus, split,
-    time_sequential)
+    stage_threads, time_sequential)
 
 
 # A -> B -> C, and C reads A too: "a" must travel from stage 0 to stage 2 past stage 1.
@@ -308,6 +308,20 @@ def test_stage_threads_get_one_tvm_thread_and_every_cpu():
     t.start()
     t.join()
     assert out["after"] == everything and out["n"] == 1
+
+
+def test_cpu_devices_share_tvm_threads_and_gpu_stages_get_one(monkeypatch):
+    from autoplace.profile import measure
+
+    cpu0, cpu1, gpu = autoplace.Device.cpu(0), autoplace.Device.cpu(1), autoplace.Device.cuda(0)
+    monkeypatch.setattr(measure, "tvm_threads", lambda: 8)
+    assert stage_threads([cpu0, gpu, cpu0]) == [8, 1, 8]
+    assert stage_threads([cpu0, cpu1, gpu, cpu0]) == [4, 4, 1, 4]
+    monkeypatch.setattr(measure, "tvm_threads", lambda: 1)
+    assert stage_threads([cpu0, cpu1]) == [1, 1]
+    assert stage_threads([cpu0, gpu], num_threads=3) == [3, 3]
+    with pytest.raises(ValueError, match="at least 1"):
+        stage_threads([cpu0], num_threads=0)
 
 
 # ----------------------------------------------------------------------------- stage overhead

@@ -111,7 +111,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _tvm_threads() -> int:
+def tvm_threads() -> int:
     """TVM's CPU thread count, read in a throwaway thread: starting a thread's TVM pool pins that
     thread to core 0, and the caller (``optimize``'s thread) should not be pinned for a number."""
     import tvm
@@ -151,7 +151,7 @@ class LocalRunner:
             hardware = dev.device_name if dev.exist else "absent"
         else:
             hardware = _cpu_model()
-        threads = _tvm_threads()
+        threads = tvm_threads()
         return {"kind": self.device.kind, "target": str(self.device.tvm_target()),
                 "hardware": hardware, "tvm": tvm.__version__, "threads": threads,
                 "host": platform.node(), "remote": None}

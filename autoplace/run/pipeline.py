@@ -337,11 +337,13 @@ class Pipeline:
         Inputs handed from stage to stage together: each stage runs them one after another, and
         the hand-off (queue, thread wake-up) is paid once per micro-batch instead of per input.
     num_threads : int or None
-        TVM kernel threads per stage; ``None`` leaves TVM's default (``TVM_NUM_THREADS``).
+        TVM kernel threads per stage. ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
+        profile of this machine's CPU was measured with) shared among the plan's CPU devices,
+        at least one each; a GPU stage's thread only launches kernels and gets one.
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
-                 queue_size: int = 4, num_threads: int | None = 1, micro_batch: int = 1):
+                 queue_size: int = 4, num_threads: int | None = None, micro_batch: int = 1):
         if len(executables) != len(staged.stages):
             raise ValueError(f"{len(staged.stages)} stages but {len(executables)} executables")
         if queue_size < 1:
@@ -360,12 +362,13 @@ class Pipeline:
         # that share cores, at most one kernel per device runs at a time).
         locks = {(s.device.kind, s.device.index): threading.Lock() for s in staged.stages}
         self._locks = [locks[(s.device.kind, s.device.index)] for s in staged.stages]
+        threads = stage_threads([s.device for s in staged.stages], num_threads)
         ready = threading.Barrier(len(staged.stages) + 1)
         self._startup_errors: list[BaseException] = []
         self._threads = [
-            threading.Thread(target=self._work, args=(k, exe, num_threads, ready), daemon=True,
+            threading.Thread(target=self._work, args=(k, exe, n, ready), daemon=True,
                              name=f"autoplace-stage{stage.index}-{stage.device.name}")
-            for k, (stage, exe) in enumerate(zip(staged.stages, executables))]
+            for k, (stage, exe, n) in enumerate(zip(staged.stages, executables, threads))]
         for t in self._threads:
             t.start()
         ready.wait()
@@ -518,13 +521,12 @@ class Pipeline:
             return False
         return self._put(q_out, _END)
 
-    def _work(self, k: int, executable, num_threads: int | None, ready: threading.Barrier):
+    def _work(self, k: int, executable, num_threads: int, ready: threading.Barrier):
         from tvm import relax
 
         stage = self.staged.stages[k]
         try:
-            if num_threads is not None:
-                _limit_tvm_threads(num_threads)
+            _limit_tvm_threads(num_threads)
             dev = _runtime_device(stage.device)
             fn = relax.VirtualMachine(executable, dev)["main"]
         except Exception as e:  # noqa: BLE001 - reported by the constructor
@@ -574,6 +576,20 @@ def _compile_stage(stage: Stage):
     target = tvm.target.Target(dev.target, host="llvm") if dev.is_gpu else dev.tvm_target()
     log.info("compiling %s", stage)
     return build_single(stage.mod, target, gpu=dev.is_gpu)
+
+
+def stage_threads(devices: Sequence[Device], num_threads: int | None = None) -> list[int]:
+    """TVM threads for stages on ``devices``: ``num_threads`` each, or (``None``) TVM's default
+    count shared evenly among the distinct CPU devices, at least one each, and one per GPU stage."""
+    if num_threads is not None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        return [num_threads] * len(devices)
+    from autoplace.profile.measure import tvm_threads
+
+    cpus = {(d.kind, d.index) for d in devices if not d.is_gpu}
+    share = max(1, tvm_threads() // max(1, len(cpus)))
+    return [1 if d.is_gpu else share for d in devices]
 
 
 def _limit_tvm_threads(n: int) -> None:
@@ -650,12 +666,14 @@ def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[D
 
 # ----------------------------------------------------------------------------- stage overhead
 
-#: Seconds per input one stage costs beyond its ops, by device kind: the slope of
-#: ``benchmarks/stage_overhead.py`` with stages alternating over cpu:0 and cpu:1 on the 2-core
-#: development machine (13.9-16.1 us over three runs, since CPU stages hand tensors over without
-#: copying and inputs are uploaded through DLPack; 31-53 us before). Not measured on a GPU host:
-#: the CUDA figure is the CPU one (the hand-off runs on the host either way).
-STAGE_OVERHEAD_S = {"cpu": 15e-6, "cuda": 15e-6}
+#: Seconds per input one stage costs beyond its ops, by device kind, from the slope of
+#: ``benchmarks/stage_overhead.py``. CPU: stages alternating over cpu:0 and cpu:1 on the 2-core
+#: development machine (13.9-16.1 us over three runs; 16.6 us for cpu:0 alone on the H100's
+#: 16-core host, 13.0-16.6 over three runs). CUDA: stages alternating over cpu:0 and an H100
+#: cost 41.7-51.0 us per stage (mean 47.4 over three runs), so a GPU stage costs about
+#: 2 * 47.4 - 15 = 80 us: its inputs go up and its outputs come down through pageable memory,
+#: and each copy waits for the GPU.
+STAGE_OVERHEAD_S = {"cpu": 15e-6, "cuda": 80e-6}
 
 @dataclass(frozen=True)
 class StageOverhead:

@@ -1,0 +1,63 @@
+"""CPU + GPU on a machine that has a CUDA GPU: builds, pipelines and profiling really run there.
+
+Skipped where TVM sees no CUDA device (CI has none); run them on a GPU machine with
+``python -m pytest tests/test_cuda.py``.
+"""
+
+import numpy as np
+import pytest
+import tvm
+
+import autoplace
+from autoplace import zoo
+from autoplace.profile import LocalRunner
+from autoplace.profile.measure import TimingPolicy, probe_module
+from autoplace.run.pipeline import Pipeline
+
+pytestmark = pytest.mark.skipif(not tvm.cuda(0).exist, reason="no CUDA GPU on this machine")
+
+DEVS = [autoplace.Device.cpu(0), autoplace.Device.cuda(0)]
+
+
+def _single(mod, graph, name):
+    return autoplace.compile(mod, autoplace.place(graph, DEVS, [("*", name)]))
+
+
+@pytest.mark.parametrize("name", ["mlp", "branchy_cnn", "resnet"])
+def test_a_plan_alternating_cpu_and_gpu_gives_the_cpu_outputs(name):
+    m = zoo.load(name)
+    g = autoplace.OpGraph.from_relax(m.mod)
+    alternating = [DEVS[i % 2].name for i in range(len(g.nodes))]
+    mixed = autoplace.compile(m.mod, autoplace.Plan.from_assignment(g, DEVS, alternating))
+    want = _single(m.mod, g, "cpu0")(*m.inputs)
+    for got, ref in zip(mixed(*m.inputs), want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet"])
+def test_a_cpu_and_gpu_pipeline_gives_the_single_device_outputs(name):
+    m = zoo.load(name)
+    res = autoplace.optimize(m.mod, DEVS, objective="throughput", time_limit=5)
+    g = res.graph
+    cut = len(g.nodes) // 2  # the solver may keep everything on the GPU: cut by hand too
+    halves = autoplace.Plan.from_assignment(
+        g, DEVS, ["cuda0"] * cut + ["cpu0"] * (len(g.nodes) - cut),
+        stages=(0,) * cut + (1,) * (len(g.nodes) - cut), objective="throughput")
+    rng = np.random.default_rng(0)
+    xs = [[rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs] for _ in range(6)]
+    single = _single(m.mod, g, "cpu0")
+    for plan in (res.plan, halves):
+        with Pipeline.from_plan(m.mod, plan) as pipe:
+            outs = pipe.run(xs)
+        for x, out in zip(xs, outs, strict=True):
+            for got, want in zip(out, single(*x), strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_gpu_is_profiled_like_any_device():
+    runner = LocalRunner(DEVS[1])
+    runner.check()
+    info = runner.info()
+    assert info["kind"] == "cuda" and info["hardware"] != "absent"
+    t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
+    assert 0 < t.min_s <= t.median_s < 1e-2

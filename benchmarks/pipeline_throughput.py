@@ -2,8 +2,9 @@
 
 Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 3] [--models a,b]
      [--micro-batch 1 8]   (a row per micro-batch size, same plan, same inputs)
+     [--threads 1 0]   (a row per TVM thread count of each stage; 0: the executor's default)
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
-     [--no-contiguous] [--stage-overhead SECONDS]
+     [--no-contiguous] [--stage-overhead SECONDS] [--profile FILE ...]
 
 For each model: ``optimize(objective="throughput")`` with the default costs, a :class:`Pipeline`
 of the plan's stages (one thread per stage), and the whole model built for the best single device
@@ -20,6 +21,7 @@ overhead apart from the plan's balance.
 """
 
 import argparse
+import itertools
 import os
 import time
 
@@ -27,6 +29,9 @@ import numpy as np
 
 import autoplace
 from autoplace import zoo
+from autoplace.api import auto_cost_model
+from autoplace.predict import MeasuredCostModel
+from autoplace.profile import DeviceProfile
 from autoplace.run.pipeline import (Pipeline, fastest_single_device, random_inputs_like,
                                      time_sequential)
 from autoplace.solve.simulate import simulate_throughput
@@ -47,9 +52,10 @@ def _predicted(problem, plan) -> float:
     return 1 / simulate_throughput(problem, [index[d] for d in plan.assignment], plan.stages)
 
 
-def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch):
+def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads):
     t0 = time.perf_counter()
-    with Pipeline.from_plan(mod, plan, micro_batch=micro_batch) as pipe:
+    with Pipeline.from_plan(mod, plan, micro_batch=micro_batch,
+                            num_threads=threads or None) as pipe:
         t_build = time.perf_counter() - t0
         pipe.run(xs[:4])  # warm-up
         single(*xs[0])
@@ -84,19 +90,31 @@ def main():
     ap.add_argument("--micro-batch", type=int, nargs="+", default=[1], metavar="N",
                     help="inputs handed between stages together; several values give a row "
                          "each (default 1)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[0], metavar="N",
+                    help="TVM threads per stage, 0 for the executor's default (CPU devices share "
+                         "TVM's default count); several values give a row each")
     ap.add_argument("--stage-overhead", type=float, metavar="SECONDS",
                     help="seconds per stage the solver assumes (default: the library's per "
                          "device kind; 0: plans as if hand-offs were free)")
+    ap.add_argument("--profile", action="append", default=[],
+                    help="measured profile JSON for the devices of its kind (repeatable; default: "
+                         "optimize's automatic choice, printed first)")
     args = ap.parse_args()
     devs = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
     rng = np.random.default_rng(0)
+    if args.profile:
+        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+        print(f"costs: measured ({', '.join(args.profile)})")
+    else:
+        cost_model = "auto"
+        print(f"costs: {auto_cost_model(devs)[1]}")
     print(f"{'':<18}{'sequential (best device)':>24}{'pipelined':>24}{'speed-up':>14}")
     print(f"{'model':<18}{'in/s':>9}{'pred':>9}{'m/p':>6}{'in/s':>9}{'pred':>9}{'m/p':>6}"
           f"{'meas':>7}{'pred':>7}{'max err':>9}  stages [device:nodes], busy % per stage")
     for name in args.models.split(","):
         m = zoo.load(name)
         res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous,
-                                 stage_overhead_s=args.stage_overhead)
+                                 cost_model=cost_model, stage_overhead_s=args.stage_overhead)
         # Running TVM kernels on a thread can pin it to core 0; the pipeline's workers unpin
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
@@ -108,9 +126,10 @@ def main():
             halves = _halves(res.graph, devs)
             plans.append(("  halves", halves, _predicted(res.problem, halves)))
         for label, plan, pred in plans:
-            for mb in args.micro_batch:
-                tag = label if len(args.micro_batch) == 1 else f"{label} mb{mb}"
-                _row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb)
+            for mb, threads in itertools.product(args.micro_batch, args.threads):
+                tag = label + (f" mb{mb}" if len(args.micro_batch) > 1 else "") \
+                    + (f" t{threads}" if len(args.threads) > 1 else "")
+                _row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb, threads)
     print("pred: the solver's cost model (sequential: the sum of the best device's op costs); "
           "m/p: measured / predicted.\ntargets: speed-up >= 1.6 where the solver balances the "
           "stages; pipelined m/p within 0.85-1.15")

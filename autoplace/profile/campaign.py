@@ -21,7 +21,7 @@ from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
-                                       fingerprint)
+                                       fingerprint, interrupts_kept)
 from autoplace.profile.store import LinkFit, Measurement, ProfileStore
 from autoplace.profile.workload import single_op_modules
 
@@ -199,7 +199,8 @@ def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: b
         jobs += [(p, r, k) for p in range(1, passes + 1) for k in todo if done.get(k, 0) < p]
     jobs.sort(key=lambda j: j[:2])
     checked = set()
-    with tqdm(total=len(jobs), disable=not progress, unit="op", desc="profiling") as bar:
+    with interrupts_kept(), \
+            tqdm(total=len(jobs), disable=not progress, unit="op", desc="profiling") as bar:
         for p, r, key in jobs:
             runner, rep, _ = runners[r]
             bar.update(1)

@@ -7,10 +7,12 @@ through TVM's RPC tracker (:class:`autoplace.profile.remote.RPCRunner`). Every r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import platform
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +33,43 @@ class OpFailed(RuntimeError):
 
 class DeviceUnavailable(RuntimeError):
     """The device itself cannot be reached or used; the message says why."""
+
+
+_interrupted = threading.Event()
+
+
+@contextlib.contextmanager
+def interrupts_kept():
+    """Within: Ctrl-C raises KeyboardInterrupt as usual and is remembered, so that
+    :func:`op_failed` does not take it for the op's failure.
+
+    TVM turns a KeyboardInterrupt raised in one of its Python callbacks (a pass written in Python,
+    as autoplace's lowering and TVM's GPU schedules are) into a RuntimeError with no message.
+    Caught as a build error, it would mark the op unsupported and the campaign would go on.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # not ours to change: another thread, or SIGINT ignored or handled elsewhere
+        return
+
+    def on_sigint(_signum, _frame):
+        _interrupted.set()
+        raise KeyboardInterrupt
+
+    _interrupted.clear()
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _interrupted.clear()
+
+
+def op_failed(what: str, exc: BaseException) -> OpFailed:
+    """``OpFailed("<what>: <exc's summary>")``, or KeyboardInterrupt if Ctrl-C caused ``exc``."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt from exc
+    return OpFailed(f"{what}: {error_summary(exc)}")
 
 
 @dataclass(frozen=True)
@@ -175,7 +214,7 @@ class LocalRunner:
         try:
             ex = build_single(mod, self.device.tvm_target(), gpu=self.device.is_gpu)
         except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
-            raise OpFailed(f"build failed: {error_summary(e)}") from None
+            raise op_failed("build failed", e) from None
         dev = self.device.tvm_device()
         try:
             vm = relax.VirtualMachine(ex, dev)
@@ -187,4 +226,4 @@ class LocalRunner:
 
             return time_adaptively(timer, policy)
         except Exception as e:  # noqa: BLE001
-            raise OpFailed(f"run failed: {error_summary(e)}") from None
+            raise op_failed("run failed", e) from None

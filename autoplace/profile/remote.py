@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.profile.measure import (PROBE_POLICY, DeviceUnavailable, OpFailed, Timing,
-                                       TimingPolicy, error_summary, probe_module,
+                                       TimingPolicy, error_summary, op_failed, probe_module,
                                        time_adaptively)
 from autoplace.profile.workload import random_inputs
 
@@ -147,14 +147,14 @@ class RPCRunner:
                 ex = build_single(mod, self.tvm_target(), gpu=self.kind != "cpu")
                 ex.export_library(str(lib))
             except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
-                raise OpFailed(f"build failed: {error_summary(e)}") from None
+                raise op_failed("build failed", e) from None
             for attempt in (1, 2):
                 sess = self._session()
                 try:
                     return self._run(sess, lib, inputs, policy)
                 except Exception as e:  # noqa: BLE001 - the op's fault or the session's?
                     if _alive(sess):
-                        raise OpFailed(f"run failed: {error_summary(e)}") from None
+                        raise op_failed("run failed", e) from None
                     if attempt == 2:
                         raise OpFailed("run failed: the remote session died twice running this "
                                        f"op: {error_summary(e)}") from None

@@ -185,6 +185,39 @@ def test_interrupted_campaign_says_how_to_resume(tmp_path):
     assert len(_rows(db)) >= 1
 
 
+def test_ctrl_c_during_a_build_stops_the_campaign_and_marks_no_op_unsupported(tmp_path,
+                                                                              monkeypatch):
+    """TVM hands a KeyboardInterrupt raised in one of its Python callbacks (the lowering's
+    passes) back as a RuntimeError with no message: it must stop the campaign, not fail the op."""
+    import tvm
+
+    compile_mod = sys.modules["autoplace.run.compile"]  # autoplace.run.compile is the function
+    real, calls = compile_mod.build_single, []
+
+    @tvm.transform.module_pass(opt_level=0)
+    def ctrl_c(mod, _ctx):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs here, inside TVM's call of this pass
+        return mod
+
+    def build(mod, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the probe, one op, then Ctrl-C in the second op's build
+            tvm.transform.Sequential([ctrl_c])(mod)
+        return real(mod, *args, **kwargs)
+
+    monkeypatch.setattr(compile_mod, "build_single", build)
+    store = ProfileStore(tmp_path / "p.db")
+    models = [("mlp", zoo.load("mlp").mod)]
+    with pytest.raises(KeyboardInterrupt):
+        run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False)
+    assert [m.ok for m in store.measurements()] == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.setattr(compile_mod, "build_single", real)
+    rep = run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False)
+    assert (rep.devices[0].measured, rep.devices[0].unsupported) == (2, 0)
+
+
 def test_concurrent_campaigns_share_one_store(tmp_path):
     db = tmp_path / "p.db"
     args = ("profile", "--model", "zoo:branchy_cnn", "--model", "zoo:mlp", "--device", "cpu:0",

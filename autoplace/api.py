@@ -16,6 +16,7 @@ from autoplace.graph import OpGraph
 from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
+from autoplace.predict.fusion import fused_gpu_costs
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
 from autoplace.solve.problem import OBJECTIVES
 from autoplace.solve.simulate import copies_needed
@@ -226,7 +227,8 @@ def optimize(
     cost_model : object with ``predict(graph, device)``, or ``"auto"``
         Seconds per node. ``"auto"``: this machine's shipped profile and learned model if there
         is one (:func:`auto_cost_model`), else :class:`autoplace.predict.RooflineCostModel`.
-        ``result.cost_model`` says which was used.
+        ``result.cost_model`` says which was used. On a GPU each fused kernel is charged once,
+        at its anchor op's cost (:mod:`autoplace.predict.fusion`).
     solver : str
         A name of :data:`autoplace.solve.SOLVERS`.
     time_limit : float
@@ -281,6 +283,7 @@ def optimize(
         described = type(cost_model).__name__ if cost_model is not None else "RooflineCostModel"
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
+    cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
     if links is None and hasattr(cost_model, "links"):
         links = cost_model.links(devices)
     problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins),

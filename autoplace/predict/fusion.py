@@ -1,0 +1,56 @@
+"""GPU node costs per fused kernel: a profile times each op as its own kernel launch, a model
+runs one kernel per fused group.
+
+On a GPU the ops of these models take microseconds, about a kernel launch, so the ops that TVM
+fuses into another op's kernel (an elementwise op after a conv, a bias add) cost next to nothing
+in the built model although each costs a launch alone. Against the median of five runs of five
+zoo models on an H100 (``benchmarks/pipeline_throughput.py``'s sequential column, input and
+output copies included), the per-op sum plus one stage's overhead predicted 1.15-1.63x the
+measured time; each kernel at its anchor's time (the member with the most FLOPs), 0.84-1.36x.
+The anchors are those of the model built for the GPU alone: in a plan that moves an anchor off
+the GPU, the members left there are still charged nothing. CPU kernels are not launch-bound and
+their op sums predict too fast already, so CPU costs are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import tvm
+
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+
+
+def kernel_anchors(mod: tvm.IRModule, graph: OpGraph, cost: np.ndarray,
+                   func_name: str = "main") -> np.ndarray:
+    """A boolean per node: whether it is the anchor of its fused kernel in ``mod`` lowered for a
+    GPU (the member with the most FLOPs, then the highest ``cost``). Nodes that become views or
+    constants have no kernel and are no anchor."""
+    from autoplace.profile.whole_model import fused_groups
+
+    anchors = np.zeros(len(graph.nodes), dtype=bool)
+    for _, nodes in fused_groups(mod, func_name, gpu=True):
+        if nodes:
+            anchors[max(nodes, key=lambda i: (graph.nodes[i].flops, cost[i]))] = True
+    return anchors
+
+
+def fused_gpu_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
+                    cost: np.ndarray, func_name: str = "main") -> np.ndarray:
+    """``cost`` (nodes x devices) with every GPU column charging each fused kernel once: its
+    anchor keeps its cost, the other members and the nodes without a kernel cost 0 there
+    (``inf``, a device that cannot run the op, stays)."""
+    gpus = [k for k, d in enumerate(devices) if d.is_gpu]
+    if not gpus or not len(graph.nodes):
+        return cost
+    out = np.array(cost, dtype=float)
+    for k in gpus:
+        finite = np.isfinite(out[:, k])
+        anchors = kernel_anchors(mod, graph, np.where(finite, out[:, k], 0.0), func_name)
+        out[~anchors & finite, k] = 0.0
+    return out

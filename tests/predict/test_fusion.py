@@ -1,0 +1,44 @@
+"""GPU costs per fused kernel: each kernel's anchor keeps its cost, the rest of its ops cost 0."""
+
+import numpy as np
+
+import autoplace
+from autoplace import zoo
+from autoplace.predict.fusion import fused_gpu_costs, kernel_anchors
+from autoplace.profile.whole_model import fused_groups
+
+CPU, GPU = autoplace.Device.cpu(0), autoplace.Device.cuda(0)
+
+
+def test_each_gpu_kernel_is_charged_once_and_cpu_costs_stay():
+    m = zoo.load("resnet")
+    graph = autoplace.OpGraph.from_relax(m.mod)
+    rng = np.random.default_rng(0)
+    cost = rng.uniform(1e-6, 1e-5, size=(len(graph.nodes), 2))
+    cost[3, 1] = np.inf  # a node the GPU cannot run stays impossible there
+    out = fused_gpu_costs(m.mod, graph, [CPU, GPU], cost)
+    np.testing.assert_array_equal(out[:, 0], cost[:, 0])
+    assert out[3, 1] == np.inf
+    groups = [nodes for _, nodes in fused_groups(m.mod, gpu=True) if nodes]
+    assert any(len(nodes) > 1 for nodes in groups)  # resnet's convs take their relus along
+    for nodes in groups:
+        charged = [i for i in nodes if out[i, 1] > 0]
+        assert len(charged) <= 1
+        if charged and np.isfinite(out[charged[0], 1]):
+            assert out[charged[0], 1] == cost[charged[0], 1]
+            flops = [graph.nodes[i].flops for i in nodes]
+            assert graph.nodes[charged[0]].flops == max(flops)  # the anchor: most FLOPs
+    anchors = kernel_anchors(m.mod, graph, np.nan_to_num(cost[:, 1], posinf=0.0))
+    assert anchors.sum() == len(groups) < len(graph.nodes)
+
+
+def test_cpu_only_devices_are_left_alone_and_optimize_charges_fused_gpu_kernels():
+    m = zoo.load("mlp")
+    graph = autoplace.OpGraph.from_relax(m.mod)
+    cost = np.ones((len(graph.nodes), 1))
+    assert fused_gpu_costs(m.mod, graph, [CPU], cost) is cost
+    res = autoplace.optimize(m.mod, [CPU, GPU], cost_model=autoplace.RooflineCostModel())
+    raw, _ = autoplace.node_costs(graph, [CPU, GPU], autoplace.RooflineCostModel())
+    np.testing.assert_array_equal(res.problem.cost[:, 0], raw[:, 0])
+    gpu = res.problem.cost[:, 1]
+    assert 0 < np.count_nonzero(gpu) < len(graph.nodes) and gpu.sum() < raw[:, 1].sum()

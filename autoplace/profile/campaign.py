@@ -203,42 +203,42 @@ def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: b
             tqdm(total=len(jobs), disable=not progress, unit="op", desc="profiling") as bar:
         for p, r, key in jobs:
             runner, rep, _ = runners[r]
-            bar.update(1)
-            if rep.error is not None:
-                continue
-            if r not in checked:
+            if rep.error is None and r not in checked:
                 checked.add(r)
                 try:
                     runner.check()
                 except DeviceUnavailable as e:
                     rep.error = str(e)
-                    continue
             # Another process may have taken this pass meanwhile, or the op failed on an earlier.
-            if key not in store.pending([key], rep.fingerprint, passes=p):
-                if p == 1:
-                    rep.skipped += 1
-                continue
-            bar.set_postfix_str(f"{rep.spec} {wl.op_types[key]}" + (f" pass {p}" if passes > 1
-                                                                       else ""))
-            t1 = time.perf_counter()
-            try:
-                t = runner.measure(wl.modules[key], policy, rng)
-                stored = store.add_pass(Measurement(key, rep.fingerprint, "ok", t.median_s,
-                                                    t.min_s, t.mean_s, t.cv, t.repeats, t.number))
-                rep.measured += 1
-            except OpFailed as e:
-                log.info("%s cannot run %s: %s", rep.spec, wl.op_types[key], e)
-                stored = store.add_pass(Measurement(key, rep.fingerprint, "unsupported",
-                                                    error=str(e)))
-                if stored.ok:
-                    log.warning("%s failed on pass %d of %s after succeeding before; the earlier "
-                                "pass is kept: %s", rep.spec, p, key, e)
-                else:
-                    rep.unsupported += 1
-            except DeviceUnavailable as e:
-                n = rep.measured + rep.unsupported
-                rep.error = f"{e} (after {n} measurements; run again to resume)"
-            rep.seconds += time.perf_counter() - t1
+            if rep.error is None and key in store.pending([key], rep.fingerprint, passes=p):
+                bar.set_postfix_str(f"{rep.spec} {wl.op_types[key]}"
+                                    + (f" pass {p}" if passes > 1 else ""))
+                _measure_pass(runner, rep, store, wl, key, p, policy, rng)
+            elif rep.error is None and p == 1:
+                rep.skipped += 1
+            bar.update(1)
+
+
+def _measure_pass(runner, rep, store, wl: Workloads, key: str, p: int, policy, rng) -> None:
+    """Time ``key`` once more on ``runner`` and merge it into the store as pass ``p``."""
+    t1 = time.perf_counter()
+    try:
+        t = runner.measure(wl.modules[key], policy, rng)
+        store.add_pass(Measurement(key, rep.fingerprint, "ok", t.median_s, t.min_s, t.mean_s,
+                                   t.cv, t.repeats, t.number))
+        rep.measured += 1
+    except OpFailed as e:
+        log.info("%s cannot run %s: %s", rep.spec, wl.op_types[key], e)
+        stored = store.add_pass(Measurement(key, rep.fingerprint, "unsupported", error=str(e)))
+        if stored.ok:
+            log.warning("%s failed on pass %d of %s after succeeding before; the earlier pass is "
+                        "kept: %s", rep.spec, p, key, e)
+        else:
+            rep.unsupported += 1
+    except DeviceUnavailable as e:
+        n = rep.measured + rep.unsupported
+        rep.error = f"{e} (after {n} measurements; run again to resume)"
+    rep.seconds += time.perf_counter() - t1
 
 
 def _measure_links(local, store: ProfileStore) -> None:

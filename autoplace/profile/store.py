@@ -325,10 +325,16 @@ class ProfileStore:
                 passes: int = 1) -> list[str]:
         """``keys`` measured on ``device`` in fewer than ``passes`` passes, in the given order. A
         workload that failed there is done: a build error does not go away on another pass."""
-        done = {r[0] for r in self._db.execute(
-            "SELECT workload FROM measurements WHERE device = ? AND schedule = ? "
-            "AND (status = 'unsupported' OR passes >= ?)", (device, schedule, passes))}
-        return [k for k in dict.fromkeys(keys) if k not in done]
+        keys = list(dict.fromkeys(keys))
+        done = set()
+        for i in range(0, len(keys), 500):  # SQLite allows 999 parameters by default
+            chunk = keys[i:i + 500]
+            done.update(r[0] for r in self._db.execute(
+                "SELECT workload FROM measurements WHERE device = ? AND schedule = ? "
+                "AND (status = 'unsupported' OR passes >= ?) "
+                f"AND workload IN ({', '.join('?' * len(chunk))})",
+                (device, schedule, passes, *chunk)))
+        return [k for k in keys if k not in done]
 
     # ------------------------------------------------------------------ links
 

@@ -283,9 +283,10 @@ def test_time_sequential_and_empty_runs(skip_pipe, rng):
     assert len(outs) == 3 and sec >= 0
 
 
-def test_stage_threads_get_one_tvm_thread_and_every_cpu():
-    """``config_threadpool(1, n)`` would pin the calling thread to core 0; ours must not, and a
-    worker started by a pinned thread (``runtime.NumThreads`` pins its caller) is unpinned."""
+def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
+    """``config_threadpool(1, n)`` would pin the calling thread to core 0; ours puts it on the
+    cores it is given, also when the thread that started it (``runtime.NumThreads`` pins its
+    caller) was pinned elsewhere."""
     import tvm
 
     out = {}
@@ -294,32 +295,40 @@ def test_stage_threads_get_one_tvm_thread_and_every_cpu():
     probe.join()
     everything = out["everything"]
 
-    def body():
-        _limit_tvm_threads(1)
-        out.update(after=os.sched_getaffinity(0), n=tvm.get_global_func("runtime.NumThreads")())
+    def body(cores):
+        _limit_tvm_threads(1, cores)
+        out[tuple(cores)] = (os.sched_getaffinity(0),
+                             tvm.get_global_func("runtime.NumThreads")())
 
-    def pinned_parent():
+    def pinned_parent(cores):
         os.sched_setaffinity(0, {min(everything)})
-        t = threading.Thread(target=body)
+        t = threading.Thread(target=body, args=(cores,))
         t.start()
         t.join()
 
-    t = threading.Thread(target=pinned_parent)
-    t.start()
-    t.join()
-    assert out["after"] == everything and out["n"] == 1
+    for cores in (sorted(everything), [max(everything)]):
+        t = threading.Thread(target=pinned_parent, args=(cores,))
+        t.start()
+        t.join()
+        assert out[tuple(cores)] == (set(cores), 1)
 
 
-def test_cpu_devices_share_tvm_threads_and_gpu_stages_get_one(monkeypatch):
+def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
     from autoplace.profile import measure
 
     cpu0, cpu1, gpu = autoplace.Device.cpu(0), autoplace.Device.cpu(1), autoplace.Device.cuda(0)
     monkeypatch.setattr(measure, "tvm_threads", lambda: 8)
-    assert stage_threads([cpu0, gpu, cpu0]) == [8, 1, 8]
-    assert stage_threads([cpu0, cpu1, gpu, cpu0]) == [4, 4, 1, 4]
+    cores = list(range(16))
+    assert stage_threads([cpu0, gpu, cpu0], cpus=cores) == [(8, tuple(cores)), None,
+                                                            (8, tuple(cores))]
+    assert stage_threads([cpu1, cpu0, gpu], cpus=cores) == [(4, tuple(range(8, 16))),
+                                                            (4, tuple(range(8))), None]
     monkeypatch.setattr(measure, "tvm_threads", lambda: 1)
-    assert stage_threads([cpu0, cpu1]) == [1, 1]
-    assert stage_threads([cpu0, gpu], num_threads=3) == [3, 3]
+    assert stage_threads([cpu0, cpu1], cpus=[0, 1]) == [(1, (0,)), (1, (1,))]
+    assert stage_threads([cpu0, cpu1, autoplace.Device.cpu(2)], cpus=[0, 1]) == [
+        (1, (0,)), (1, (1,)), (1, (0,))]  # more devices than cores: they share
+    assert stage_threads([cpu0, gpu], num_threads=3, cpus=[0, 1]) == [(2, (0, 1)), None]
+    assert stage_threads([gpu]) == [None]
     with pytest.raises(ValueError, match="at least 1"):
         stage_threads([cpu0], num_threads=0)
 

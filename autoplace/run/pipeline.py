@@ -7,14 +7,16 @@ each stage for its device and streams inputs through them: a worker thread per s
 its own VM (a VM is not thread-safe; TVM releases the GIL in its calls), bounded queues between
 stages, results in input order.
 
-Threads: TVM's kernel thread pool belongs to the calling thread. Each worker limits its own pool
-with ``runtime.config_threadpool(-3, n, <the CPUs this process may use>)`` (mode
-"share all cores"): that sets the thread-local concurrency to ``n`` and leaves the thread free
-to run on any allowed core. The obvious ``config_threadpool(1, n)`` (mode "big cores") pins the
-calling thread to the first core, so every stage would share core 0 (checked on TVM 0.27).
-"The CPUs this process may use" are not the worker's inherited affinity: starting a thread's
-default pool (``runtime.NumThreads`` does, and ``optimize`` calls it to fingerprint the CPU)
-pins that thread to core 0, and every thread it starts inherits the pin.
+Threads: TVM's kernel thread pool belongs to the calling thread. The CPU devices of a plan split
+the cores this process may use between them (:func:`stage_threads`), and each CPU stage's worker
+runs itself and its pool on its device's cores: ``runtime.config_threadpool(-3, n, <cores>)``
+(mode "share all cores": ``n`` threads, free to move among those cores). Given every core
+instead, two one-thread stages ran their kernels on one core, each call 2x slower (checked on
+TVM 0.27 with two threads of 40 us calls: 80 us each, 40 us each on their own cores); the
+obvious ``config_threadpool(1, n)`` (mode "big cores") pins every stage to core 0. "The cores
+this process may use" are not a thread's inherited affinity: starting a thread's default pool
+(``runtime.NumThreads`` does, and ``optimize`` calls it to fingerprint the CPU) pins that
+thread to core 0, and every thread it starts inherits the pin.
 """
 
 from __future__ import annotations
@@ -337,9 +339,9 @@ class Pipeline:
         Inputs handed from stage to stage together: each stage runs them one after another, and
         the hand-off (queue, thread wake-up) is paid once per micro-batch instead of per input.
     num_threads : int or None
-        TVM kernel threads per stage. ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
-        profile of this machine's CPU was measured with) shared among the plan's CPU devices,
-        at least one each; a GPU stage's thread only launches kernels and gets one.
+        TVM kernel threads per CPU stage, on its device's share of the cores
+        (:func:`stage_threads`). ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
+        profile of this machine's CPU was measured with) divided among the plan's CPU devices.
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
@@ -521,12 +523,14 @@ class Pipeline:
             return False
         return self._put(q_out, _END)
 
-    def _work(self, k: int, executable, num_threads: int, ready: threading.Barrier):
+    def _work(self, k: int, executable, threads: tuple[int, tuple[int, ...]] | None,
+              ready: threading.Barrier):
         from tvm import relax
 
         stage = self.staged.stages[k]
         try:
-            _limit_tvm_threads(num_threads)
+            if threads is not None:
+                _limit_tvm_threads(*threads)
             dev = _runtime_device(stage.device)
             fn = relax.VirtualMachine(executable, dev)["main"]
         except Exception as e:  # noqa: BLE001 - reported by the constructor
@@ -578,26 +582,46 @@ def _compile_stage(stage: Stage):
     return build_single(stage.mod, target, gpu=dev.is_gpu)
 
 
-def stage_threads(devices: Sequence[Device], num_threads: int | None = None) -> list[int]:
-    """TVM threads for stages on ``devices``: ``num_threads`` each, or (``None``) TVM's default
-    count shared evenly among the distinct CPU devices, at least one each, and one per GPU stage."""
-    if num_threads is not None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-        return [num_threads] * len(devices)
-    from autoplace.profile.measure import tvm_threads
+def stage_threads(devices: Sequence[Device], num_threads: int | None = None,
+                  cpus: Sequence[int] | None = None) -> list[tuple[int, tuple[int, ...]] | None]:
+    """TVM threads and cores for stages on ``devices``: ``(threads, cores)`` per CPU stage, None
+    per GPU stage (its thread only launches kernels; TVM's pool is left alone).
 
-    cpus = {(d.kind, d.index) for d in devices if not d.is_gpu}
-    share = max(1, tvm_threads() // max(1, len(cpus)))
-    return [1 if d.is_gpu else share for d in devices]
+    The distinct CPU devices, in order of index, split ``cpus`` (default: every core this process
+    may use) into contiguous shares (one core each, round robin, if there are more devices). Each gets ``num_threads`` threads,
+    or (``None``) TVM's default count (``TVM_NUM_THREADS``, what a profile of this CPU was
+    measured with) divided among the CPU devices, at least one, at most its cores.
+    """
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+    cpu_devs = sorted({d.index for d in devices if not d.is_gpu})
+    if not cpu_devs:
+        return [None] * len(devices)
+    if cpus is None:  # in a throwaway thread: _process_cpus changes its caller's affinity
+        box = []
+        probe = threading.Thread(target=lambda: box.append(_process_cpus()))
+        probe.start()
+        probe.join()
+        cpus = box[0]
+    if num_threads is None:
+        from autoplace.profile.measure import tvm_threads
+
+        num_threads = max(1, tvm_threads() // len(cpu_devs))
+    m, share = len(cpu_devs), {}
+    for j, index in enumerate(cpu_devs):
+        own = (tuple(cpus[j * len(cpus) // m:(j + 1) * len(cpus) // m]) if m <= len(cpus)
+               else (cpus[j % len(cpus)],))  # more devices than cores: they take turns
+        share[index] = (min(num_threads, len(own)), own)
+    return [None if d.is_gpu else share[d.index] for d in devices]
 
 
-def _limit_tvm_threads(n: int) -> None:
-    """Give the calling thread's TVM pool ``n`` threads without pinning it (see module doc)."""
+def _limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
+    """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (see module doc)."""
     import tvm
 
-    cpus = [str(c) for c in _process_cpus()]
-    tvm.get_global_func("runtime.config_threadpool")(-3, n, cpus)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
 
 
 def _process_cpus() -> list[int]:

@@ -692,12 +692,13 @@ def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[D
 
 #: Seconds per input one stage costs beyond its ops, by device kind, from the slope of
 #: ``benchmarks/stage_overhead.py``. CPU: stages alternating over cpu:0 and cpu:1 on the 2-core
-#: development machine (13.9-16.1 us over three runs; 16.6 us for cpu:0 alone on the H100's
-#: 16-core host, 13.0-16.6 over three runs). CUDA: stages alternating over cpu:0 and an H100
-#: cost 41.7-51.0 us per stage (mean 47.4 over three runs), so a GPU stage costs about
-#: 2 * 47.4 - 15 = 80 us: its inputs go up and its outputs come down through pageable memory,
-#: and each copy waits for the GPU.
-STAGE_OVERHEAD_S = {"cpu": 15e-6, "cuda": 80e-6}
+#: development machine, each on its own core (41-50 us in six runs on a quiet machine; 14-16 us
+#: when every stage could use both cores, which ran real stages slower: see the module doc).
+#: CUDA: stages alternating over cpu:0 and an H100 cost 41.7-51.0 us per stage (mean 47.4 over
+#: three runs) on its 16-core host, where a CPU-only stage cost 13.0-16.6 us, so a GPU stage
+#: costs about 2 * 47.4 - 15 = 80 us: its inputs go up and its outputs come down through
+#: pageable memory, and each copy waits for the GPU.
+STAGE_OVERHEAD_S = {"cpu": 45e-6, "cuda": 80e-6}
 
 @dataclass(frozen=True)
 class StageOverhead:

@@ -240,8 +240,8 @@ def optimize(
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
-        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.83-0.90
-        of their predicted rate (1.44-1.76x one device on the four larger zoo models), where
+        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.87-0.98
+        of their predicted rate (1.42-1.94x one device on the four larger zoo models), where
         plans with more stages than devices ran at 0.42-0.81 and never faster
         (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``). ``False``
         lets a device hold several stages.

@@ -11,9 +11,10 @@ Threads: TVM's kernel thread pool belongs to the calling thread. The CPU devices
 the cores this process may use between them (:func:`stage_threads`), and each CPU stage's worker
 runs itself and its pool on its device's cores: ``runtime.config_threadpool(-3, n, <cores>)``
 (mode "share all cores": ``n`` threads, free to move among those cores). Given every core
-instead, two one-thread stages ran their kernels on one core, each call 2x slower (checked on
-TVM 0.27 with two threads of 40 us calls: 80 us each, 40 us each on their own cores); the
-obvious ``config_threadpool(1, n)`` (mode "big cores") pins every stage to core 0. "The cores
+instead, two one-thread stages calling a 40 us kernel took 80 us a call each on TVM 0.27 (40 us
+on their own cores, and also with ``TVM_THREAD_POOL_SPIN_COUNT=0``: the pools' idle threads spin
+on the cores the stages need); the obvious ``config_threadpool(1, n)`` (mode "big cores") pins
+every stage to core 0. "The cores
 this process may use" are not a thread's inherited affinity: starting a thread's default pool
 (``runtime.NumThreads`` does, and ``optimize`` calls it to fingerprint the CPU) pins that
 thread to core 0, and every thread it starts inherits the pin.

@@ -241,8 +241,8 @@ def optimize(
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
         heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.87-0.98
-        of their predicted rate (1.42-1.94x one device on the four larger zoo models), where
-        plans with more stages than devices ran at 0.42-0.81 and never faster
+        of their predicted rate (1.42-1.94x one device on the four larger zoo models), plans
+        with more stages than devices at 0.40-0.85 of theirs
         (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``). ``False``
         lets a device hold several stages.
     stage_overhead_s : float, or mapping device name -> float, optional

@@ -26,17 +26,17 @@ if TYPE_CHECKING:
     from autoplace.graph import OpGraph
 
 
-def kernel_anchors(mod: tvm.IRModule, graph: OpGraph, cost: np.ndarray,
-                   func_name: str = "main") -> np.ndarray:
-    """A boolean per node: whether it is the anchor of its fused kernel in ``mod`` lowered for a
-    GPU (the member with the most FLOPs, then the highest ``cost``). Nodes that become views or
-    constants have no kernel and are no anchor."""
-    from autoplace.profile.whole_model import fused_groups
+def kernel_anchors(groups: Sequence[Sequence[int]], graph: OpGraph,
+                   cost: np.ndarray) -> np.ndarray:
+    """A boolean per node of ``graph``: whether it is the anchor of its fused kernel, ``groups``
+    being each kernel's nodes (:func:`autoplace.profile.whole_model.fused_groups`; ties by
+    ``cost``). Nodes that become views or constants are in no group and are no anchor."""
+    from autoplace.profile.whole_model import anchor
 
     anchors = np.zeros(len(graph.nodes), dtype=bool)
-    for _, nodes in fused_groups(mod, func_name, gpu=True):
+    for nodes in groups:
         if nodes:
-            anchors[max(nodes, key=lambda i: (graph.nodes[i].flops, cost[i]))] = True
+            anchors[anchor(nodes, graph, cost)] = True
     return anchors
 
 
@@ -45,12 +45,15 @@ def fused_gpu_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device]
     """``cost`` (nodes x devices) with every GPU column charging each fused kernel once: its
     anchor keeps its cost, the other members and the nodes without a kernel cost 0 there
     (``inf``, a device that cannot run the op, stays)."""
+    from autoplace.profile.whole_model import fused_groups
+
     gpus = [k for k, d in enumerate(devices) if d.is_gpu]
     if not gpus or not len(graph.nodes):
         return cost
+    groups = [nodes for _, nodes in fused_groups(mod, func_name, gpu=True)]
     out = np.array(cost, dtype=float)
     for k in gpus:
         finite = np.isfinite(out[:, k])
-        anchors = kernel_anchors(mod, graph, np.where(finite, out[:, k], 0.0), func_name)
+        anchors = kernel_anchors(groups, graph, np.where(finite, out[:, k], 0.0))
         out[~anchors & finite, k] = 0.0
     return out

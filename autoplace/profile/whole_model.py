@@ -345,6 +345,12 @@ class FusionCheck:
 GROUP_RULES = ("sum", "max", "anchor")
 
 
+def anchor(nodes: Sequence[int], graph: OpGraph, seconds: Sequence[float]) -> int:
+    """The anchor of a fused kernel's ``nodes``: the one with the most FLOPs, the slowest (by
+    ``seconds``, per node of ``graph``) on ties."""
+    return max(nodes, key=lambda i: (graph.nodes[i].flops, seconds[i]))
+
+
 def check(mod: tvm.IRModule, device: Device, op_seconds: Mapping[str, float], *,
           inputs: Sequence[np.ndarray] | None = None, repeat: int = 20, func_name: str = "main",
           timing: ModelTiming | None = None, call_overhead: float = 0.0) -> FusionCheck:
@@ -390,7 +396,7 @@ def check(mod: tvm.IRModule, device: Device, op_seconds: Mapping[str, float], *,
             return sum(sec[i] for i in nodes)
         if rule == "max":
             return max(sec[i] for i in nodes)
-        return sec[max(nodes, key=lambda i: (graph.nodes[i].flops, sec[i]))]
+        return sec[anchor(nodes, graph, sec)]
 
     per_kernel: dict[str, float] = {k.name: k.seconds for k in timing.kernels}
     estimates = []

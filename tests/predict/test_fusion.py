@@ -28,7 +28,7 @@ def test_each_gpu_kernel_is_charged_once_and_cpu_costs_stay():
             assert out[charged[0], 1] == cost[charged[0], 1]
             flops = [graph.nodes[i].flops for i in nodes]
             assert graph.nodes[charged[0]].flops == max(flops)  # the anchor: most FLOPs
-    anchors = kernel_anchors(m.mod, graph, np.nan_to_num(cost[:, 1], posinf=0.0))
+    anchors = kernel_anchors(groups, graph, np.nan_to_num(cost[:, 1], posinf=0.0))
     assert anchors.sum() == len(groups) < len(graph.nodes)
 
 

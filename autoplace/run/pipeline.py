@@ -14,10 +14,9 @@ runs itself and its pool on its device's cores: ``runtime.config_threadpool(-3, 
 instead, two one-thread stages calling a 40 us kernel took 80 us a call each on TVM 0.27 (40 us
 on their own cores, and also with ``TVM_THREAD_POOL_SPIN_COUNT=0``: the pools' idle threads spin
 on the cores the stages need); the obvious ``config_threadpool(1, n)`` (mode "big cores") pins
-every stage to core 0. "The cores
-this process may use" are not a thread's inherited affinity: starting a thread's default pool
-(``runtime.NumThreads`` does, and ``optimize`` calls it to fingerprint the CPU) pins that
-thread to core 0, and every thread it starts inherits the pin.
+every stage to core 0. "The cores this process may use" are not a thread's inherited affinity:
+starting a thread's default pool (``runtime.NumThreads`` does, and ``optimize`` calls it to
+fingerprint the CPU) pins that thread to core 0, and every thread it starts inherits the pin.
 """
 
 from __future__ import annotations
@@ -589,21 +588,18 @@ def stage_threads(devices: Sequence[Device], num_threads: int | None = None,
     per GPU stage (its thread only launches kernels; TVM's pool is left alone).
 
     The distinct CPU devices, in order of index, split ``cpus`` (default: every core this process
-    may use) into contiguous shares (one core each, round robin, if there are more devices). Each gets ``num_threads`` threads,
-    or (``None``) TVM's default count (``TVM_NUM_THREADS``, what a profile of this CPU was
-    measured with) divided among the CPU devices, at least one, at most its cores.
+    may use) into contiguous shares (one core each, round robin, if there are more devices).
+    Each gets ``num_threads`` threads, or (``None``) TVM's default count (``TVM_NUM_THREADS``,
+    what a profile of this CPU was measured with) divided among the CPU devices, at least one,
+    at most its cores.
     """
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     cpu_devs = sorted({d.index for d in devices if not d.is_gpu})
     if not cpu_devs:
         return [None] * len(devices)
-    if cpus is None:  # in a throwaway thread: _process_cpus changes its caller's affinity
-        box = []
-        probe = threading.Thread(target=lambda: box.append(_process_cpus()))
-        probe.start()
-        probe.join()
-        cpus = box[0]
+    if cpus is None:
+        cpus = _process_cpus()
     if num_threads is None:
         from autoplace.profile.measure import tvm_threads
 
@@ -628,11 +624,21 @@ def _limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
 def _process_cpus() -> list[int]:
     """Every CPU the system lets this process use, whatever the calling thread was pinned to
     (the kernel keeps those of ``range(os.cpu_count())`` that the process's cpuset allows; a
-    narrower ``taskset`` affinity is not kept, since TVM's pin looks the same)."""
+    narrower ``taskset`` affinity is not kept, since TVM's pin looks the same). Asked in a
+    throwaway thread, so that the caller's own affinity is left as it is."""
+    every = range(os.cpu_count() or 1)
     if not hasattr(os, "sched_setaffinity"):
-        return list(range(os.cpu_count() or 1))
-    os.sched_setaffinity(0, range(os.cpu_count() or 1))
-    return sorted(os.sched_getaffinity(0))
+        return list(every)
+    box = []
+
+    def probe():
+        os.sched_setaffinity(0, every)
+        box.append(sorted(os.sched_getaffinity(0)))
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return box[0]
 
 
 def _runtime_device(device: Device):

@@ -249,6 +249,8 @@ def optimize(
         Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
         device and on the host. Default: :data:`autoplace.run.pipeline.STAGE_OVERHEAD_S` for
         each device's kind (measured by ``benchmarks/stage_overhead.py``); ``0`` ignores it.
+        A plan of one stage pays none: it runs without a pipeline, so when no pipeline is
+        predicted to beat the best single device, the plan is that device, one stage.
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
 

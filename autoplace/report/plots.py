@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.report.explain import _fmt_bytes, _fmt_s
-from autoplace.solve.simulate import device_loads, link_loads, stage_counts
+from autoplace.solve.simulate import device_loads, link_loads, stage_counts, stage_overhead
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -135,8 +135,8 @@ def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
     devs = problem.device_names
     stages = sol.stages if sol.stages is not None else result.plan.stages
     stages = np.asarray(stages) if stages is not None else np.full(a.size, -1)
-    overhead = problem.stage_overhead_s * (stage_counts(problem, a, stages)
-                                           if stages.min(initial=0) >= 0 else 0)
+    overhead = stage_overhead(problem, stage_counts(problem, a, stages)
+                              if stages.min(initial=0) >= 0 else np.zeros(len(devs)))
     dev_load, link_load = device_loads(problem, a) + overhead, link_loads(problem, a)
     value = max(dev_load.max(initial=0.0), link_load.max(initial=0.0), overhead.sum())
     unit, scale = _time_unit(value)

@@ -5,7 +5,8 @@ explicit inputs (model inputs and tensors of earlier stages, also ones that skip
 outputs (its tensors that later stages or the model's result read). :class:`Pipeline` compiles
 each stage for its device and streams inputs through them: a worker thread per stage, each with
 its own VM (a VM is not thread-safe; TVM releases the GIL in its calls), bounded queues between
-stages, results in input order.
+stages, results in input order. A plan of one stage has nothing to overlap: it is called on the
+caller's thread, with no worker and no hand-off (the throughput model charges it none).
 
 Threads: TVM's kernel thread pool belongs to the calling thread. The CPU devices of a plan split
 the cores this process may use between them (:func:`stage_threads`), and each CPU stage's worker
@@ -364,6 +365,17 @@ class Pipeline:
         # that share cores, at most one kernel per device runs at a time).
         locks = {(s.device.kind, s.device.index): threading.Lock() for s in staged.stages}
         self._locks = [locks[(s.device.kind, s.device.index)] for s in staged.stages]
+        self._threads: list[threading.Thread] = []
+        self._direct = None
+        if len(staged.stages) == 1:
+            # One stage: no pipeline to overlap, so no worker either (what the throughput
+            # model assumes: a one-stage plan costs no hand-off). Called on the caller's thread.
+            try:
+                self._direct = self._processor(0, *_load_vm(executables[0],
+                                                            staged.stages[0].device))
+            except Exception as e:
+                raise PipelineError(f"the stage failed to start: {e}") from e
+            return
         threads = stage_threads([s.device for s in staged.stages], num_threads)
         ready = threading.Barrier(len(staged.stages) + 1)
         self._startup_errors: list[BaseException] = []
@@ -398,6 +410,7 @@ class Pipeline:
         """Stream ``inputs`` (each a sequence of the function's parameters) through the stages.
 
         Returns one list of numpy arrays per input, in input order, and sets :attr:`stats`.
+        A pipeline of one stage calls it on this thread, one input after another.
 
         Raises
         ------
@@ -411,6 +424,8 @@ class Pipeline:
         with self._run_lock:
             if self._closed.is_set():
                 raise PipelineClosedError("the pipeline is closed")
+            if self._direct is not None:
+                return self._run_direct(inputs)
             source = _Source(iter(inputs))
             self._busy = [0.0] * len(self.staged.stages)
             t0 = time.perf_counter()
@@ -438,6 +453,22 @@ class Pipeline:
                 raise source.error
             self.stats = PipelineStats(len(results), wall, tuple(self._busy))
             return [results[k] for k in range(len(results))]
+
+    def _run_direct(self, inputs) -> list[list[np.ndarray]]:
+        self._busy = [0.0]
+        results = []
+        t0 = time.perf_counter()
+        for n, x in enumerate(inputs):
+            if self._closed.is_set():
+                raise PipelineClosedError(f"the pipeline was closed while running "
+                                          f"({len(results)} results were in)")
+            item = self._item(n, x)
+            self._direct(item)
+            if item.error is not None:
+                raise item.error
+            results.append(self._outputs(item.values))
+        self.stats = PipelineStats(len(results), time.perf_counter() - t0, tuple(self._busy))
+        return results
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the workers (pending inputs are dropped); waits up to ``timeout`` seconds each."""
@@ -505,11 +536,7 @@ class Pipeline:
             for x in source.it:
                 if source.abort.is_set():
                     break
-                x = list(x)
-                if len(x) != self.num_inputs:
-                    raise TypeError(f"input {n}: expected {self.num_inputs} arrays "
-                                    f"({', '.join(self.staged.inputs)}), got {len(x)}")
-                item = _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, x)})
+                item = self._item(n, x)
                 process(item)
                 batch.append(item)
                 n += 1
@@ -523,22 +550,18 @@ class Pipeline:
             return False
         return self._put(q_out, _END)
 
-    def _work(self, k: int, executable, threads: tuple[int, tuple[int, ...]] | None,
-              ready: threading.Barrier):
-        from tvm import relax
+    def _item(self, n: int, x) -> _Item:
+        """Input ``n`` of a run, checked."""
+        x = list(x)
+        if len(x) != self.num_inputs:
+            raise TypeError(f"input {n}: expected {self.num_inputs} arrays "
+                            f"({', '.join(self.staged.inputs)}), got {len(x)}")
+        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, x)})
 
-        stage = self.staged.stages[k]
-        try:
-            if threads is not None:
-                _limit_tvm_threads(*threads)
-            dev = _runtime_device(stage.device)
-            fn = relax.VirtualMachine(executable, dev)["main"]
-        except Exception as e:  # noqa: BLE001 - reported by the constructor
-            self._startup_errors.append(e)
-            ready.wait()
-            return
-        ready.wait()
-        q_in, q_out, drop, lock = self._queues[k], self._queues[k + 1], self._drop[k], self._locks[k]
+    def _processor(self, k: int, fn, dev) -> Callable[[_Item], None]:
+        """Stage ``k`` on one item: its inputs read from the item's values, its outputs written
+        there, the tensors no later stage reads dropped; an error is kept on the item."""
+        stage, drop, lock = self.staged.stages[k], self._drop[k], self._locks[k]
 
         def process(item: _Item) -> None:
             with lock:
@@ -557,6 +580,21 @@ class Pipeline:
                 finally:
                     self._busy[k] += time.perf_counter() - t0
 
+        return process
+
+    def _work(self, k: int, executable, threads: tuple[int, tuple[int, ...]] | None,
+              ready: threading.Barrier):
+        try:
+            if threads is not None:
+                _limit_tvm_threads(*threads)
+            process = self._processor(k, *_load_vm(executable, self.staged.stages[k].device))
+        except Exception as e:  # noqa: BLE001 - reported by the constructor
+            self._startup_errors.append(e)
+            ready.wait()
+            return
+        ready.wait()
+        q_in, q_out = self._queues[k], self._queues[k + 1]
+
         while True:
             batch = self._get(q_in)
             if batch is None:
@@ -571,6 +609,14 @@ class Pipeline:
                         process(item)
             if not self._put(q_out, batch):
                 return
+
+
+def _load_vm(executable, device: Device):
+    """``(main function, runtime device)`` of a new VM of ``executable`` on ``device``."""
+    from tvm import relax
+
+    dev = _runtime_device(device)
+    return relax.VirtualMachine(executable, dev)["main"], dev
 
 
 def _compile_stage(stage: Stage):

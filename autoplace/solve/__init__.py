@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from . import baselines
 from .problem import OBJECTIVES, InfeasibleError, Problem, Solution
@@ -61,6 +62,22 @@ def _auto(problem, objective, time_limit, **options):
     if problem.num_nodes > AUTO_CPSAT_MAX_NODES:
         return _coarse(problem, objective, time_limit, **options)
     return _cpsat(problem, objective, time_limit, **options)
+
+
+def _or_direct(problem: Problem, sol: Solution) -> Solution:
+    """``sol``, or the best single device when calling the model there directly (one stage, no
+    pipeline overhead) is predicted faster: solvers that model every stage's overhead may miss
+    it. The bound becomes the lesser of the two."""
+    if not problem.stage_overhead_s.any():
+        return sol
+    try:
+        direct = baselines.single(problem, "throughput")
+    except InfeasibleError:
+        return sol
+    if direct.value >= sol.value:
+        return sol
+    return replace(direct, bound=min(sol.bound, direct.value), status=sol.status,
+                   solver=f"{sol.solver}+direct", wall_s=sol.wall_s + direct.wall_s)
 
 
 #: Above this many nodes ``"auto"`` coarsens, solves and refines (``"coarse"``) instead of
@@ -121,6 +138,8 @@ def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
     precheck(problem)
     t0 = time.perf_counter()
     sol = SOLVERS[solver](problem, objective, time_limit, **options)
+    if objective == "throughput" and solver != "single":
+        sol = _or_direct(problem, sol)
     log.info("%s/%s: value %.6g bound %.6g status %s in %.2fs", solver, objective, sol.value,
              sol.bound, sol.status, time.perf_counter() - t0)
     return sol

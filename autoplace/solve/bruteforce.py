@@ -20,7 +20,7 @@ import numpy as np
 from ._common import make_solution
 from .problem import InfeasibleError, Problem, Solution
 from .simulate import (allowed_devices, copies_needed, device_loads, link_loads,
-                       orders_from_times, simulate_throughput)
+                       orders_from_times, simulate_throughput, stage_overhead)
 
 #: Most assignments brute force will enumerate.
 MAX_ASSIGNMENTS = 200_000
@@ -135,7 +135,7 @@ def best_staging(problem: Problem, assignment, orders: np.ndarray, contiguous: b
         ok &= (runs <= 1).all(axis=1)
     if not ok.any():
         return np.inf, None
-    overhead = problem.stage_overhead_s * runs
+    overhead = stage_overhead(problem, runs)
     period = np.maximum((device_loads(problem, a) + overhead).max(axis=1), overhead.sum(axis=1))
     period = np.maximum(period, link_loads(problem, a).max(initial=0.0))
     best = int(np.flatnonzero(ok)[np.argmin(period[ok])])

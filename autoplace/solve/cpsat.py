@@ -246,8 +246,10 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
     n, d = problem.num_nodes, problem.num_devices
     allowed = allowed_devices(problem)
     # Without a warm start: every node and copy in series, and a stage per node on one device.
-    upper = warm.value if warm else (_serial_time(problem)
-                                     + n * float(problem.stage_overhead_s.max(initial=0.0)))
+    # The model charges a plan of one stage its overhead, which the simulator does not: a warm
+    # start on one device needs that much room above its value.
+    ov_max = float(problem.stage_overhead_s.max(initial=0.0))
+    upper = warm.value + ov_max if warm else _serial_time(problem) + n * ov_max
     scale = RESOLUTION / max(upper, 1e-12)
     overhead = [int(problem.stage_overhead_s[k] * scale) for k in range(d)]
     # Free stages are modelled only when they cost something or are limited.

@@ -17,7 +17,9 @@ Throughput model (:func:`simulate_throughput`)
     links of their summed copy time (one copy per tensor per destination device), and of the
     host's load. Every pipeline stage costs ``stage_overhead_s`` of its device: that time is
     added to its device's summed compute, and the host's load is the sum over all stages (one
-    process hands every input from stage to stage). The stages are given, or
+    process hands every input from stage to stage). A plan of one stage costs no overhead: it
+    runs without a pipeline, called directly (:class:`autoplace.run.Pipeline` does so), so no
+    plan is predicted to lose to its best single device. The stages are given, or
     :func:`stages_of` the assignment.
 """
 
@@ -263,6 +265,14 @@ def stage_counts(problem: Problem, assignment, stages=None) -> np.ndarray:
     return np.bincount(a[first], minlength=problem.num_devices)
 
 
+def stage_overhead(problem: Problem, counts) -> np.ndarray:
+    """Seconds per input the stages cost each device, given ``counts`` stages per device
+    (``(d,)``, or ``(m, d)`` for ``m`` plans): ``stage_overhead_s`` per stage, nothing for a plan
+    of one stage (it is called directly, not through a pipeline)."""
+    counts = np.asarray(counts)
+    return problem.stage_overhead_s * counts * (counts.sum(axis=-1, keepdims=True) > 1)
+
+
 def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     """Time per input of the pipeline: the busiest device, directed link, or the host.
 
@@ -278,16 +288,16 @@ def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     3.0
 
     With 2.5 s per stage, (a, b, a) is three stages: 7.5 s on the host, while a holds two
-    (2 + 5 = 7 s). On one device: 3 + 2.5 s.
+    (2 + 5 = 7 s). On one device the model is called directly: 3 s.
 
     >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.5)
     >>> simulate_throughput(p, [0, 1, 0]), simulate_throughput(p, [0, 0, 0])
-    (7.5, 5.5)
+    (7.5, 3.0)
     """
     a = _assignment(problem, assignment)
     loads, host = device_loads(problem, a), 0.0
     if stages is not None or problem.stage_overhead_s.any():
-        overhead = problem.stage_overhead_s * stage_counts(problem, a, stages)
+        overhead = stage_overhead(problem, stage_counts(problem, a, stages))
         loads, host = loads + overhead, overhead.sum()
     return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host))
 

@@ -101,19 +101,33 @@ def test_contiguous_throughput_is_not_bounded_by_a_non_contiguous_warm_start():
 
 
 def test_a_stage_overhead_makes_cpsat_cut_fewer_stages():
-    # Chain 0 -> 1 -> 2 costing 1, 2, 1 anywhere, free copies. Without an overhead (a, b, a) is
-    # best: a 1 + 1 = 2, b 2. With 1.5 s per stage it costs a 2 + 2 * 1.5 = 5; one device
-    # 4 + 1.5 = 5.5; a cut into two stages max(1 + 1.5, 3 + 1.5, host 2 * 1.5) = 4.5, optimal.
+    # Chain 0 -> 1 -> 2 costing 2, 3, 2 anywhere, free copies. Without an overhead (a, b, a) is
+    # best: a 2 + 2 = 4, b 3. With 1.5 s per stage it costs a 4 + 2 * 1.5 = 7; one device,
+    # called directly, 7; a cut into two stages max(5 + 1.5, 2 + 1.5, host 2 * 1.5) = 6.5,
+    # optimal.
     from autoplace.solve.simulate import simulate_throughput
 
-    cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
-    assert solve(Problem.build(cost, [(0, 1), (1, 2)]), "throughput", "cpsat").value == 2.0
+    cost = np.array([[2.0, 2.0], [3.0, 3.0], [2.0, 2.0]])
+    assert solve(Problem.build(cost, [(0, 1), (1, 2)]), "throughput", "cpsat").value == 4.0
     p = Problem.build(cost, [(0, 1), (1, 2)], stage_overhead_s=1.5)
     for contiguous in (False, True):
         sol = solve(p, "throughput", "cpsat", contiguous=contiguous)
-        assert sol.value == pytest.approx(4.5) and sol.status == "OPTIMAL"
+        assert sol.value == pytest.approx(6.5) and sol.status == "OPTIMAL"
         assert len(set(sol.stages.tolist())) == 2
         assert simulate_throughput(p, sol.assignment, sol.stages) == sol.value
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "heft", "greedy", "priority", "coarse", "brute"])
+def test_a_pipeline_that_would_lose_to_one_device_is_not_returned(solver):
+    # The same chain at 2.5 s per stage: every cut costs more than calling the model on one
+    # device (7 s, no pipeline, no overhead), so each solver returns that, one stage.
+    cost = np.array([[2.0, 2.0], [3.0, 3.0], [2.0, 2.0]])
+    p = Problem.build(cost, [(0, 1), (1, 2)], stage_overhead_s=2.5)
+    sol = solve(p, "throughput", solver)
+    assert sol.value == pytest.approx(7.0)
+    assert len(set(sol.assignment.tolist())) == 1
+    assert sol.stages is None or len(set(sol.stages.tolist())) == 1
+    assert sol.bound <= sol.value
 
 
 def test_cpsat_breaks_period_ties_with_the_fewest_stages():
@@ -141,8 +155,9 @@ def test_max_stages_limits_the_pipeline():
 
 
 def test_too_many_levels_are_cut_and_nothing_is_claimed(monkeypatch):
-    # The chain above at 0.1 s per stage: (a, b, a) needs 3 levels, 2.2 s (a: 2 + 0.2). With
-    # room for one level per node CP-SAT sees only one-stage plans: 4.1 s, not proven optimal.
+    # Chain 1, 2, 1 at 0.1 s per stage: (a, b, a) needs 3 levels, 2.2 s (a: 2 + 0.2). With
+    # room for one level per node CP-SAT sees only one-stage plans: 4 s (called directly, no
+    # overhead), not proven optimal.
     from autoplace.solve import cpsat
 
     cost = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]])
@@ -150,5 +165,5 @@ def test_too_many_levels_are_cut_and_nothing_is_claimed(monkeypatch):
     assert solve(p, "throughput", "cpsat").value == pytest.approx(2.2)
     monkeypatch.setattr(cpsat, "MAX_LEVEL_VARS", 3)
     sol = cpsat.solve_cpsat(p, "throughput", warm_start=solve(p, "throughput", "single"))
-    assert sol.value == pytest.approx(4.1) and sol.status == "FEASIBLE"
+    assert sol.value == pytest.approx(4.0) and sol.status == "FEASIBLE"
     assert sol.bound < sol.value

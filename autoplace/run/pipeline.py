@@ -355,6 +355,7 @@ class Pipeline:
             raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
         self.micro_batch = micro_batch
         self.staged = staged
+        self._consts = dict(staged.constants)
         self.stats: PipelineStats | None = None
         self._closed = threading.Event()
         self._run_lock = threading.Lock()
@@ -371,8 +372,7 @@ class Pipeline:
             # One stage: no pipeline to overlap, so no worker either (what the throughput
             # model assumes: a one-stage plan costs no hand-off). Called on the caller's thread.
             try:
-                self._direct = self._processor(0, *_load_vm(executables[0],
-                                                            staged.stages[0].device))
+                self._direct = _load_vm(executables[0], staged.stages[0].device)
             except Exception as e:
                 raise PipelineError(f"the stage failed to start: {e}") from e
             return
@@ -455,19 +455,26 @@ class Pipeline:
             return [results[k] for k in range(len(results))]
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
-        self._busy = [0.0]
-        results = []
+        """The one stage on each input in turn, its arrays converted straight onto its device."""
+        fn, dev = self._direct
+        stage, busy, results = self.staged.stages[0], 0.0, []
         t0 = time.perf_counter()
         for n, x in enumerate(inputs):
             if self._closed.is_set():
                 raise PipelineClosedError(f"the pipeline was closed while running "
                                           f"({len(results)} results were in)")
-            item = self._item(n, x)
-            self._direct(item)
-            if item.error is not None:
-                raise item.error
-            results.append(self._outputs(item.values))
-        self.stats = PipelineStats(len(results), time.perf_counter() - t0, tuple(self._busy))
+            values = {name: _as_tensor(a, dev) for name, a in zip(self.staged.inputs,
+                                                                   self._checked(n, x))}
+            t1 = time.perf_counter()
+            try:
+                result = fn(*[values[name] for name in stage.inputs])
+            except Exception as e:
+                raise _stage_error(stage, n, e) from e
+            finally:
+                busy += time.perf_counter() - t1
+            values.update(zip(stage.outputs, result))
+            results.append(self._outputs(values))
+        self.stats = PipelineStats(len(results), time.perf_counter() - t0, (busy,))
         return results
 
     def close(self, timeout: float = 5.0) -> None:
@@ -502,10 +509,9 @@ class Pipeline:
         return drop
 
     def _outputs(self, values: dict) -> list[np.ndarray]:
-        consts = dict(self.staged.constants)
         out = []
         for key in self.staged.outputs:
-            v = consts[key] if key in consts else values[key]
+            v = self._consts[key] if key in self._consts else values[key]
             out.append(np.array(v) if isinstance(v, np.ndarray) else to_numpy(v))
         return out
 
@@ -550,13 +556,16 @@ class Pipeline:
             return False
         return self._put(q_out, _END)
 
-    def _item(self, n: int, x) -> _Item:
-        """Input ``n`` of a run, checked."""
+    def _checked(self, n: int, x) -> list:
+        """The arrays of input ``n`` of a run, as many as the model takes."""
         x = list(x)
         if len(x) != self.num_inputs:
             raise TypeError(f"input {n}: expected {self.num_inputs} arrays "
                             f"({', '.join(self.staged.inputs)}), got {len(x)}")
-        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, x)})
+        return x
+
+    def _item(self, n: int, x) -> _Item:
+        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, self._checked(n, x))})
 
     def _processor(self, k: int, fn, dev) -> Callable[[_Item], None]:
         """Stage ``k`` on one item: its inputs read from the item's values, its outputs written
@@ -573,9 +582,7 @@ class Pipeline:
                     for name in drop:
                         values.pop(name, None)
                 except Exception as e:  # noqa: BLE001 - handed to the caller
-                    item.error = PipelineError(
-                        f"stage {stage.index} on {stage.device.name} failed on input "
-                        f"{item.seq}: {type(e).__name__}: {e}", stage.index, item.seq)
+                    item.error = _stage_error(stage, item.seq, e)
                     item.error.__cause__ = e
                 finally:
                     self._busy[k] += time.perf_counter() - t0
@@ -694,6 +701,16 @@ def _runtime_device(device: Device):
     import tvm
 
     return tvm.cpu(0) if device.kind == "cpu" else device.tvm_device()
+
+
+def _stage_error(stage: Stage, seq: int, e: Exception) -> PipelineError:
+    return PipelineError(f"stage {stage.index} on {stage.device.name} failed on input {seq}: "
+                         f"{type(e).__name__}: {e}", stage.index, seq)
+
+
+def _as_tensor(value, dev):
+    """``value`` (an array or a TVM tensor) as a TVM tensor on ``dev``."""
+    return _on_device(value, dev) if hasattr(value, "copyto") else to_tvm(value, dev)
 
 
 def _take(value):

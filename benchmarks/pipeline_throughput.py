@@ -52,7 +52,16 @@ def _predicted(problem, plan) -> float:
     return 1 / simulate_throughput(problem, [index[d] for d in plan.assignment], plan.stages)
 
 
-def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads):
+def _stage_costs(problem, plan) -> list[float]:
+    """Predicted seconds per input of each stage's ops (its hand-off not included)."""
+    index = {name: k for k, name in enumerate(problem.device_names)}
+    out = np.zeros(max(plan.stages) + 1)
+    for i, (dev, s) in enumerate(zip(plan.assignment, plan.stages)):
+        out[s] += problem.cost[i, index[dev]]
+    return out.tolist()
+
+
+def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads, problem):
     t0 = time.perf_counter()
     with Pipeline.from_plan(mod, plan, micro_batch=micro_batch,
                             num_threads=threads or None) as pipe:
@@ -71,10 +80,13 @@ def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, thre
     err = max(float(np.max(np.abs(a - b))) for o, r in zip(outs, ref) for a, b in zip(o, r))
     seq, piped = len(xs) / min(seq_s), len(xs) / min(pipe_s)
     busy = "/".join(f"{u * 100:.0f}" for u in stats.utilisation)
+    per_input = "  ".join(f"{b / stats.inputs * 1e6:.0f}/{c * 1e6:.0f}"
+                          for b, c in zip(stats.busy_s, _stage_costs(problem, plan)))
     desc = " ".join(f"{s.device.name}:{len(s.nodes)}" for s in stages)
     print(f"{label:<18}{seq:>9.0f}{seq_pred:>9.0f}{seq / seq_pred:>6.2f}{piped:>9.0f}{pred:>9.0f}"
           f"{piped / pred:>6.2f}{piped / seq:>7.2f}{pred / seq_pred:>7.2f}{err:>9.2g}"
-          f"  {len(stages):>3} [{desc}]  busy % {busy}  (build {t_build:.1f} s)", flush=True)
+          f"  {len(stages):>3} [{desc}]  busy % {busy}  us busy/pred {per_input}"
+          f"  (build {t_build:.1f} s)", flush=True)
 
 
 def main():
@@ -129,10 +141,12 @@ def main():
             for mb, threads in itertools.product(args.micro_batch, args.threads):
                 tag = label + (f" mb{mb}" if len(args.micro_batch) > 1 else "") \
                     + (f" t{threads}" if len(args.threads) > 1 else "")
-                _row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb, threads)
+                _row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb, threads,
+                     res.problem)
     print("pred: the solver's cost model (sequential: the sum of the best device's op costs); "
-          "m/p: measured / predicted.\ntargets: speed-up >= 1.6 where the solver balances the "
-          "stages; pipelined m/p within 0.85-1.15")
+          "m/p: measured / predicted; us busy/pred: per stage, microseconds per input it worked "
+          "(uploads, copies, its call) / its ops' predicted cost.\ntargets: speed-up >= 1.6 "
+          "where the solver balances the stages; pipelined m/p within 0.85-1.15")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        bits = _dtype_bits(self.dtype)
+        bits = dtype_bits(self.dtype)
         return math.prod(self.shape) * bits // 8
 
 
@@ -200,7 +200,8 @@ def is_op_call(value) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, ir.Op)
 
 
-def _dtype_bits(dtype: str) -> int:
+def dtype_bits(dtype: str) -> int:
+    """Bits of one element of ``dtype`` (``bool``: a byte)."""
     if dtype == "bool":
         return 8
     digits = "".join(ch for ch in dtype if ch.isdigit())

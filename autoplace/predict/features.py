@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from autoplace.graph.opgraph import dtype_bits
+
 # Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
 OP_TYPES = (
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "nn.relu", "nn.gelu",
@@ -122,7 +124,7 @@ def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
     for i, shape in enumerate(shapes[:MAX_INPUTS]):
         for j, d in enumerate(shape[-MAX_RANK:][::-1]):  # innermost first, so columns line up
             put(f"in{i}_dim{MAX_RANK - 1 - j}", math.log2(d + 1))
-    bits = _bits(inputs[0][1]) if inputs else 32
+    bits = dtype_bits(inputs[0][1]) if inputs else 32
     in_elems = sum(math.prod(s) for s in shapes)
     out_elems = row["bytes_written"] * 8 / bits
     put("log2_in_elems", math.log2(in_elems + 1))
@@ -158,7 +160,7 @@ def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
         put(f"inner_mod{m}", float(inner % m == 0))
     put("in1_inner_mod8", float(len(shapes) > 1 and bool(shapes[1]) and shapes[1][-1] % 8 == 0))
     for i, (shape, dtype) in enumerate(inputs[:2]):
-        put(f"in{i}_row_pow2", _pow2_factor(shape[-1] * _bits(dtype) // 8) if shape else 0)
+        put(f"in{i}_row_pow2", _pow2_factor(shape[-1] * dtype_bits(dtype) // 8) if shape else 0)
 
     threads, peak, bw = (_get(device, k) for k in ("threads", "peak_flops", "mem_bandwidth"))
     put("threads", threads)
@@ -326,8 +328,3 @@ def _get(device, name: str) -> float:
         return math.nan
     value = device.get(name) if isinstance(device, Mapping) else getattr(device, name, None)
     return math.nan if value is None else float(value)
-
-
-def _bits(dtype: str) -> int:
-    digits = "".join(ch for ch in dtype if ch.isdigit())
-    return int(digits) if digits else 8

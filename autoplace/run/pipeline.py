@@ -565,7 +565,8 @@ class Pipeline:
         return x
 
     def _item(self, n: int, x) -> _Item:
-        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, self._checked(n, x))})
+        arrays = self._checked(n, x)
+        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, arrays)})
 
     def _processor(self, k: int, fn, dev) -> Callable[[_Item], None]:
         """Stage ``k`` on one item: its inputs read from the item's values, its outputs written

@@ -339,6 +339,20 @@ def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
         assert out[tuple(cores)] == (set(cores), 1)
 
 
+def test_in_own_thread_keeps_the_callers_affinity_and_raises_what_fn_raised():
+    from autoplace.profile.measure import in_own_thread
+
+    mine = os.sched_getaffinity(0)
+
+    def pin():
+        os.sched_setaffinity(0, {min(mine)})
+        return os.sched_getaffinity(0)
+
+    assert in_own_thread(pin) == {min(mine)} and os.sched_getaffinity(0) == mine
+    with pytest.raises(ZeroDivisionError):
+        in_own_thread(lambda: 1 / 0)
+
+
 def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
     from autoplace.profile import measure
 

@@ -15,8 +15,9 @@ import platform
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from autoplace.profile.workload import random_inputs
 
 if TYPE_CHECKING:
     import tvm
+
+T = TypeVar("T")
 
 
 class OpFailed(RuntimeError):
@@ -150,16 +153,31 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def tvm_threads() -> int:
-    """TVM's CPU thread count, read in a throwaway thread: starting a thread's TVM pool pins that
-    thread to core 0, and the caller (``optimize``'s thread) should not be pinned for a number."""
-    import tvm
+def in_own_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` called in a throwaway thread, so that what it does to its thread (an affinity
+    set; a TVM pool started, which pins its thread to core 0) is not done to the caller's."""
+    box = {}
 
-    out = []
-    t = threading.Thread(target=lambda: out.append(int(tvm.get_global_func("runtime.NumThreads")())))
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run)
     t.start()
     t.join()
-    return out[0]
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def tvm_threads() -> int:
+    """TVM's CPU thread count, read in its own thread: ``optimize``'s thread should not be
+    pinned for a number."""
+    import tvm
+
+    return in_own_thread(lambda: int(tvm.get_global_func("runtime.NumThreads")()))
 
 
 def probe_module() -> tvm.IRModule:

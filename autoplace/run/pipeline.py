@@ -680,19 +680,17 @@ def _process_cpus() -> list[int]:
     (the kernel keeps those of ``range(os.cpu_count())`` that the process's cpuset allows; a
     narrower ``taskset`` affinity is not kept, since TVM's pin looks the same). Asked in a
     throwaway thread, so that the caller's own affinity is left as it is."""
+    from autoplace.profile.measure import in_own_thread
+
     every = range(os.cpu_count() or 1)
     if not hasattr(os, "sched_setaffinity"):
         return list(every)
-    box = []
 
     def probe():
         os.sched_setaffinity(0, every)
-        box.append(sorted(os.sched_getaffinity(0)))
+        return sorted(os.sched_getaffinity(0))
 
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join()
-    return box[0]
+    return in_own_thread(probe)
 
 
 def _runtime_device(device: Device):

@@ -150,6 +150,19 @@ def test_throughput_explanation_speaks_of_time_per_input(tp):
     assert [n.stage for n in expl.nodes] == list(tp.plan.stages)
 
 
+def test_a_model_called_directly_says_a_pipeline_would_cost_more():
+    # Two equal devices, 1 µs per op (10 µs in all), 150 µs per stage: every cut costs more in
+    # hand-offs than it gains, so the plan is one stage on one device, called directly.
+    devs = [Device.cpu(0, name="a"), Device.cpu(1, name="b")]
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, objective="throughput",
+                             cost_model=TableCost({}), stage_overhead_s=150 * US)
+    assert set(res.plan.stages) == {0} and res.predicted_latency_s == pytest.approx(
+        res.problem.cost[:, 0].sum())
+    why = [n.reason for n in res.explain().nodes]
+    on = res.plan.assignment[0]
+    assert all(f"called directly on {on}: moving it would start a pipeline" in w for w in why), why
+
+
 def test_cost_spread_reads_the_profile_cv_and_the_learned_band():
     from autoplace.predict import MeasuredCostModel, RooflineCostModel
     from autoplace.profile.store import DeviceProfile

@@ -317,6 +317,9 @@ def _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base) 
         return f"{speed}; kept with its neighbours to avoid {copies}: {worse}"
     if sol.objective == "latency":
         return f"{speed}; {names[j]} is busy then: {worse}"
+    if sol.stages is not None and len(set(sol.stages.tolist())) == 1:
+        return (f"{speed}; the model is called directly on {names[k]}: moving it would start a "
+                f"pipeline, whose hand-offs cost more than it gains: {worse}")
     return f"{speed}; balances the load: {worse}"
 
 

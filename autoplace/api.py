@@ -240,8 +240,8 @@ def optimize(
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
-        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.87-0.98
-        of their predicted rate (1.42-1.94x one device on the four larger zoo models), plans
+        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.68-0.96
+        of their predicted rate (1.42-1.95x one device on the four larger zoo models), plans
         with more stages than devices at 0.40-0.85 of theirs
         (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``). ``False``
         lets a device hold several stages.

@@ -759,15 +759,21 @@ def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[D
 
 # ----------------------------------------------------------------------------- stage overhead
 
-#: Seconds per input one stage costs beyond its ops, by device kind, from the slope of
-#: ``benchmarks/stage_overhead.py``. CPU: stages alternating over cpu:0 and cpu:1 on the 2-core
-#: development machine, each on its own core (41-50 us in six runs on a quiet machine; 14-16 us
-#: when every stage could use both cores, which ran real stages slower: see the module doc).
+#: Seconds per input one stage costs beyond its ops' profiled time, by device kind.
+#: CPU: 45 us of hand-off, the slope of ``benchmarks/stage_overhead.py`` (trivial stages
+#: alternating over cpu:0 and cpu:1 on the 2-core development machine, each on its own core:
+#: 41-50 us in six runs on a quiet machine), plus 70 us by which a real stage's own call runs
+#: slower in a pipeline than alone (``benchmarks/stage_slowdown.py``: 23-134 us, median 71, over
+#: the 12 stages of two runs of four zoo models on 2026-11-23; CPU time, not waiting; not core
+#: contention). On the four two-stage zoo plans (``benchmarks/pipeline_throughput.py``, same
+#: day, while the sequential runs came in at 0.54-0.95 of their prediction) the measured rate
+#: came to 0.71-0.94 of the prediction with 45 us (five runs) and 0.68-0.96 with 115 us (three
+#: runs); measured over predicted speed-up, 0.77-1.12 and 0.92-1.17.
 #: CUDA: stages alternating over cpu:0 and an H100 cost 41.7-51.0 us per stage (mean 47.4 over
 #: three runs) on its 16-core host, where a CPU-only stage cost 13.0-16.6 us, so a GPU stage
 #: costs about 2 * 47.4 - 15 = 80 us: its inputs go up and its outputs come down through
-#: pageable memory, and each copy waits for the GPU.
-STAGE_OVERHEAD_S = {"cpu": 45e-6, "cuda": 80e-6}
+#: pageable memory, and each copy waits for the GPU. Its in-pipeline slowdown is not measured.
+STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}
 
 @dataclass(frozen=True)
 class StageOverhead:

@@ -343,6 +343,7 @@ class Pipeline:
         TVM kernel threads per CPU stage, on its device's share of the cores
         (:func:`stage_threads`). ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
         profile of this machine's CPU was measured with) divided among the plan's CPU devices.
+        A pipeline of one stage leaves the caller's thread and its TVM threads as they are.
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,

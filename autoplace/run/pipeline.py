@@ -768,7 +768,7 @@ def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[D
 #: the 12 stages of two runs of four zoo models on 2026-11-23; CPU time, not waiting; not core
 #: contention). On the four two-stage zoo plans (``benchmarks/pipeline_throughput.py``, same
 #: day, while the sequential runs came in at 0.54-0.95 of their prediction) the measured rate
-#: came to 0.71-0.94 of the prediction with 45 us (five runs) and 0.68-0.96 with 115 us (three
+#: came to 0.67-0.94 of the prediction with 45 us (five runs) and 0.68-0.96 with 115 us (three
 #: runs); measured over predicted speed-up, 0.77-1.12 and 0.92-1.17.
 #: CUDA: stages alternating over cpu:0 and an H100 cost 41.7-51.0 us per stage (mean 47.4 over
 #: three runs) on its 16-core host, where a CPU-only stage cost 13.0-16.6 us, so a GPU stage

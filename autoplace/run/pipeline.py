@@ -778,8 +778,9 @@ STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}
 
 @dataclass(frozen=True)
 class StageOverhead:
-    """Time per input of pipelines of ``k = 1..len(seconds)`` trivial stages, and its fit
-    ``seconds[k - 1] ~= fixed_s + per_stage_s * k`` (least squares)."""
+    """Time per input of ``k = 1..len(seconds)`` trivial stages, and the fit
+    ``seconds[k - 1] ~= fixed_s + per_stage_s * k`` (least squares over ``k >= 2``: one stage is
+    called directly, with no hand-off)."""
 
     devices: tuple[str, ...]
     seconds: tuple[float, ...]
@@ -816,12 +817,14 @@ def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
     For ``k = 1..max_stages``, a chain of ``k`` one-add stages on ``size``-element tensors runs
     ``inputs`` inputs ``rounds`` times (the best round counts); stage ``j`` is on
     ``devices[j % len(devices)]``. Spread over two devices, as a plan's stages are,
-    ``per_stage_s`` is the figure :data:`STAGE_OVERHEAD_S` holds; on one device the hand-offs
-    cost less (the stages take turns on one lock instead of waking each other across cores).
+    ``per_stage_s`` is the hand-off part of :data:`STAGE_OVERHEAD_S`; on one device the
+    hand-offs cost less (the stages take turns on one lock instead of waking each other across
+    cores). ``k = 1`` is a direct call, timed for reference and left out of the fit.
     """
     devices = list(devices)
-    if not devices or max_stages < 2:
-        raise ValueError("measure_stage_overhead needs a device and max_stages >= 2")
+    if not devices or max_stages < 3:
+        raise ValueError("measure_stage_overhead needs a device and max_stages >= 3 (the fit "
+                         "is over pipelines of 2 or more stages)")
     # Every stage is main(a) -> (a + a,): one executable per device serves all of them.
     one = _chain_module(1, size)
     graph = OpGraph.from_relax(one)
@@ -843,7 +846,7 @@ def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
             best = min(_timed(pipe, xs) for _ in range(rounds))
         seconds.append(best / inputs)
         log.info("%d stages: %.1f us per input", k, seconds[-1] * 1e6)
-    per_stage, fixed = np.polyfit(np.arange(1, max_stages + 1), seconds, 1)
+    per_stage, fixed = np.polyfit(np.arange(2, max_stages + 1), seconds[1:], 1)
     return StageOverhead(tuple(d.name for d in devices), tuple(seconds), float(fixed),
                          float(per_stage))
 

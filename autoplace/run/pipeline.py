@@ -360,6 +360,17 @@ class Pipeline:
         self.stats: PipelineStats | None = None
         self._closed = threading.Event()
         self._run_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._direct = None
+        if len(staged.stages) == 1:
+            # One stage: no pipeline to overlap, so no worker, queue or lock either (what the
+            # throughput model assumes: a one-stage plan costs no hand-off). Called on the
+            # caller's thread.
+            try:
+                self._direct = _load_vm(executables[0], staged.stages[0].device)
+            except Exception as e:
+                raise PipelineError(f"the stage failed to start: {e}") from e
+            return
         self._queues = [queue.Queue(maxsize=queue_size) for _ in range(len(staged.stages) + 1)]
         self._busy = [0.0] * len(staged.stages)
         self._drop = self._last_uses()
@@ -367,16 +378,6 @@ class Pipeline:
         # that share cores, at most one kernel per device runs at a time).
         locks = {(s.device.kind, s.device.index): threading.Lock() for s in staged.stages}
         self._locks = [locks[(s.device.kind, s.device.index)] for s in staged.stages]
-        self._threads: list[threading.Thread] = []
-        self._direct = None
-        if len(staged.stages) == 1:
-            # One stage: no pipeline to overlap, so no worker either (what the throughput
-            # model assumes: a one-stage plan costs no hand-off). Called on the caller's thread.
-            try:
-                self._direct = _load_vm(executables[0], staged.stages[0].device)
-            except Exception as e:
-                raise PipelineError(f"the stage failed to start: {e}") from e
-            return
         threads = stage_threads([s.device for s in staged.stages], num_threads)
         ready = threading.Barrier(len(staged.stages) + 1)
         self._startup_errors: list[BaseException] = []

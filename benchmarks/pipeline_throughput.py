@@ -46,19 +46,21 @@ def _halves(graph, devs):
                                           stages=(0,) * k + (1,) * (n - k), objective="throughput")
 
 
+def _device_indices(problem, plan) -> np.ndarray:
+    """The problem's device index of each node of ``plan``."""
+    index = {name: k for k, name in enumerate(problem.device_names)}
+    return np.array([index[d] for d in plan.assignment])
+
+
 def _predicted(problem, plan) -> float:
     """Inputs per second the solver's throughput model gives ``plan`` (its stage overheads too)."""
-    index = {name: k for k, name in enumerate(problem.device_names)}
-    return 1 / simulate_throughput(problem, [index[d] for d in plan.assignment], plan.stages)
+    return 1 / simulate_throughput(problem, _device_indices(problem, plan), plan.stages)
 
 
 def _stage_costs(problem, plan) -> list[float]:
     """Predicted seconds per input of each stage's ops (its hand-off not included)."""
-    index = {name: k for k, name in enumerate(problem.device_names)}
-    out = np.zeros(max(plan.stages) + 1)
-    for i, (dev, s) in enumerate(zip(plan.assignment, plan.stages)):
-        out[s] += problem.cost[i, index[dev]]
-    return out.tolist()
+    a = _device_indices(problem, plan)
+    return np.bincount(plan.stages, weights=problem.cost[np.arange(a.size), a]).tolist()
 
 
 def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads, problem):

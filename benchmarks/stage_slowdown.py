@@ -11,8 +11,8 @@ speed drifts by minutes); each figure is the median over the rounds of the round
 Per stage, the median microseconds of one call of its function:
 - ``alone``: on the main thread, the stages one after another, each on inputs it was given
   before (the profile's conditions);
-- ``together``: each stage in its own thread on its own core (as the pipeline pins them),
-  both at once, each calling its function on the same inputs over and over;
+- ``together``: each stage in its own thread on its own cores (as the pipeline places them),
+  all at once, each calling its function on the same inputs over and over;
 - ``fresh``: as ``together``, but every call on a new copy of its inputs, made in its thread;
 - ``pipeline``: in :class:`autoplace.run.Pipeline`, wall and CPU time (``thread_time``) of the
   call, so waiting (for the GIL, for a core) shows as wall above CPU.
@@ -44,28 +44,26 @@ def _stage_inputs(staged, fns, xs):
 
 
 def _loops(exes, staged, args, seconds, fresh):
-    """Median seconds per call of each stage, all stages at once, each on its own core."""
+    """Median seconds per call of each stage, all stages at once, each on the cores and TVM
+    threads a pipeline gives it (:func:`autoplace.run.pipeline.stage_threads`)."""
     import tvm
 
     out = {}
+    threads = pipeline.stage_threads([s.device for s in staged.stages])
+
+    def copied(call):  # a copy made now, in this thread, as a pipeline's stage 0 does
+        return [pipeline.to_tvm(v.numpy(), tvm.cpu(0)) for v in call]
 
     def loop(k):
-        pipeline._limit_tvm_threads(1, (k % len(pipeline._process_cpus()),))
+        if threads[k] is not None:
+            pipeline._limit_tvm_threads(*threads[k])
         fn = pipeline._load_vm(exes[k], staged.stages[k].device)[0]
-        times, t0 = [], time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            for a in args[k]:
-                if fresh:  # a copy made now, in this thread, as a pipeline's stage 0 does
-                    a = [pipeline.to_tvm(v.numpy(), tvm.cpu(0)) for v in a]
-                t = time.perf_counter()
-                fn(*a)
-                times.append(time.perf_counter() - t)
-        out[k] = statistics.median(times)
+        out[k] = _median_call(fn, args[k], seconds, copied if fresh else None)
 
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(len(exes))]
-    for t in threads:
+    workers = [threading.Thread(target=loop, args=(k,)) for k in range(len(exes))]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
     return [out[k] for k in range(len(exes))]
 
@@ -100,11 +98,14 @@ def main():
                                                  zip(cols, (8, 10, 8, 10, 8))), flush=True)
 
 
-def _median_call(fn, calls, seconds):
-    """Median seconds of ``fn(*call)`` over ``calls``, repeated for ``seconds``."""
+def _median_call(fn, calls, seconds, prepare=None):
+    """Median seconds of ``fn(*call)`` over ``calls``, repeated for ``seconds``; ``prepare``
+    (untimed) makes each call's arguments from ``call``."""
     times, t0 = [], time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for call in calls:
+            if prepare is not None:
+                call = prepare(call)
             t = time.perf_counter()
             fn(*call)
             times.append(time.perf_counter() - t)

@@ -285,7 +285,7 @@ def test_a_one_stage_plan_is_called_on_the_callers_thread(devs, rng):
     plan = _plan(Skip, devs, ["b"] * 3, [0, 0, 0])
     xs = _inputs([np.zeros((4, 8), "float32")], 5, rng)
     before = threading.active_count()
-    pipe = _assert_matches_single(Skip, plan, devs, xs)
+    _assert_matches_single(Skip, plan, devs, xs)
     with Pipeline.from_plan(Skip, plan) as pipe:
         assert threading.active_count() == before
         assert pipe.run(xs[:2])[1][0].shape == (4, 8) and pipe.stats.inputs == 2

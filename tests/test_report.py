@@ -13,7 +13,8 @@ import autoplace
 from autoplace import Device, Link, zoo
 from autoplace.report import (cost_spread, explain, plot_accuracy, plot_gantt, plot_graph,
                               plot_stage_loads)
-from autoplace.solve.simulate import copies_needed, device_loads, link_loads, stage_counts
+from autoplace.solve.simulate import (copies_needed, device_loads, link_loads, stage_counts,
+                                       stage_overhead)
 
 US = 1e-6
 
@@ -231,7 +232,7 @@ def test_graph_colours_each_node_by_its_device(res):
 def test_stage_loads_stack_to_the_device_loads_and_mark_the_bottleneck(tp):
     fig = plot_stage_loads(tp)
     a, p = tp.solution.assignment, tp.problem
-    overhead = p.stage_overhead_s * stage_counts(p, a, tp.solution.stages)
+    overhead = stage_overhead(p, stage_counts(p, a, tp.solution.stages))
     assert overhead.sum() > 0  # each stage costs a hand-off
     loads = device_loads(p, a) + overhead
     bars = _bars(fig, "load:")

@@ -1,8 +1,8 @@
 """Profile the zoo on this machine's CPU: throughput of the campaign, dedup, spread, copy fits,
 and how well the per-op profile predicts each whole model.
 
-Run: .venv/bin/python benchmarks/profile_campaign.py [--db prof.db] [--models a,b] [--sweep OP:N]
-     [--passes K] [--export profiles/NAME.json]
+Run: .venv/bin/python benchmarks/profile_campaign.py [--db prof.db] [--models a,b]
+     [--sweep OP[:N[:FAMILY]]] [--passes K] [--export profiles/NAME.json]
 With an existing --db, only what is missing is measured (the campaign resumes).
 """
 
@@ -22,11 +22,9 @@ from autoplace.profile.links import fit_link
 def _campaign(args, store):
     models = [(f"zoo:{n}", zoo.load(n).mod) for n in args.models.split(",")]
     if args.sweep:
-        from autoplace.profile.sweeps import sweep
+        from autoplace.profile.sweeps import from_specs
 
-        for s in args.sweep:
-            op, _, n = s.partition(":")
-            models += [(f"sweep:{name}", mod) for name, mod in sweep(op, int(n or 32))]
+        models += from_specs(args.sweep)
     t0 = time.perf_counter()
     rep = run_campaign(models, args.device, store, progress=True, passes=args.passes)
     wall = time.perf_counter() - t0
@@ -97,7 +95,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", help="profile store (default: a temporary file)")
     ap.add_argument("--models", default=",".join(zoo.names()))
-    ap.add_argument("--sweep", action="append", default=[], help="OP:N shape sweep (repeatable)")
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="OP[:N[:FAMILY]] shape sweep, FAMILY full or small (repeatable)")
     ap.add_argument("--device", action="append", help="default: cpu:0 and cpu:1 (the same cores: "
                     "measured once, and the copy between them fitted)")
     ap.add_argument("--passes", type=int, default=1,

@@ -11,6 +11,7 @@ EPILOG = """examples:
   autoplace profile --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db
   autoplace profile --model model.onnx --device cpu:0 --device rpc:pi4@127.0.0.1:9190 --db prof.db
   autoplace profile --sweep nn.conv2d:64 --device cpu:0 --db prof.db --dry-run --json
+  autoplace profile --sweep nn.conv2d:64:small --sweep matmul:48:small --db prof.db
   autoplace profile --refine 3 --device cpu:0 --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out profiles/mycpu.json
 
@@ -26,11 +27,9 @@ def _models(args):
     for spec in args.model:
         out.append((spec, zoo.from_spec(spec).mod))
     if args.sweep:
-        from autoplace.profile.sweeps import sweep
+        from autoplace.profile.sweeps import from_specs
 
-        for s in args.sweep:
-            op, _, n = s.partition(":")
-            out += [(f"sweep:{name}", mod) for name, mod in sweep(op, int(n or 32))]
+        out += from_specs(args.sweep)
     if not out and not args.refine:
         raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx, --sweep OP[:N] "
                          "or --refine ROUNDS")
@@ -108,7 +107,9 @@ def register_cli(sub) -> None:
     p.add_argument("--model", action="append", default=[],
                    help="zoo:NAME or a path to an .onnx file (repeatable)")
     p.add_argument("--sweep", action="append", default=[],
-                   help="OP[:N]: N shapes of one op type around real models' shapes (repeatable)")
+                   help="OP[:N[:FAMILY]]: N shapes of one op type around real models' shapes; "
+                        "FAMILY full (default: full-size models) or small (CIFAR, keyword "
+                        "spotting, microcontroller models) (repeatable)")
     p.add_argument("--device", action="append",
                    help="cpu:N, cuda:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")

@@ -3,10 +3,14 @@
 A sweep adds profiling points between the workloads of real models. It starts from *seed*
 configurations and perturbs them:
 
-- seeds: a built-in table of full-size layers (ResNet-50, MobileNetV2, GoogLeNet / Inception-v3,
-  EfficientNet-B0 at 224 px; BERT, GPT-2, ViT, T5-small; classifier heads), plus the nodes the
-  caller passes as ``seen``. The table is the primary source, so a sweep loads no model; a
-  campaign that already holds its graphs passes their nodes to cover those models' shapes too.
+- seeds: one of two built-in tables of real models' layers, plus the nodes the caller passes as
+  ``seen``. ``family="full"``: full-size models (ResNet-50, MobileNetV2, GoogLeNet /
+  Inception-v3, EfficientNet-B0 at 224 px; BERT, GPT-2, ViT, T5-small; classifier heads).
+  ``family="small"``: the small models of CIFAR, keyword spotting and microcontrollers
+  (ResNet-20, MobileNetV2 and GoogLeNet for 32 px, VGG for CIFAR, DenseNet-BC, MobileNetV1-0.25
+  at 96 px; DeiT-Tiny, TinyBERT, MobileBERT, the keyword transformer KWT-1), whose few channels
+  and small planes make TVM's untuned kernels behave otherwise than full-size layers do. The
+  tables are the primary source, so a sweep loads no model.
 - perturbation: channels scaled by 0.5, 0.75, 1, 1.5 or 2 (rounded to multiples of 8; fewer
   than 8, like RGB, kept); spatial sizes, sequence lengths and attention heads moved to a value
   seen in any seed within a factor of 2; kernel, stride, depthwise-ness and layout kept from the
@@ -73,10 +77,65 @@ _MEAN = ((2048, 7), (1280, 7), (512, 7), (96, 56), (240, 28))
 _CONCAT = ((28, (64, 128, 32, 32)), (14, (192, 208, 48, 64)), (56, (64, 64)), (28, (116, 116)),
            (28, (128, 32)))
 
+# The "small" family, in the same formats. Convolutions: ResNet-20/56 for CIFAR-10 (3x3 at 32/16/8
+# px, 16/32/64 channels, 1x1 projection shortcuts); MobileNetV2 for CIFAR (stride-1 stem);
+# MobileNetV1-0.25 at 96 px (Visual Wake Words); GoogLeNet for CIFAR (inception 3a); VGG-11 for
+# CIFAR.
+_SMALL_CONV = (
+    (3, 32, 16, 3, 1, 0), (16, 32, 16, 3, 1, 0), (16, 32, 32, 3, 2, 0), (32, 16, 32, 3, 1, 0),
+    (32, 16, 64, 3, 2, 0), (64, 8, 64, 3, 1, 0), (16, 32, 32, 1, 2, 0), (32, 16, 64, 1, 2, 0),
+    (3, 32, 32, 3, 1, 0), (32, 32, 32, 3, 1, 1), (32, 32, 16, 1, 1, 0), (16, 32, 96, 1, 1, 0),
+    (96, 32, 96, 3, 2, 1), (96, 16, 24, 1, 1, 0), (24, 16, 144, 1, 1, 0), (144, 16, 144, 3, 2, 1),
+    (144, 8, 32, 1, 1, 0), (192, 8, 192, 3, 1, 1), (192, 8, 64, 1, 1, 0), (384, 4, 96, 1, 1, 0),
+    (320, 4, 1280, 1, 1, 0),
+    (3, 96, 8, 3, 2, 0), (8, 48, 8, 3, 1, 1), (8, 48, 16, 1, 1, 0), (16, 24, 32, 1, 1, 0),
+    (32, 12, 64, 1, 1, 0), (64, 6, 128, 1, 1, 0),
+    (192, 32, 64, 1, 1, 0), (96, 32, 128, 3, 1, 0), (16, 32, 32, 5, 1, 0), (192, 32, 16, 1, 1, 0),
+    (64, 16, 128, 3, 1, 0), (256, 8, 256, 3, 1, 0), (512, 4, 512, 3, 1, 0),
+)
+# Dense layers: DeiT-Tiny; TinyBERT-4, MobileBERT's bottleneck; KWT-1; heads and an MNIST MLP.
+_SMALL_LINEAR = ((197, 192, 576), (197, 192, 768), (197, 768, 192), (197, 192, 192),
+                 (128, 312, 1200), (128, 1200, 312), (128, 128, 512), (128, 512, 128),
+                 (99, 64, 192), (99, 64, 256), (99, 256, 64),
+                 (1, 64, 10), (1, 256, 10), (1, 192, 35), (1, 784, 256), (1, 256, 128))
+# Attention: DeiT-Tiny, TinyBERT-4, MobileBERT, KWT-1, a ViT for CIFAR (4x4 patches).
+_SMALL_ATTENTION = ((3, 197, 64), (12, 128, 26), (4, 128, 32), (1, 99, 64), (4, 65, 32))
+# Pools, global pools and concats: VGG and GoogLeNet for CIFAR, MobileNetV1-0.25, ResNet-20,
+# MobileNetV2, DenseNet-BC-100 (growth 12, its 108/150/342-channel transitions), SqueezeNet.
+_SMALL_POOL = ((64, 32, 2, 2), (192, 32, 3, 1), (480, 16, 3, 2), (128, 16, 2, 2), (8, 48, 2, 2))
+_SMALL_MEAN = ((64, 8), (1280, 4), (1024, 8), (256, 3), (342, 8))
+_SMALL_CONCAT = ((32, (64, 128, 32, 32)), (32, (24, 12)), (16, (108, 12)), (8, (150, 12)),
+                 (16, (64, 64)))
+_FAMILIES = {
+    "full": dict(conv=_CONV, linear=_LINEAR, attention=_ATTENTION, pool=_POOL, mean=_MEAN,
+                 concat=_CONCAT),
+    "small": dict(conv=_SMALL_CONV, linear=_SMALL_LINEAR, attention=_SMALL_ATTENTION,
+                  pool=_SMALL_POOL, mean=_SMALL_MEAN, concat=_SMALL_CONCAT),
+}
+
 
 def sweep_names() -> list[str]:
     """The op types :func:`sweep` can sample, as :attr:`OpNode.op_type` spells them."""
     return list(_OPS)
+
+
+def sweep_families() -> list[str]:
+    """The seed tables :func:`sweep` can start from (its ``family``)."""
+    return list(_FAMILIES)
+
+
+def from_specs(specs: Iterable[str]) -> list[tuple[str, tvm.IRModule]]:
+    """``(f"sweep:{name}", module)`` for command-line specs ``OP[:N[:FAMILY]]`` (N default 32,
+    family default ``full``), e.g. ``nn.conv2d:48:small``."""
+    out = []
+    for spec in specs:
+        op, n, family = (spec.split(":") + ["", ""])[:3]
+        if not (n or "32").isdigit():
+            raise ValueError(f"bad sweep {spec!r}: expected OP[:N[:FAMILY]], "
+                             "e.g. nn.conv2d:48:small")
+        out += [(f"sweep:{name}", mod)
+                for name, mod in sweep(op, int(n or 32), family=family or "full")]
+    return out
 
 
 def sweep(
@@ -86,6 +145,7 @@ def sweep(
     rng: np.random.Generator | None = None,
     seen: Iterable[OpNode] | None = None,
     max_flops: float = 3e8,
+    family: str = "full",
 ) -> list[tuple[str, tvm.IRModule]]:
     """``n`` distinct single-op modules of ``op_type``, sampled around real-model shapes.
 
@@ -103,6 +163,9 @@ def sweep(
     max_flops
         Samples above this are shrunk. At 3e8, a conv2d takes at most ~0.2 s with TVM's untuned
         CPU kernels (~2 GFLOP/s); untuned matmul is slower (~0.35 GFLOP/s, up to ~0.8 s).
+    family
+        The seed table: ``"full"`` (full-size models) or ``"small"`` (CIFAR, keyword spotting,
+        microcontroller models); see :func:`sweep_families`.
 
     Returns
     -------
@@ -112,7 +175,8 @@ def sweep(
     Raises
     ------
     ValueError
-        For an op type that cannot be swept (the message lists those that can).
+        For an op type that cannot be swept or an unknown family (the message lists those that
+        can be).
     RuntimeError
         If ``n`` distinct configurations are not found (ask for fewer).
 
@@ -123,10 +187,12 @@ def sweep(
     """
     if op_type not in _OPS:
         raise ValueError(f"cannot sweep {op_type!r}; available op types: {', '.join(_OPS)}")
+    if family not in _FAMILIES:
+        raise ValueError(f"no sweep family {family!r}; available: {', '.join(_FAMILIES)}")
     rng = np.random.default_rng(0) if rng is None else rng
     parsed = [p for p in (_from_node(node) for node in (seen or ())) if p is not None]
-    seeds = _unique([p for op, p in parsed if op == op_type] + _table(op_type))
-    every = [p for op in _OPS for p in _table(op)] + [p for _, p in parsed]
+    seeds = _unique([p for op, p in parsed if op == op_type] + _table(op_type, family))
+    every = [p for op in _OPS for p in _table(op, family)] + [p for _, p in parsed]
     pools = {key: sorted({p[key] for p in every if key in p}) for key in ("h", "t", "heads")}
 
     out: list[tuple[str, tvm.IRModule]] = []
@@ -160,25 +226,27 @@ def _unique(params: list[dict]) -> list[dict]:
     return list(first.values())
 
 
-def _table(op: str) -> list[dict]:
-    """Built-in seed parameters of ``op``. Activations: ``c, h`` (NCHW) or ``t, c`` (tokens)."""
-    conv_out = _unique([dict(c=o, h=-(-h // s)) for _, h, o, _, s, _ in _CONV])
-    tokens = [dict(t=t, c=c) for t, c, _ in _LINEAR if t > 1]
-    hidden = _unique(tokens + [dict(t=t, c=o) for t, _, o in _LINEAR if t > 1])
+def _table(op: str, family: str) -> list[dict]:
+    """Seed parameters of ``op`` in a family. Activations: ``c, h`` (NCHW) or ``t, c`` (tokens)."""
+    f = _FAMILIES[family]
+    conv_out = _unique([dict(c=o, h=-(-h // s)) for _, h, o, _, s, _ in f["conv"]])
+    tokens = [dict(t=t, c=c) for t, c, _ in f["linear"] if t > 1]
+    hidden = _unique(tokens + [dict(t=t, c=o) for t, _, o in f["linear"] if t > 1])
     return {
-        "nn.conv2d": [dict(c=c, h=h, o=o, k=k, s=s, dw=dw) for c, h, o, k, s, dw in _CONV],
-        "matmul": [dict(kind="linear", t=t, c=c, o=o) for t, c, o in _LINEAR]
-        + [dict(kind=kind, heads=hd, t=t, c=d) for hd, t, d in _ATTENTION for kind in ("qk", "av")],
+        "nn.conv2d": [dict(c=c, h=h, o=o, k=k, s=s, dw=dw) for c, h, o, k, s, dw in f["conv"]],
+        "matmul": [dict(kind="linear", t=t, c=c, o=o) for t, c, o in f["linear"]]
+        + [dict(kind=kind, heads=hd, t=t, c=d) for hd, t, d in f["attention"]
+           for kind in ("qk", "av")],
         "add": [dict(p, bias=0) for p in conv_out + hidden] + [dict(p, bias=1) for p in hidden],
         "nn.relu": conv_out,
         "nn.gelu": hidden,
         "nn.batch_norm": conv_out,
         "nn.layer_norm": tokens,
-        "nn.softmax": [dict(heads=hd, t=t) for hd, t, _ in _ATTENTION]
-        + [dict(c=o) for t, _, o in _LINEAR if t == 1],
-        "nn.max_pool2d": [dict(c=c, h=h, k=k, s=s) for c, h, k, s in _POOL],
-        "mean": [dict(c=c, h=h) for c, h in _MEAN],
-        "concat": [dict(h=h, cs=cs) for h, cs in _CONCAT],
+        "nn.softmax": [dict(heads=hd, t=t) for hd, t, _ in f["attention"]]
+        + [dict(c=o) for t, _, o in f["linear"] if t == 1],
+        "nn.max_pool2d": [dict(c=c, h=h, k=k, s=s) for c, h, k, s in f["pool"]],
+        "mean": [dict(c=c, h=h) for c, h in f["mean"]],
+        "concat": [dict(h=h, cs=cs) for h, cs in f["concat"]],
     }[op]
 
 

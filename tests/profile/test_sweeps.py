@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autoplace.graph import OpGraph
-from autoplace.profile.sweeps import sweep, sweep_names
+from autoplace.profile.sweeps import from_specs, sweep, sweep_families, sweep_names
 
 OPS = sweep_names()
 
@@ -80,6 +80,29 @@ def test_same_seed_same_sweep_other_seed_other_sweep():
 def test_unknown_op_lists_the_available_ones():
     with pytest.raises(ValueError, match=r"nn\.conv2d.*matmul"):
         sweep("nn.conv3d")
+    with pytest.raises(ValueError, match="full, small"):
+        sweep("nn.conv2d", family="tiny")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_small_family_samples_small_models_layers(op):
+    """Small-model seeds give other workloads than the full-size ones, with fewer channels."""
+    small = {OpGraph.from_relax(m).nodes[0].workload_key for _, m in sweep(op, 12, family="small")}
+    full = {OpGraph.from_relax(m).nodes[0].workload_key for _, m in sweep(op, 12)}
+    assert len(small) == 12 and small != full
+    if op == "nn.conv2d":
+        convs = [_only_call(m)[1] for _, m in sweep(op, 32, family="small")]
+        assert np.median([int(c.args[0].ty.shape.values[1]) for c in convs]) <= 64
+        assert max(int(c.args[0].ty.shape.values[2]) for c in convs) <= 96
+
+
+def test_specs_name_op_count_and_family():
+    assert sweep_families() == ["full", "small"]
+    got = from_specs(["nn.relu:3", "matmul:2:small", "mean"])
+    assert len(got) == 3 + 2 + 32 and all(name.startswith("sweep:") for name, _ in got)
+    assert [n for n, _ in got[3:5]] == [f"sweep:{n}" for n, _ in sweep("matmul", 2, family="small")]
+    with pytest.raises(ValueError, match="OP\\[:N\\[:FAMILY\\]\\]"):
+        from_specs(["matmul:many"])
 
 
 def test_samples_stay_near_real_layers():

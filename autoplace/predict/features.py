@@ -62,6 +62,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "depthwise", "n_axes", "keepdims",
     "log10_flops", "log10_bytes_read", "log10_bytes_written", "log10_intensity", "dtype_bits",
     "inner_mod4", "inner_mod8", "inner_mod16", "in1_inner_mod8", "in0_row_pow2", "in1_row_pow2",
+    "log2_walk_lines_per_set",
     "threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute", "log10_t_memory",
 )
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
@@ -76,6 +77,38 @@ def _pow2_factor(n: int, cap: int = 16) -> int:
     """log2 of the largest power of two dividing ``n`` (at most ``cap``): a row stride of a
     large power of two bytes maps a column walk onto few cache sets."""
     return min((n & -n).bit_length() - 1, cap) if n > 0 else 0
+
+
+# An L1 data cache of 64-byte lines in 64 sets: x86 cores of the last decade (32 KiB 8-way,
+# 48 KiB 12-way) and most Arm big cores.
+_L1_SETS, _LINE = 64, 64
+
+
+def _reduction_walk(op: str, inputs, attrs) -> tuple[int, int] | None:
+    """``(stride bytes, length)`` of the strided walk of an untuned kernel's innermost reduction.
+
+    TVM's default (untuned) matmul loops ``i, j, k`` read ``B[k, j]`` down a column; an NCHW
+    conv reads its input across channels a padded plane apart. Other ops: ``None``.
+    """
+    if op == "matmul" and len(inputs) == 2 and len(inputs[1][0]) >= 2:
+        (b, dtype) = inputs[1]
+        return b[-1] * dtype_bits(dtype) // 8, b[-2]
+    if op == "nn.conv2d" and len(inputs) == 2 and len(inputs[0][0]) == 4 \
+            and (attrs.get("data_layout") or "NCHW") == "NCHW":
+        (x, dtype), pad = inputs[0], list(attrs.get("padding") or [0, 0, 0, 0])
+        pad = pad * 2 if len(pad) == 2 else pad
+        plane = (x[2] + pad[0] + pad[2]) * (x[3] + pad[1] + pad[3])
+        return plane * dtype_bits(dtype) // 8, x[1] // int(attrs.get("groups") or 1)
+    return None
+
+
+def _lines_per_set(stride: int, length: int) -> float:
+    """Lines per L1 set that a walk of ``length`` accesses ``stride`` bytes apart keeps live: more
+    than the cache's ways and each access misses (a large power-of-two stride hits few sets)."""
+    if length <= 1:
+        return 1.0
+    sets = _L1_SETS if stride % _LINE else _L1_SETS // math.gcd(stride // _LINE, _L1_SETS)
+    return length / min(length, sets)
 
 
 def parse_key(key: str) -> tuple[str, list[tuple[tuple[int, ...], str]], dict[str, Any]]:
@@ -161,6 +194,8 @@ def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
     put("in1_inner_mod8", float(len(shapes) > 1 and bool(shapes[1]) and shapes[1][-1] % 8 == 0))
     for i, (shape, dtype) in enumerate(inputs[:2]):
         put(f"in{i}_row_pow2", _pow2_factor(shape[-1] * dtype_bits(dtype) // 8) if shape else 0)
+    walk = _reduction_walk(op, inputs, attrs)
+    put("log2_walk_lines_per_set", math.log2(_lines_per_set(*walk)) if walk else 0.0)
 
     threads, peak, bw = (_get(device, k) for k in ("threads", "peak_flops", "mem_bandwidth"))
     put("threads", threads)

@@ -78,6 +78,28 @@ def test_row_stride_features_see_powers_of_two():
     assert x[3072][names.index("in0_row_pow2")] == 10  # 256 floats: 1 KiB
 
 
+def test_the_reduction_walk_counts_lines_per_cache_set():
+    """Untuned kernels reduce along a strided walk: B's column in a matmul, the channels of an
+    NCHW conv. A 1 KiB stride puts 64 reads on 4 of the 64 sets (16 lines each, past 8 ways);
+    a stride off the line size spreads them."""
+    def f(op, inputs, attrs=None):
+        key = json.dumps([op, [[s, "float32"] for s in inputs], attrs or {}, []])
+        x = features({"key": key, "flops": 1.0, "bytes_read": 1, "bytes_written": 1})[0]
+        return x[FEATURE_NAMES.index("log2_walk_lines_per_set")]
+
+    assert f("relax.matmul", [[32, 64], [64, 256]]) == 4.0  # 64 reads, 1 KiB apart: 4 sets
+    assert f("relax.matmul", [[32, 64], [64, 192]]) == 2.0  # 768 B: 16 sets
+    assert f("relax.matmul", [[32, 64], [64, 100]]) == 0.0  # 400 B: off the line size
+    conv = {"padding": [0, 0, 0, 0], "groups": 1, "data_layout": "NCHW"}
+    assert f("relax.nn.conv2d", [[1, 64, 16, 16], [16, 64, 1, 1]], conv) == 4.0  # 1 KiB planes
+    assert f("relax.nn.conv2d", [[1, 16, 16, 16], [64, 16, 1, 1]], conv) == 2.0
+    padded = {**conv, "padding": [1, 1, 1, 1]}  # 18x18 planes: 1296 B, off the line size
+    assert f("relax.nn.conv2d", [[1, 64, 16, 16], [16, 64, 3, 3]], padded) == 0.0
+    depthwise = {**conv, "groups": 64}  # one channel per group: no walk
+    assert f("relax.nn.conv2d", [[1, 64, 16, 16], [64, 1, 1, 1]], depthwise) == 0.0
+    assert f("relax.add", [[1, 64, 16, 16], [1, 64, 16, 16]]) == 0.0
+
+
 @pytest.mark.parametrize("make", [lambda: RooflineCostModel(), SMALL,
                                   lambda: NearestNeighborCostModel(k=2)],
                          ids=["roofline", "xgboost", "nearest"])

@@ -192,6 +192,7 @@ def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
         r = result[split]
         assert r["folds"] >= 1 and 0 <= r["within_10"] <= r["within_25"] <= 1
     assert set(result["heldout_model"]["models"]) == {"zoo:mlp", "zoo:branchy_cnn"}
+    assert result["heldout_shapes"]["folds"] == 5  # draws of held-out shapes, averaged
     json.dumps(result, allow_nan=False)  # strict JSON
     # The roofline, even with peaks fitted to the data, is one line for every op type; the
     # learned model sees op type and shape. On held-out shapes it is clearly better.

@@ -39,11 +39,12 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
            rng: np.random.Generator | None = None, **campaign_kwargs) -> list[RefineRound]:
     """Run ``rounds`` rounds of picking and measuring ``size`` workloads on ``device_spec``.
 
-    ``candidates`` is how many sweep workloads are drawn per op type and round;
-    ``campaign_kwargs`` go to :func:`autoplace.profile.run_campaign` (policy, progress...).
+    ``candidates`` is how many sweep workloads are drawn per op type, sweep family (full-size
+    and small models' layers) and round; ``campaign_kwargs`` go to
+    :func:`autoplace.profile.run_campaign` (policy, progress...).
     """
     from autoplace.profile.campaign import run_campaign
-    from autoplace.profile.sweeps import sweep, sweep_names
+    from autoplace.profile.sweeps import sweep, sweep_families, sweep_names
 
     rng = rng or np.random.default_rng(0)
     device = store.device(device_spec).fingerprint
@@ -54,16 +55,19 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
             raise ValueError(f"nothing measured on {device_spec} yet: profile some models first")
         model = XGBCostModel().fit(rows)
         done = {m.workload for m in store.measurements(device)}
-        pool = []
+        pool, seen = [], set()
         for op in sorted(set(sweep_names()) & set(model.op_types_)):
-            try:
-                drawn = sweep(op, candidates, rng=np.random.default_rng(rng.integers(2**31)))
-            except RuntimeError:  # fewer distinct shapes exist than asked for
-                continue
-            for name, mod in drawn:
-                node = OpGraph.from_relax(mod).nodes[0]
-                if node.workload_key not in done:
-                    pool.append((name, mod, workload_row(node)))
+            for family in sweep_families():
+                try:
+                    drawn = sweep(op, candidates, family=family,
+                                  rng=np.random.default_rng(rng.integers(2**31)))
+                except RuntimeError:  # fewer distinct shapes exist than asked for
+                    continue
+                for name, mod in drawn:
+                    node = OpGraph.from_relax(mod).nodes[0]
+                    if node.workload_key not in done and node.workload_key not in seen:
+                        seen.add(node.workload_key)
+                        pool.append((name, mod, workload_row(node)))
         if not pool:
             break
         q = model.quantiles([row for _, _, row in pool], device)

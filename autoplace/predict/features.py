@@ -95,8 +95,7 @@ def _reduction_walk(op: str, inputs, attrs) -> tuple[int, int] | None:
         return b[-1] * dtype_bits(dtype) // 8, b[-2]
     if op == "nn.conv2d" and len(inputs) == 2 and len(inputs[0][0]) == 4 \
             and (attrs.get("data_layout") or "NCHW") == "NCHW":
-        (x, dtype), pad = inputs[0], list(attrs.get("padding") or [0, 0, 0, 0])
-        pad = pad * 2 if len(pad) == 2 else pad
+        (x, dtype), pad = inputs[0], attrs.get("padding") or [0, 0, 0, 0]  # Relax: 4 values
         plane = (x[2] + pad[0] + pad[2]) * (x[3] + pad[1] + pad[3])
         return plane * dtype_bits(dtype) // 8, x[1] // int(attrs.get("groups") or 1)
     return None

@@ -55,7 +55,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
             raise ValueError(f"nothing measured on {device_spec} yet: profile some models first")
         model = XGBCostModel().fit(rows)
         done = {m.workload for m in store.measurements(device)}
-        pool, seen = [], set()
+        pool = []
         for op in sorted(set(sweep_names()) & set(model.op_types_)):
             for family in sweep_families():
                 try:
@@ -65,8 +65,8 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
                     continue
                 for name, mod in drawn:
                     node = OpGraph.from_relax(mod).nodes[0]
-                    if node.workload_key not in done and node.workload_key not in seen:
-                        seen.add(node.workload_key)
+                    if node.workload_key not in done:  # measured, or drawn from both families
+                        done.add(node.workload_key)
                         pool.append((name, mod, workload_row(node)))
         if not pool:
             break

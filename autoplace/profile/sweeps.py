@@ -129,8 +129,9 @@ def from_specs(specs: Iterable[str]) -> list[tuple[str, tvm.IRModule]]:
     family default ``full``), e.g. ``nn.conv2d:48:small``."""
     out = []
     for spec in specs:
-        op, n, family = (spec.split(":") + ["", ""])[:3]
-        if not (n or "32").isdigit():
+        parts = spec.split(":")
+        op, n, family = (parts + ["", ""])[:3]
+        if len(parts) > 3 or not (n or "32").isdigit():
             raise ValueError(f"bad sweep {spec!r}: expected OP[:N[:FAMILY]], "
                              "e.g. nn.conv2d:48:small")
         out += [(f"sweep:{name}", mod)

@@ -103,6 +103,8 @@ def test_specs_name_op_count_and_family():
     assert [n for n, _ in got[3:5]] == [f"sweep:{n}" for n, _ in sweep("matmul", 2, family="small")]
     with pytest.raises(ValueError, match="OP\\[:N\\[:FAMILY\\]\\]"):
         from_specs(["matmul:many"])
+    with pytest.raises(ValueError, match="bad sweep"):
+        from_specs(["matmul:2:small:extra"])
 
 
 def test_samples_stay_near_real_layers():

@@ -28,7 +28,7 @@ class RefineRound:
     trained_on: int
     measured: int
     mean_band: float   # mean P90 / P10 of the picked workloads, before measuring them
-    mape: float        # mean |P50 - measured| / measured on them, before training on them
+    mape: float        # mean |predicted - measured| / measured on them, before training on them
     within_25: float
 
     def to_dict(self) -> dict:
@@ -57,7 +57,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         done = {m.workload for m in store.measurements(device)}
         pool = []
         for op in sorted(set(sweep_names()) & set(model.op_types_)):
-            for family in sweep_families():
+            for family in sweep_families(op):
                 try:
                     drawn = sweep(op, candidates, family=family,
                                   rng=np.random.default_rng(rng.integers(2**31)))
@@ -77,7 +77,8 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         run_campaign([(f"refine:{name}", mod) for name, mod, _ in chosen], [device_spec], store,
                      links=False, **campaign_kwargs)
         measured = {m.workload: m.latency_s for m in store.measurements(device) if m.ok}
-        pairs = [(q[i, q.shape[1] // 2], measured[pool[i][2]["key"]]) for i in pick
+        point = model.predict_workloads([pool[i][2] for i in pick], device)
+        pairs = [(p, measured[pool[i][2]["key"]]) for p, i in zip(point, pick)
                  if pool[i][2]["key"] in measured]
         ape = np.array([abs(p - t) / t for p, t in pairs]) if pairs else np.array([np.nan])
         out.append(RefineRound(r + 1, len(rows), len(pairs), float(band[pick].mean()),

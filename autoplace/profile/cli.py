@@ -108,8 +108,9 @@ def register_cli(sub) -> None:
                    help="zoo:NAME or a path to an .onnx file (repeatable)")
     p.add_argument("--sweep", action="append", default=[],
                    help="OP[:N[:FAMILY]]: N shapes of one op type around real models' shapes; "
-                        "FAMILY full (default: full-size models) or small (CIFAR, keyword "
-                        "spotting, microcontroller models) (repeatable)")
+                        "FAMILY full (default: full-size models), small (CIFAR, keyword "
+                        "spotting, microcontroller models) or batch (dense layers over 2-32 "
+                        "rows) (repeatable)")
     p.add_argument("--device", action="append",
                    help="cpu:N, cuda:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")

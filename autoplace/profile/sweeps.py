@@ -9,8 +9,10 @@ configurations and perturbs them:
   ``family="small"``: the small models of CIFAR, keyword spotting and microcontrollers
   (ResNet-20, MobileNetV2 and GoogLeNet for 32 px, VGG for CIFAR, DenseNet-BC, MobileNetV1-0.25
   at 96 px; DeiT-Tiny, TinyBERT, MobileBERT, the keyword transformer KWT-1), whose few channels
-  and small planes make TVM's untuned kernels behave otherwise than full-size layers do. The
-  tables are the primary source, so a sweep loads no model.
+  and small planes make TVM's untuned kernels behave otherwise than full-size layers do.
+  ``family="batch"``: dense layers over batches of 2-32 rows (MLPs and classifier heads serving
+  a few requests at once), for ``matmul`` and the ops that follow one (``add``, ``nn.relu``,
+  ``nn.gelu``, ``nn.layer_norm``). The tables are the primary source, so a sweep loads no model.
 - perturbation: channels scaled by 0.5, 0.75, 1, 1.5 or 2 (rounded to multiples of 8; fewer
   than 8, like RGB, kept); spatial sizes, sequence lengths and attention heads moved to a value
   seen in any seed within a factor of 2; kernel, stride, depthwise-ness and layout kept from the
@@ -106,11 +108,18 @@ _SMALL_POOL = ((64, 32, 2, 2), (192, 32, 3, 1), (480, 16, 3, 2), (128, 16, 2, 2)
 _SMALL_MEAN = ((64, 8), (1280, 4), (1024, 8), (256, 3), (342, 8))
 _SMALL_CONCAT = ((32, (64, 128, 32, 32)), (32, (24, 12)), (16, (108, 12)), (8, (150, 12)),
                  (16, (64, 64)))
+# The "batch" family: dense layers over a batch of 2-32 rows, as an MLP or a classifier head
+# serves a few requests at once. MNIST MLP (784-256-128-10), a keyword-spotting DNN
+# (250-144-144-12), a recommender's MLP tower (512-256-64), MobileNetV2 / ResNet-50 heads.
+_BATCH_LINEAR = ((8, 784, 256), (16, 256, 128), (32, 128, 10), (4, 250, 144), (2, 144, 144),
+                 (4, 144, 12), (32, 512, 256), (16, 256, 64), (8, 64, 1), (2, 1280, 1000),
+                 (4, 2048, 1000))
 _FAMILIES = {
     "full": dict(conv=_CONV, linear=_LINEAR, attention=_ATTENTION, pool=_POOL, mean=_MEAN,
                  concat=_CONCAT),
     "small": dict(conv=_SMALL_CONV, linear=_SMALL_LINEAR, attention=_SMALL_ATTENTION,
                   pool=_SMALL_POOL, mean=_SMALL_MEAN, concat=_SMALL_CONCAT),
+    "batch": dict(conv=(), linear=_BATCH_LINEAR, attention=(), pool=(), mean=(), concat=()),
 }
 
 
@@ -119,9 +128,10 @@ def sweep_names() -> list[str]:
     return list(_OPS)
 
 
-def sweep_families() -> list[str]:
-    """The seed tables :func:`sweep` can start from (its ``family``)."""
-    return list(_FAMILIES)
+def sweep_families(op_type: str | None = None) -> list[str]:
+    """The seed tables :func:`sweep` can start from (its ``family``); with ``op_type``, those
+    that have layers of it."""
+    return [f for f in _FAMILIES if op_type is None or (op_type in _OPS and _table(op_type, f))]
 
 
 def from_specs(specs: Iterable[str]) -> list[tuple[str, tvm.IRModule]]:
@@ -165,8 +175,9 @@ def sweep(
         Samples above this are shrunk. At 3e8, a conv2d takes at most ~0.2 s with TVM's untuned
         CPU kernels (~2 GFLOP/s); untuned matmul is slower (~0.35 GFLOP/s, up to ~0.8 s).
     family
-        The seed table: ``"full"`` (full-size models) or ``"small"`` (CIFAR, keyword spotting,
-        microcontroller models); see :func:`sweep_families`.
+        The seed table: ``"full"`` (full-size models), ``"small"`` (CIFAR, keyword spotting,
+        microcontroller models) or ``"batch"`` (dense layers over small batches); see
+        :func:`sweep_families`.
 
     Returns
     -------
@@ -176,8 +187,8 @@ def sweep(
     Raises
     ------
     ValueError
-        For an op type that cannot be swept or an unknown family (the message lists those that
-        can be).
+        For an op type that cannot be swept, an unknown family, or a family without layers of
+        ``op_type`` (the message lists what can be used).
     RuntimeError
         If ``n`` distinct configurations are not found (ask for fewer).
 
@@ -193,6 +204,9 @@ def sweep(
     rng = np.random.default_rng(0) if rng is None else rng
     parsed = [p for p in (_from_node(node) for node in (seen or ())) if p is not None]
     seeds = _unique([p for op, p in parsed if op == op_type] + _table(op_type, family))
+    if not seeds:
+        raise ValueError(f"the {family!r} sweep family has no {op_type} layers to start from; "
+                         f"use another family ({', '.join(_FAMILIES)}) or pass `seen` nodes")
     every = [p for op in _OPS for p in _table(op, family)] + [p for _, p in parsed]
     pools = {key: sorted({p[key] for p in every if key in p}) for key in ("h", "t", "heads")}
 
@@ -239,7 +253,7 @@ def _table(op: str, family: str) -> list[dict]:
         + [dict(kind=kind, heads=hd, t=t, c=d) for hd, t, d in f["attention"]
            for kind in ("qk", "av")],
         "add": [dict(p, bias=0) for p in conv_out + hidden] + [dict(p, bias=1) for p in hidden],
-        "nn.relu": conv_out,
+        "nn.relu": conv_out or hidden,  # a family without convs: its dense layers' outputs
         "nn.gelu": hidden,
         "nn.batch_norm": conv_out,
         "nn.layer_norm": tokens,

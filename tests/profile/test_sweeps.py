@@ -80,7 +80,7 @@ def test_same_seed_same_sweep_other_seed_other_sweep():
 def test_unknown_op_lists_the_available_ones():
     with pytest.raises(ValueError, match=r"nn\.conv2d.*matmul"):
         sweep("nn.conv3d")
-    with pytest.raises(ValueError, match="full, small"):
+    with pytest.raises(ValueError, match="full, small, batch"):
         sweep("nn.conv2d", family="tiny")
 
 
@@ -96,8 +96,22 @@ def test_the_small_family_samples_small_models_layers(op):
         assert max(int(c.args[0].ty.shape.values[2]) for c in convs) <= 96
 
 
+@pytest.mark.parametrize("op", ["matmul", "add", "nn.relu", "nn.layer_norm"])
+def test_the_batch_family_runs_dense_layers_over_a_few_rows(op):
+    """Every sample has 2..32 rows; an op type that no dense layer seeds is refused, naming the
+    families to use instead."""
+    rows = []
+    for _, mod in sweep(op, 12, family="batch"):
+        shape = [int(d) for d in _only_call(mod)[1].args[0].ty.shape.values]
+        rows.append(shape[-2])
+    assert len(rows) == 12 and 2 <= min(rows) and max(rows) <= 32
+    with pytest.raises(ValueError, match="no nn.conv2d layers.*full, small, batch"):
+        sweep("nn.conv2d", 4, family="batch")
+
+
 def test_specs_name_op_count_and_family():
-    assert sweep_families() == ["full", "small"]
+    assert sweep_families() == ["full", "small", "batch"]
+    assert sweep_families("nn.conv2d") == ["full", "small"]
     got = from_specs(["nn.relu:3", "matmul:2:small", "mean"])
     assert len(got) == 3 + 2 + 32 and all(name.startswith("sweep:") for name, _ in got)
     assert [n for n, _ in got[3:5]] == [f"sweep:{n}" for n, _ in sweep("matmul", 2, family="small")]

@@ -22,8 +22,9 @@ def _cmd_train(args) -> int:
         rows = profile_rows(store, args.device)
     model = XGBCostModel().fit(rows)
     model.save(args.out)
-    print(f"wrote {args.out}: XGBoost cost model (P10/P50/P90) trained on {len(rows)} "
-          f"measurements of {len(model.devices_)} device(s), {len(model.op_types_)} op types")
+    print(f"wrote {args.out}: XGBoost cost model (a point prediction and P10/P50/P90) trained on "
+          f"{len(rows)} measurements of {len(model.devices_)} device(s), "
+          f"{len(model.op_types_)} op types")
     return 0
 
 

@@ -70,14 +70,15 @@ class _Learned:
 
 
 class XGBCostModel(_Learned):
-    """Gradient-boosted trees predicting P10 / P50 / P90 of the log latency of a workload.
+    """Gradient-boosted trees predicting the log latency of a workload, and its P10 / P50 / P90.
 
     The trees learn the log ratio of the measured latency to a :class:`RooflineCostModel` fitted
     on the same rows, from :func:`~autoplace.predict.features.features` and (``tir=True``)
-    :func:`~autoplace.predict.features.tir_features`, with XGBoost's
-    ``reg:quantileerror`` (three quantiles in one model). :meth:`predict` gives the P50. The model
-    records what it was trained on (devices, op types, the range of every feature) and
-    :meth:`extrapolated` flags predictions outside it.
+    :func:`~autoplace.predict.features.tir_features`. Two boosters: one of squared error gives
+    :meth:`predict` (the mean log ratio), one of XGBoost's ``reg:quantileerror`` gives
+    :meth:`quantiles` (three in one model); the squared-error one is the more accurate point on
+    held-out shapes (profiles/README.md). The model records what it was trained on (devices,
+    op types, the range of every feature) and :meth:`extrapolated` flags predictions outside it.
 
     Parameters
     ----------
@@ -87,13 +88,12 @@ class XGBCostModel(_Learned):
     threads : int, XGBoost threads.
     tir : bool
         Also learn from TVM's per-store features of the op's lowered TIR (about 10 ms per
-        distinct workload to extract, TVM needed); models saved before they existed load with
-        ``tir=False``.
+        distinct workload to extract, TVM needed).
     """
 
     model_name = "xgboost"
 
-    def __init__(self, rounds: int = 400, max_depth: int = 6, learning_rate: float = 0.05,
+    def __init__(self, rounds: int = 400, max_depth: int = 8, learning_rate: float = 0.05,
                  min_child_weight: float = 2.0, subsample: float = 0.8,
                  quantiles: tuple[float, ...] = (0.1, 0.5, 0.9), seed: int = 0, threads: int = 1,
                  tir: bool = True):
@@ -127,12 +127,15 @@ class XGBCostModel(_Learned):
         self.devices_ = self.roofline_.devices_
         x, base = self._inputs(rows, None)
         y = np.log([r["latency_s"] for r in rows]) - base
-        params = {"objective": "reg:quantileerror", "quantile_alpha": np.array(self.quantiles_at),
-                  "tree_method": "hist", "max_depth": self.max_depth, "eta": self.learning_rate,
+        data = xgb.DMatrix(x, y, feature_names=self._feature_names())
+        params = {"tree_method": "hist", "max_depth": self.max_depth, "eta": self.learning_rate,
                   "min_child_weight": self.min_child_weight, "subsample": self.subsample,
                   "seed": self.seed, "nthread": self.threads}
-        self.booster_ = xgb.train(params, xgb.DMatrix(x, y, feature_names=self._feature_names()),
-                                  num_boost_round=self.rounds)
+        self.booster_ = xgb.train({**params, "objective": "reg:quantileerror",
+                                   "quantile_alpha": np.array(self.quantiles_at)},
+                                  data, num_boost_round=self.rounds)
+        self.point_booster_ = xgb.train({**params, "objective": "reg:squarederror"}, data,
+                                        num_boost_round=self.rounds)
         self.op_types_ = sorted({r["op_type"] for r in rows})
         with np.errstate(all="ignore"):
             self.feature_min_ = np.nanmin(np.where(np.isnan(x), np.inf, x), axis=0)
@@ -163,9 +166,16 @@ class XGBCostModel(_Learned):
         return np.exp(q + base[:, None])
 
     def predict_workloads(self, rows, device=None) -> np.ndarray:
-        """P50 seconds of store rows on ``device``, or else on each row's own ``device``."""
-        q = self.quantiles(rows, device)
-        return q[:, len(self.quantiles_at) // 2]
+        """Seconds of store rows on ``device``, or else on each row's own ``device``."""
+        import xgboost as xgb
+
+        self._check_fitted()
+        rows = self._rows(rows)
+        if not rows:
+            return np.zeros(0)
+        x, base = self._inputs(rows, device)
+        return np.exp(self.point_booster_.predict(
+            xgb.DMatrix(x, feature_names=self._feature_names())) + base)
 
     def extrapolated(self, graph_or_rows, device=None) -> np.ndarray:
         """True where a prediction leaves the training data: an op type or device it never saw,
@@ -180,15 +190,16 @@ class XGBCostModel(_Learned):
         return out | ops | np.array([fp is None for fp in fps], dtype=bool)
 
     def save(self, path: str | Path) -> None:
-        """One JSON file; the trees are XGBoost's own JSON model under ``"booster"``."""
+        """One JSON file; the trees are XGBoost's own JSON models under ``"booster"`` (the
+        quantiles) and ``"point_booster"``."""
         self._check_fitted()
-        d = {"model": self.model_name, "format_version": 1, "settings": self._settings(),
+        d = {"model": self.model_name, "format_version": 2, "settings": self._settings(),
              "devices": self.devices_, "launch_s": self.roofline_.launch_s,
              "op_types": self.op_types_, "n_train": self.n_train_,
              "feature_names": self._feature_names(),
              "feature_min": [_num(v) for v in self.feature_min_],
              "feature_max": [_num(v) for v in self.feature_max_],
-             "booster": json.loads(bytes(self.booster_.save_raw(raw_format="json")))}
+             "booster": _trees(self.booster_), "point_booster": _trees(self.point_booster_)}
         Path(path).write_text(json.dumps(d))
 
     @classmethod
@@ -196,8 +207,12 @@ class XGBCostModel(_Learned):
         import xgboost as xgb
 
         d = _read(path, cls.model_name)
+        if d.get("format_version") != 2:
+            raise ValueError(f"{path} was saved by an older autoplace (format "
+                             f"{d.get('format_version')}, this one reads 2); train it again "
+                             "('autoplace train')")
         s = d["settings"]
-        model = cls(**{"tir": False, **s, "quantiles": tuple(s["quantiles"])})
+        model = cls(**{**s, "quantiles": tuple(s["quantiles"])})
         if d["feature_names"] != model._feature_names():
             raise ValueError(f"{path} was trained on other features than this autoplace computes; "
                              "train it again ('autoplace train')")
@@ -207,9 +222,10 @@ class XGBCostModel(_Learned):
         model.op_types_, model.n_train_ = d["op_types"], d["n_train"]
         model.feature_min_ = np.array([_inf(v, -1) for v in d["feature_min"]], dtype=float)
         model.feature_max_ = np.array([_inf(v, +1) for v in d["feature_max"]], dtype=float)
-        model.booster_ = xgb.Booster()
-        model.booster_.load_model(bytearray(json.dumps(d["booster"]).encode()))
-        model.booster_.set_param({"nthread": model.threads})
+        model.booster_, model.point_booster_ = xgb.Booster(), xgb.Booster()
+        for booster, name in ((model.booster_, "booster"), (model.point_booster_, "point_booster")):
+            booster.load_model(bytearray(json.dumps(d[name]).encode()))
+            booster.set_param({"nthread": model.threads})
         return model
 
 
@@ -311,6 +327,10 @@ def _read(path, name: str) -> dict:
     if d.get("model") != name:
         raise ValueError(f"{path} is not a {name} cost model (model={d.get('model')!r})")
     return d
+
+
+def _trees(booster) -> dict:
+    return json.loads(bytes(booster.save_raw(raw_format="json")))
 
 
 def _num(v: float):

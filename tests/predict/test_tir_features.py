@@ -67,15 +67,3 @@ def test_tir_setting_round_trips(tir, tmp_path):
     loaded = load_cost_model(tmp_path / "m.json")
     assert loaded.tir is tir
     np.testing.assert_allclose(loaded.predict_workloads(rows), model.predict_workloads(rows))
-
-
-def test_model_saved_before_tir_features_loads_without_them(tmp_path):
-    rows = _rows()
-    model = XGBCostModel(rounds=20, tir=False).fit(rows)
-    model.save(tmp_path / "m.json")
-    d = json.loads((tmp_path / "m.json").read_text())
-    del d["settings"]["tir"]  # the format written before the setting existed
-    (tmp_path / "old.json").write_text(json.dumps(d))
-    old = load_cost_model(tmp_path / "old.json")
-    assert old.tir is False
-    np.testing.assert_allclose(old.predict_workloads(rows), model.predict_workloads(rows))

@@ -152,30 +152,28 @@ class XGBCostModel(_Learned):
         x = feature_matrix(rows, descs)
         return (np.hstack([x, tir_features(rows)]) if self.tir else x), base
 
-    def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
-        """``(n, len(quantiles))`` seconds: P10 / P50 / P90 of each node or row, sorted per row."""
+    def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
+        """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the
+        log roofline seconds."""
         import xgboost as xgb
 
-        self._check_fitted()
         rows = self._rows(graph_or_rows)
         if not rows:
-            return np.zeros((0, len(self.quantiles_at)))
+            return np.zeros((0, outputs))
         x, base = self._inputs(rows, device)
-        q = self.booster_.predict(xgb.DMatrix(x, feature_names=self._feature_names()))
-        q = np.sort(q.reshape(len(rows), -1), axis=1)
-        return np.exp(q + base[:, None])
+        out = booster.predict(xgb.DMatrix(x, feature_names=self._feature_names()))
+        return out.reshape(len(rows), outputs) + base[:, None]
+
+    def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
+        """``(n, len(quantiles))`` seconds: P10 / P50 / P90 of each node or row, sorted per row."""
+        self._check_fitted()
+        q = self._log_seconds(self.booster_, graph_or_rows, device, len(self.quantiles_at))
+        return np.exp(np.sort(q, axis=1))
 
     def predict_workloads(self, rows, device=None) -> np.ndarray:
         """Seconds of store rows on ``device``, or else on each row's own ``device``."""
-        import xgboost as xgb
-
         self._check_fitted()
-        rows = self._rows(rows)
-        if not rows:
-            return np.zeros(0)
-        x, base = self._inputs(rows, device)
-        return np.exp(self.point_booster_.predict(
-            xgb.DMatrix(x, feature_names=self._feature_names())) + base)
+        return np.exp(self._log_seconds(self.point_booster_, rows, device, 1)[:, 0])
 
     def extrapolated(self, graph_or_rows, device=None) -> np.ndarray:
         """True where a prediction leaves the training data: an op type or device it never saw,

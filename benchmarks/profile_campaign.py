@@ -17,13 +17,12 @@ from autoplace import zoo
 from autoplace.devices import Device
 from autoplace.profile import DeviceProfile, ProfileStore, run_campaign
 from autoplace.profile.links import fit_link
+from autoplace.profile.sweeps import from_specs, sweep_families
 
 
 def _campaign(args, store):
     models = [(f"zoo:{n}", zoo.load(n).mod) for n in args.models.split(",")]
     if args.sweep:
-        from autoplace.profile.sweeps import from_specs
-
         models += from_specs(args.sweep)
     t0 = time.perf_counter()
     rep = run_campaign(models, args.device, store, progress=True, passes=args.passes)
@@ -96,7 +95,8 @@ def main():
     ap.add_argument("--db", help="profile store (default: a temporary file)")
     ap.add_argument("--models", default=",".join(zoo.names()))
     ap.add_argument("--sweep", action="append", default=[],
-                    help="OP[:N[:FAMILY]] shape sweep, FAMILY full or small (repeatable)")
+                    help=f"OP[:N[:FAMILY]] shape sweep, FAMILY one of "
+                         f"{', '.join(sweep_families())} (repeatable)")
     ap.add_argument("--device", action="append", help="default: cpu:0 and cpu:1 (the same cores: "
                     "measured once, and the copy between them fitted)")
     ap.add_argument("--passes", type=int, default=1,

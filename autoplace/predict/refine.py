@@ -39,9 +39,9 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
            rng: np.random.Generator | None = None, **campaign_kwargs) -> list[RefineRound]:
     """Run ``rounds`` rounds of picking and measuring ``size`` workloads on ``device_spec``.
 
-    ``candidates`` is how many sweep workloads are drawn per op type, sweep family (full-size
-    and small models' layers) and round; ``campaign_kwargs`` go to
-    :func:`autoplace.profile.run_campaign` (policy, progress...).
+    ``candidates`` is how many sweep workloads are drawn per op type, sweep family with layers
+    of it (:func:`~autoplace.profile.sweeps.sweep_families`) and round; ``campaign_kwargs`` go
+    to :func:`autoplace.profile.run_campaign` (policy, progress...).
     """
     from autoplace.profile.campaign import run_campaign
     from autoplace.profile.sweeps import sweep, sweep_families, sweep_names
@@ -65,7 +65,7 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
                     continue
                 for name, mod in drawn:
                     node = OpGraph.from_relax(mod).nodes[0]
-                    if node.workload_key not in done:  # measured, or drawn from both families
+                    if node.workload_key not in done:  # measured, or drawn from another family
                         done.add(node.workload_key)
                         pool.append((name, mod, workload_row(node)))
         if not pool:

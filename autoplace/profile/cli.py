@@ -31,8 +31,8 @@ def _models(args):
 
         out += from_specs(args.sweep)
     if not out and not args.refine:
-        raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx, --sweep OP[:N] "
-                         "or --refine ROUNDS")
+        raise ValueError("nothing to profile: pass --model zoo:NAME / FILE.onnx, "
+                         "--sweep OP[:N[:FAMILY]] or --refine ROUNDS")
     return out
 
 

@@ -3,7 +3,7 @@
 A sweep adds profiling points between the workloads of real models. It starts from *seed*
 configurations and perturbs them:
 
-- seeds: one of two built-in tables of real models' layers, plus the nodes the caller passes as
+- seeds: one of three built-in tables of real models' layers, plus the nodes the caller passes as
   ``seen``. ``family="full"``: full-size models (ResNet-50, MobileNetV2, GoogLeNet /
   Inception-v3, EfficientNet-B0 at 224 px; BERT, GPT-2, ViT, T5-small; classifier heads).
   ``family="small"``: the small models of CIFAR, keyword spotting and microcontrollers

@@ -8,6 +8,10 @@ was never measured are computed by one function from the same inputs.
 :func:`tir_features` adds what TVM's own cost model sees: the op is rebuilt from its key,
 legalized to the PrimFunc a default build compiles, and described by MetaSchedule's
 ``PerStoreFeature`` (loop extents, vectorisation, bytes, strides and reuse of every buffer access).
+:func:`code_features` adds what LLVM made of that PrimFunc for a CPU target: how much of its float
+arithmetic came out as SIMD vectors. An untuned kernel's loops are vectorised or not by LLVM's own
+heuristics (a ``[4,32]x[32,32]`` matmul is, ``[4,40]x[40,32]`` is not, and runs at half the FLOP/s),
+which no shape feature tells.
 
 >>> from autoplace.predict.features import features
 >>> row = {"key": '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]',
@@ -21,8 +25,10 @@ True
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +77,12 @@ _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
 # MetaSchedule's PerStoreFeature: 164 floats per buffer store (5 buffers per store, 10 samples of
 # the arithmetic-intensity curve); a workload's vector is the maximum over its PrimFunc's stores.
 TIR_FEATURE_NAMES: tuple[str, ...] = tuple(f"tir{i}" for i in range(164))
+
+# Counted in the optimized LLVM IR of the op compiled for a CPU target (counts log2(1 + n)).
+CODE_FEATURE_NAMES: tuple[str, ...] = (
+    "code_vector_ops", "code_scalar_ops", "code_vector_share", "code_vector_loads",
+    "code_scalar_loads", "code_branches", "code_lines",
+)
 
 
 def _pow2_factor(n: int, cap: int = 16) -> int:
@@ -241,19 +253,101 @@ def tir_features(workloads) -> np.ndarray:
     context, extractor = _tune_context(), ms.feature_extractor.PerStoreFeature()
     by_key: dict[str, np.ndarray] = {}
     for key in dict.fromkeys(keys):
-        try:
-            mod = tvm.relax.transform.LegalizeOps()(_single_op(key))
-        except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no TIR features
+        funcs = _prim_funcs(key)
+        if funcs is None:
             by_key[key] = np.full(len(TIR_FEATURE_NAMES), np.nan)
             continue
         stores = [extractor.extract_from(context, [ms.MeasureCandidate(
                       tvm.s_tir.Schedule(tvm.IRModule({"main": f})), [])])[0].numpy()
-                  for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+                  for f in funcs.values()]
         stores = [m for m in stores if m.shape[0]]
         by_key[key] = (np.concatenate(stores).max(axis=0) if stores
                        else np.zeros(len(TIR_FEATURE_NAMES)))
     return (np.stack([by_key[k] for k in keys]) if keys
             else np.zeros((0, len(TIR_FEATURE_NAMES))))
+
+
+def code_features(workloads, targets) -> np.ndarray:
+    """How LLVM compiled each workload's legalized op for a CPU target: SIMD or scalar.
+
+    The PrimFuncs of :func:`tir_features` are compiled for the target and their optimized LLVM IR
+    is counted: float arithmetic (multiply, add, fused multiply-add, compare, min, max, exp,
+    sqrt) on vectors and on scalars, the vectors' share of the lanes,
+    vector and scalar loads, conditional branches and lines. About 60 ms per distinct workload and
+    target on this project's CPU, remembered for the process.
+
+    Parameters
+    ----------
+    workloads : iterable of OpNode or mapping
+        As for :func:`features`.
+    targets : str, tvm Target or None, or a list of them (one per workload)
+        The device's TVM target (a profile's ``info["target"]``). A target that is not LLVM (a
+        GPU), ``None``, or an op the key cannot rebuild gives ``nan``.
+
+    Returns
+    -------
+    ndarray of float, shape (n, len(CODE_FEATURE_NAMES))
+    """
+    keys = [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
+    if not isinstance(targets, (list, tuple)):
+        targets = [targets] * len(keys)
+    if not keys:
+        return np.zeros((0, len(CODE_FEATURE_NAMES)))
+    return np.stack([_code_counts(k, None if t is None else str(t)) for k, t in zip(keys, targets)])
+
+
+_ARITH = re.compile(r"= (?:tail )?(?:(?:fmul|fadd|fsub|fdiv|fcmp)\b"
+                    r"|call .*@llvm\.(?:fmuladd|fma|maxnum|minnum|exp|sqrt)\.)")
+_FLOAT_VECTOR = re.compile(r"<(\d+) x (?:float|double|half|bfloat)>")
+_VECTOR_LOAD = re.compile(r"= load <\d+ x ")
+
+
+@functools.lru_cache(maxsize=8192)
+def _code_counts(key: str, target: str | None) -> np.ndarray:
+    import tvm
+
+    nan = np.full(len(CODE_FEATURE_NAMES), np.nan)
+    if target is None:
+        return nan
+    target_ = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
+    funcs = _prim_funcs(key) if target_.kind.name == "llvm" else None
+    if funcs is None:
+        return nan
+    if not funcs:
+        return np.zeros(len(CODE_FEATURE_NAMES))
+    try:
+        lib = tvm.compile(tvm.IRModule(funcs), target=target_)
+        ir = getattr(lib, "mod", lib).inspect_source("ll")
+    except Exception:  # noqa: BLE001 - a kernel LLVM cannot build here tells nothing
+        return nan
+    vector_ops = scalar_ops = lanes = vector_loads = scalar_loads = 0
+    for line in ir.splitlines():
+        if _ARITH.search(line):
+            if m := _FLOAT_VECTOR.search(line):
+                vector_ops, lanes = vector_ops + 1, lanes + int(m.group(1))
+            else:
+                scalar_ops += 1
+        elif "= load " in line:
+            vector_loads += bool(_VECTOR_LOAD.search(line))
+            scalar_loads += not _VECTOR_LOAD.search(line)
+    share = lanes / (lanes + scalar_ops) if lanes + scalar_ops else 0.0
+    counts = (vector_ops, scalar_ops, vector_loads, scalar_loads, ir.count("br i1 "),
+              ir.count("\n"))
+    log2 = [math.log2(1 + c) for c in counts]
+    return np.array([*log2[:2], share, *log2[2:]])
+
+
+def _prim_funcs(key: str) -> dict | None:
+    """The legalized PrimFuncs of the key's op (named for building), or ``None`` when the key
+    cannot rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds)."""
+    import tvm
+
+    try:
+        mod = tvm.relax.transform.LegalizeOps()(_single_op(key))
+    except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no such features
+        return None
+    return {gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc)}
 
 
 def _single_op(key: str):
@@ -305,7 +399,7 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
 
     Each row is a ``workloads`` row (``key``, ``op_type``, ``flops``, ``bytes_read``,
     ``bytes_written``, ``param_bytes``) plus ``device`` (fingerprint), ``device_name``,
-    ``device_kind``, ``threads``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv``,
+    ``device_kind``, ``threads``, ``target``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv``,
     ``occasion_spread`` (:attr:`Measurement.occasion_spread`) and ``models`` (``{model: count}``).
 
     Parameters
@@ -325,7 +419,8 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
             if m.ok and m.latency_s and m.latency_s > 0 and m.workload in workloads:
                 rows.append({**workloads[m.workload], "device": fp, "device_name": devs[fp].name,
                              "device_kind": info.get("kind", "cpu"),
-                             "threads": info.get("threads"), "latency_s": float(m.latency_s),
+                             "threads": info.get("threads"), "target": info.get("target"),
+                             "latency_s": float(m.latency_s),
                              "cv": m.cv, "occasion_spread": m.occasion_spread,
                              "models": used_by.get(m.workload, {})})
     return rows

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.features import (FEATURE_NAMES, TIR_FEATURE_NAMES, feature_matrix,
-                                        match_device, profile_rows, tir_features, workload_row)
+from autoplace.predict.features import (CODE_FEATURE_NAMES, FEATURE_NAMES, TIR_FEATURE_NAMES,
+                                        code_features, feature_matrix, match_device, profile_rows,
+                                        tir_features, workload_row)
 from autoplace.predict.roofline import RooflineCostModel
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class XGBCostModel(_Learned):
 
     The trees learn the log ratio of the measured latency to a :class:`RooflineCostModel` fitted
     on the same rows, from :func:`~autoplace.predict.features.features` and (``tir=True``)
-    :func:`~autoplace.predict.features.tir_features`. Two boosters: one of squared error gives
+    :func:`~autoplace.predict.features.tir_features` and
+    :func:`~autoplace.predict.features.code_features`. Two boosters: one of squared error gives
     :meth:`predict` (the mean log ratio), one of XGBoost's ``reg:quantileerror`` gives
     :meth:`quantiles` (three in one model); the squared-error one is the more accurate point on
     held-out shapes (profiles/README.md). The model records what it was trained on (devices,
@@ -87,8 +89,8 @@ class XGBCostModel(_Learned):
     seed : int
     threads : int, XGBoost threads.
     tir : bool
-        Also learn from TVM's per-store features of the op's lowered TIR (about 10 ms per
-        distinct workload to extract, TVM needed).
+        Also learn from TVM's per-store features of the op's lowered TIR and from what LLVM
+        compiled it to on CPU targets (about 70 ms per distinct workload, TVM needed).
     """
 
     model_name = "xgboost"
@@ -114,7 +116,7 @@ class XGBCostModel(_Learned):
                 "seed": self.seed, "threads": self.threads, "tir": self.tir}
 
     def _feature_names(self) -> list[str]:
-        return [*FEATURE_NAMES, *(TIR_FEATURE_NAMES if self.tir else ())]
+        return [*FEATURE_NAMES, *((*TIR_FEATURE_NAMES, *CODE_FEATURE_NAMES) if self.tir else ())]
 
     def fit(self, rows) -> XGBCostModel:
         """Fit on measured rows (dicts of :func:`profile_rows`); returns ``self``."""
@@ -150,7 +152,10 @@ class XGBCostModel(_Learned):
         base = np.log([self.roofline_.predict_workloads([r], t)[0] for r, t in zip(rows, targets)])
         descs = [self.devices_[fp] if fp is not None else device for fp in fps]
         x = feature_matrix(rows, descs)
-        return (np.hstack([x, tir_features(rows)]) if self.tir else x), base
+        if not self.tir:
+            return x, base
+        targets = [_target(d) for d in descs]
+        return np.hstack([x, tir_features(rows), code_features(rows, targets)]), base
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
         """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the
@@ -314,6 +319,13 @@ def load_cost_model(path: str | Path):
         raise ValueError(f"{path} is not a saved cost model (model={kind!r}; "
                          f"expected one of {sorted(classes)})")
     return classes[kind].load(path)
+
+
+def _target(device) -> str | None:
+    """The TVM target of a fitted device's record (``"target"``) or of a :class:`Device`."""
+    if isinstance(device, dict):
+        return device.get("target")
+    return str(device.tvm_target()) if hasattr(device, "tvm_target") else None
 
 
 def _op_type(row) -> str:

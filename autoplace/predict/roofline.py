@@ -42,7 +42,7 @@ class RooflineCostModel:
             flops, moved, lat = (np.array(v, dtype=float) for v in zip(*[
                 (r["flops"], r["bytes_read"] + r["bytes_written"], r["latency_s"]) for r in mine]))
             devices[fp] = {"name": mine[0].get("device_name"), "kind": mine[0].get("device_kind"),
-                           "threads": mine[0].get("threads"),
+                           "threads": mine[0].get("threads"), "target": mine[0].get("target"),
                            **_fit_peaks(flops, moved, lat, self.launch_s)}
         self.devices_ = devices
         return self

@@ -102,15 +102,16 @@ def _cmd_import(args) -> int:
 
 
 def register_cli(sub) -> None:
+    from autoplace.profile.sweeps import FAMILY_HELP
+
     p = sub.add_parser("profile", help="measure ops and copies of models on devices into a store",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[],
                    help="zoo:NAME or a path to an .onnx file (repeatable)")
     p.add_argument("--sweep", action="append", default=[],
                    help="OP[:N[:FAMILY]]: N shapes of one op type around real models' shapes; "
-                        "FAMILY full (default: full-size models), small (CIFAR, keyword "
-                        "spotting, microcontroller models) or batch (dense layers over 2-32 "
-                        "rows) (repeatable)")
+                        "FAMILY (default full): " + "; ".join(
+                            f"{f} ({what})" for f, what in FAMILY_HELP.items()) + " (repeatable)")
     p.add_argument("--device", action="append",
                    help="cpu:N, cuda:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")

@@ -3,7 +3,7 @@
 A sweep adds profiling points between the workloads of real models. It starts from *seed*
 configurations and perturbs them:
 
-- seeds: one of three built-in tables of real models' layers, plus the nodes the caller passes as
+- seeds: one of four built-in tables of real models' layers, plus the nodes the caller passes as
   ``seen``. ``family="full"``: full-size models (ResNet-50, MobileNetV2, GoogLeNet /
   Inception-v3, EfficientNet-B0 at 224 px; BERT, GPT-2, ViT, T5-small; classifier heads).
   ``family="small"``: the small models of CIFAR, keyword spotting and microcontrollers
@@ -12,7 +12,9 @@ configurations and perturbs them:
   and small planes make TVM's untuned kernels behave otherwise than full-size layers do.
   ``family="batch"``: dense layers over batches of 2-32 rows (MLPs and classifier heads serving
   a few requests at once), for ``matmul`` and the ops that follow one (``add``, ``nn.relu``,
-  ``nn.gelu``, ``nn.layer_norm``). The tables are the primary source, so a sweep loads no model.
+  ``nn.gelu``, ``nn.layer_norm``). ``family="narrow"``: dense layers of 8-36 inputs (tabular
+  and recommender MLPs), which LLVM vectorises where it does not vectorise wider ones, for the
+  same ops. The tables are the primary source, so a sweep loads no model.
 - perturbation: channels scaled by 0.5, 0.75, 1, 1.5 or 2 (rounded to multiples of 8; fewer
   than 8, like RGB, kept); spatial sizes, sequence lengths and attention heads moved to a value
   seen in any seed within a factor of 2; kernel, stride, depthwise-ness and layout kept from the
@@ -114,13 +116,25 @@ _SMALL_CONCAT = ((32, (64, 128, 32, 32)), (32, (24, 12)), (16, (108, 12)), (8, (
 _BATCH_LINEAR = ((8, 784, 256), (16, 256, 128), (32, 128, 10), (4, 250, 144), (2, 144, 144),
                  (4, 144, 12), (32, 512, 256), (16, 256, 64), (8, 64, 1), (2, 1280, 1000),
                  (4, 2048, 1000))
+# The "narrow" family: dense layers of 8-36 inputs, whose short reduction LLVM unrolls and
+# vectorises across the outputs (2-3x the FLOP/s of a wider layer, `code_features`). DLRM's bottom
+# MLP (13 dense Criteo features), an MLP on the 14 Adult-census features, NCF's MLP and a
+# two-tower recommender over 32-d embeddings, a 16-d control policy, a sensor MLP, a 4-feature
+# classifier.
+_NARROW_LINEAR = ((32, 13, 512), (16, 14, 64), (64, 32, 32), (8, 32, 64), (4, 16, 16),
+                  (1, 24, 64), (2, 8, 32))
 _FAMILIES = {
     "full": dict(conv=_CONV, linear=_LINEAR, attention=_ATTENTION, pool=_POOL, mean=_MEAN,
                  concat=_CONCAT),
     "small": dict(conv=_SMALL_CONV, linear=_SMALL_LINEAR, attention=_SMALL_ATTENTION,
                   pool=_SMALL_POOL, mean=_SMALL_MEAN, concat=_SMALL_CONCAT),
     "batch": dict(conv=(), linear=_BATCH_LINEAR, attention=(), pool=(), mean=(), concat=()),
+    "narrow": dict(conv=(), linear=_NARROW_LINEAR, attention=(), pool=(), mean=(), concat=()),
 }
+#: What each family's seeds are, in a few words (for help texts).
+FAMILY_HELP = {"full": "full-size models",
+               "small": "CIFAR, keyword spotting, microcontroller models",
+               "batch": "dense layers over 2-32 rows", "narrow": "dense layers of 8-36 inputs"}
 
 
 def sweep_names() -> list[str]:
@@ -176,8 +190,8 @@ def sweep(
         CPU kernels (~2 GFLOP/s); untuned matmul is slower (~0.35 GFLOP/s, up to ~0.8 s).
     family
         The seed table: ``"full"`` (full-size models), ``"small"`` (CIFAR, keyword spotting,
-        microcontroller models) or ``"batch"`` (dense layers over small batches); see
-        :func:`sweep_families`.
+        microcontroller models), ``"batch"`` (dense layers over small batches) or ``"narrow"``
+        (dense layers of 8-36 inputs); see :func:`sweep_families`.
 
     Returns
     -------

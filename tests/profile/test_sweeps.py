@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autoplace.graph import OpGraph
-from autoplace.profile.sweeps import from_specs, sweep, sweep_families, sweep_names
+from autoplace.profile.sweeps import FAMILY_HELP, from_specs, sweep, sweep_families, sweep_names
 
 OPS = sweep_names()
 
@@ -105,12 +105,12 @@ def test_the_batch_family_runs_dense_layers_over_a_few_rows(op):
         shape = [int(d) for d in _only_call(mod)[1].args[0].ty.shape.values]
         rows.append(shape[-2])
     assert len(rows) == 12 and 2 <= min(rows) and max(rows) <= 32
-    with pytest.raises(ValueError, match="no nn.conv2d layers.*full, small, batch"):
+    with pytest.raises(ValueError, match="no nn.conv2d layers.*full, small, batch, narrow"):
         sweep("nn.conv2d", 4, family="batch")
 
 
 def test_specs_name_op_count_and_family():
-    assert sweep_families() == ["full", "small", "batch"]
+    assert sweep_families() == ["full", "small", "batch", "narrow"] == list(FAMILY_HELP)
     assert sweep_families("nn.conv2d") == ["full", "small"]
     got = from_specs(["nn.relu:3", "matmul:2:small", "mean"])
     assert len(got) == 3 + 2 + 32 and all(name.startswith("sweep:") for name, _ in got)

@@ -234,7 +234,7 @@ def tir_features(workloads) -> np.ndarray:
     as a default build compiles it) and each store's 164 features are extracted; a workload gets
     their element-wise maximum. Workloads whose op cannot be rebuilt from the key (attributes the
     key does not carry, e.g. ``strided_slice``'s bounds) get ``nan``. About 10 ms per workload on
-    this project's CPU; each distinct key is extracted once per call.
+    this project's CPU; each distinct key is extracted once per process.
 
     Parameters
     ----------
@@ -246,25 +246,25 @@ def tir_features(workloads) -> np.ndarray:
     ndarray of float, shape (n, len(TIR_FEATURE_NAMES))
         Columns named by :data:`TIR_FEATURE_NAMES`, in TVM's order (``per_store_feature.cc``).
     """
+    keys = _keys(workloads)
+    return (np.stack([_tir_vector(k) for k in keys]) if keys
+            else np.zeros((0, len(TIR_FEATURE_NAMES))))
+
+
+@functools.lru_cache(maxsize=8192)
+def _tir_vector(key: str) -> np.ndarray:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    keys = [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
+    funcs = _prim_funcs(key)
+    if funcs is None:
+        return np.full(len(TIR_FEATURE_NAMES), np.nan)
     context, extractor = _tune_context(), ms.feature_extractor.PerStoreFeature()
-    by_key: dict[str, np.ndarray] = {}
-    for key in dict.fromkeys(keys):
-        funcs = _prim_funcs(key)
-        if funcs is None:
-            by_key[key] = np.full(len(TIR_FEATURE_NAMES), np.nan)
-            continue
-        stores = [extractor.extract_from(context, [ms.MeasureCandidate(
-                      tvm.s_tir.Schedule(tvm.IRModule({"main": f})), [])])[0].numpy()
-                  for f in funcs.values()]
-        stores = [m for m in stores if m.shape[0]]
-        by_key[key] = (np.concatenate(stores).max(axis=0) if stores
-                       else np.zeros(len(TIR_FEATURE_NAMES)))
-    return (np.stack([by_key[k] for k in keys]) if keys
-            else np.zeros((0, len(TIR_FEATURE_NAMES))))
+    stores = [extractor.extract_from(context, [ms.MeasureCandidate(
+                  tvm.s_tir.Schedule(tvm.IRModule({"main": f})), [])])[0].numpy()
+              for f in funcs.values()]
+    stores = [m for m in stores if m.shape[0]]
+    return np.concatenate(stores).max(axis=0) if stores else np.zeros(len(TIR_FEATURE_NAMES))
 
 
 def code_features(workloads, targets) -> np.ndarray:
@@ -288,7 +288,7 @@ def code_features(workloads, targets) -> np.ndarray:
     -------
     ndarray of float, shape (n, len(CODE_FEATURE_NAMES))
     """
-    keys = [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
+    keys = _keys(workloads)
     if not isinstance(targets, (list, tuple)):
         targets = [targets] * len(keys)
     if not keys:
@@ -328,13 +328,17 @@ def _code_counts(key: str, target: str | None) -> np.ndarray:
             else:
                 scalar_ops += 1
         elif "= load " in line:
-            vector_loads += bool(_VECTOR_LOAD.search(line))
-            scalar_loads += not _VECTOR_LOAD.search(line)
+            vector = bool(_VECTOR_LOAD.search(line))
+            vector_loads, scalar_loads = vector_loads + vector, scalar_loads + (not vector)
     share = lanes / (lanes + scalar_ops) if lanes + scalar_ops else 0.0
     counts = (vector_ops, scalar_ops, vector_loads, scalar_loads, ir.count("br i1 "),
               ir.count("\n"))
     log2 = [math.log2(1 + c) for c in counts]
     return np.array([*log2[:2], share, *log2[2:]])
+
+
+def _keys(workloads) -> list[str]:
+    return [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
 
 
 def _prim_funcs(key: str) -> dict | None:
@@ -378,6 +382,7 @@ def _single_op(key: str):
     return bb.get()
 
 
+@functools.cache
 def _tune_context():
     """A bare MetaSchedule ``TuneContext`` (target llvm), all that ``PerStoreFeature`` reads.
 

@@ -189,9 +189,8 @@ def sweep(
         Samples above this are shrunk. At 3e8, a conv2d takes at most ~0.2 s with TVM's untuned
         CPU kernels (~2 GFLOP/s); untuned matmul is slower (~0.35 GFLOP/s, up to ~0.8 s).
     family
-        The seed table: ``"full"`` (full-size models), ``"small"`` (CIFAR, keyword spotting,
-        microcontroller models), ``"batch"`` (dense layers over small batches) or ``"narrow"``
-        (dense layers of 8-36 inputs); see :func:`sweep_families`.
+        The seed table, a key of :data:`FAMILY_HELP` (which says what each holds); see
+        :func:`sweep_families`.
 
     Returns
     -------

@@ -11,7 +11,9 @@ legalized to the PrimFunc a default build compiles, and described by MetaSchedul
 :func:`code_features` adds what LLVM made of that PrimFunc for a CPU target: how much of its float
 arithmetic came out as SIMD vectors. An untuned kernel's loops are vectorised or not by LLVM's own
 heuristics (a ``[4,32]x[32,32]`` matmul is, ``[4,40]x[40,32]`` is not, and runs at half the FLOP/s),
-which no shape feature tells.
+which no shape feature tells. :func:`executed_counts` estimates how many of those instructions
+run (:mod:`autoplace.predict.llvm_ir`), for the learned model's baseline
+(:class:`~autoplace.predict.instructions.InstructionModel`).
 
 >>> from autoplace.predict.features import features
 >>> row = {"key": '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]',
@@ -35,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from autoplace.graph.opgraph import dtype_bits
+from autoplace.predict.llvm_ir import ARITH, EXECUTED_COUNT_NAMES, FLOAT_VECTOR, VECTOR_LOAD
+from autoplace.predict.llvm_ir import executed_counts as executed_ir_counts
 
 # Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
 OP_TYPES = (
@@ -288,25 +292,32 @@ def code_features(workloads, targets) -> np.ndarray:
     -------
     ndarray of float, shape (n, len(CODE_FEATURE_NAMES))
     """
+    return _per_key(workloads, targets, 0, len(CODE_FEATURE_NAMES))
+
+
+def executed_counts(workloads, targets) -> np.ndarray:
+    """What the compiled code of :func:`code_features` executes, per workload: the columns of
+    :data:`~autoplace.predict.llvm_ir.EXECUTED_COUNT_NAMES`, estimated from the IR's loop trip
+    counts (:mod:`autoplace.predict.llvm_ir`). Same arguments, cost and ``nan`` cases."""
+    return _per_key(workloads, targets, 1, len(EXECUTED_COUNT_NAMES))
+
+
+def _per_key(workloads, targets, part: int, width: int) -> np.ndarray:
     keys = _keys(workloads)
     if not isinstance(targets, (list, tuple)):
         targets = [targets] * len(keys)
     if not keys:
-        return np.zeros((0, len(CODE_FEATURE_NAMES)))
-    return np.stack([_code_counts(k, None if t is None else str(t)) for k, t in zip(keys, targets)])
-
-
-_ARITH = re.compile(r"= (?:tail )?(?:(?:fmul|fadd|fsub|fdiv|fcmp)\b"
-                    r"|call .*@llvm\.(?:fmuladd|fma|maxnum|minnum|exp|sqrt)\.)")
-_FLOAT_VECTOR = re.compile(r"<(\d+) x (?:float|double|half|bfloat)>")
-_VECTOR_LOAD = re.compile(r"= load <\d+ x ")
+        return np.zeros((0, width))
+    return np.stack([_code_counts(k, None if t is None else str(t))[part]
+                     for k, t in zip(keys, targets)])
 
 
 @functools.lru_cache(maxsize=8192)
-def _code_counts(key: str, target: str | None) -> np.ndarray:
+def _code_counts(key: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`code_features`, :func:`executed_counts`) of one key on one target."""
     import tvm
 
-    nan = np.full(len(CODE_FEATURE_NAMES), np.nan)
+    nan = np.full(len(CODE_FEATURE_NAMES), np.nan), np.full(len(EXECUTED_COUNT_NAMES), np.nan)
     if target is None:
         return nan
     target_ = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
@@ -314,7 +325,7 @@ def _code_counts(key: str, target: str | None) -> np.ndarray:
     if funcs is None:
         return nan
     if not funcs:
-        return np.zeros(len(CODE_FEATURE_NAMES))
+        return np.zeros(len(CODE_FEATURE_NAMES)), np.zeros(len(EXECUTED_COUNT_NAMES))
     try:
         lib = tvm.compile(tvm.IRModule(funcs), target=target_)
         ir = getattr(lib, "mod", lib).inspect_source("ll")
@@ -322,19 +333,21 @@ def _code_counts(key: str, target: str | None) -> np.ndarray:
         return nan
     vector_ops = scalar_ops = lanes = vector_loads = scalar_loads = 0
     for line in ir.splitlines():
-        if _ARITH.search(line):
-            if m := _FLOAT_VECTOR.search(line):
+        if ARITH.search(line):
+            if m := FLOAT_VECTOR.search(line):
                 vector_ops, lanes = vector_ops + 1, lanes + int(m.group(1))
             else:
                 scalar_ops += 1
         elif "= load " in line:
-            vector = bool(_VECTOR_LOAD.search(line))
+            vector = bool(VECTOR_LOAD.search(line))
             vector_loads, scalar_loads = vector_loads + vector, scalar_loads + (not vector)
     share = lanes / (lanes + scalar_ops) if lanes + scalar_ops else 0.0
     counts = (vector_ops, scalar_ops, vector_loads, scalar_loads, ir.count("br i1 "),
               ir.count("\n"))
     log2 = [math.log2(1 + c) for c in counts]
-    return np.array([*log2[:2], share, *log2[2:]])
+    executed = executed_ir_counts(ir)
+    return (np.array([*log2[:2], share, *log2[2:]]),
+            np.array([executed[n] for n in EXECUTED_COUNT_NAMES]))
 
 
 def _keys(workloads) -> list[str]:
@@ -356,8 +369,6 @@ def _prim_funcs(key: str) -> dict | None:
 
 def _single_op(key: str):
     """A Relax module whose ``main`` applies the key's op to parameters of the key's shapes."""
-    import re
-
     from tvm import relax
 
     op, inputs, attrs, extra = json.loads(key)

@@ -24,6 +24,7 @@ import numpy as np
 from autoplace.predict.features import (CODE_FEATURE_NAMES, FEATURE_NAMES, TIR_FEATURE_NAMES,
                                         code_features, feature_matrix, match_device, profile_rows,
                                         tir_features, workload_row)
+from autoplace.predict.instructions import InstructionModel
 from autoplace.predict.roofline import RooflineCostModel
 
 if TYPE_CHECKING:
@@ -73,8 +74,11 @@ class _Learned:
 class XGBCostModel(_Learned):
     """Gradient-boosted trees predicting the log latency of a workload, and its P10 / P50 / P90.
 
-    The trees learn the log ratio of the measured latency to a :class:`RooflineCostModel` fitted
-    on the same rows, from :func:`~autoplace.predict.features.features` and (``tir=True``)
+    The trees learn the log ratio of the measured latency to a baseline fitted on the same rows:
+    with ``tir=True``, where the device compiles with LLVM, an
+    :class:`~autoplace.predict.instructions.InstructionModel` of the op's executed instructions,
+    else a :class:`RooflineCostModel`. Their features are
+    :func:`~autoplace.predict.features.features` and (``tir=True``)
     :func:`~autoplace.predict.features.tir_features` and
     :func:`~autoplace.predict.features.code_features`. Two boosters: one of squared error gives
     :meth:`predict` (the mean log ratio), one of XGBoost's ``reg:quantileerror`` gives
@@ -127,6 +131,7 @@ class XGBCostModel(_Learned):
             raise ValueError("no measurements to fit on: profile some workloads first")
         self.roofline_ = RooflineCostModel().fit(rows)
         self.devices_ = self.roofline_.devices_
+        self.instructions_ = InstructionModel().fit(rows) if self.tir else None
         x, base = self._inputs(rows, None)
         y = np.log([r["latency_s"] for r in rows]) - base
         data = xgb.DMatrix(x, y, feature_names=self._feature_names())
@@ -155,6 +160,9 @@ class XGBCostModel(_Learned):
         if not self.tir:
             return x, base
         targets = [_target(d) for d in descs]
+        counted = self.instructions_.predict(rows, fps, targets)
+        with np.errstate(invalid="ignore"):
+            base = np.where(counted > 0, np.log(np.where(counted > 0, counted, 1.0)), base)
         return np.hstack([x, tir_features(rows), code_features(rows, targets)]), base
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
@@ -196,12 +204,13 @@ class XGBCostModel(_Learned):
         """One JSON file; the trees are XGBoost's own JSON models under ``"booster"`` (the
         quantiles) and ``"point_booster"``."""
         self._check_fitted()
-        d = {"model": self.model_name, "format_version": 2, "settings": self._settings(),
+        d = {"model": self.model_name, "format_version": 3, "settings": self._settings(),
              "devices": self.devices_, "launch_s": self.roofline_.launch_s,
              "op_types": self.op_types_, "n_train": self.n_train_,
              "feature_names": self._feature_names(),
              "feature_min": [_num(v) for v in self.feature_min_],
              "feature_max": [_num(v) for v in self.feature_max_],
+             "instructions": self.instructions_ and self.instructions_.to_dict(),
              "booster": _trees(self.booster_), "point_booster": _trees(self.point_booster_)}
         Path(path).write_text(json.dumps(d))
 
@@ -210,9 +219,9 @@ class XGBCostModel(_Learned):
         import xgboost as xgb
 
         d = _read(path, cls.model_name)
-        if d.get("format_version") != 2:
+        if d.get("format_version") != 3:
             raise ValueError(f"{path} was saved by an older autoplace (format "
-                             f"{d.get('format_version')}, this one reads 2); train it again "
+                             f"{d.get('format_version')}, this one reads 3); train it again "
                              "('autoplace train')")
         s = d["settings"]
         model = cls(**{**s, "quantiles": tuple(s["quantiles"])})
@@ -222,6 +231,7 @@ class XGBCostModel(_Learned):
         model.devices_ = d["devices"]
         model.roofline_ = RooflineCostModel(launch_s=d["launch_s"])
         model.roofline_.devices_ = d["devices"]
+        model.instructions_ = d["instructions"] and InstructionModel.from_dict(d["instructions"])
         model.op_types_, model.n_train_ = d["op_types"], d["n_train"]
         model.feature_min_ = np.array([_inf(v, -1) for v in d["feature_min"]], dtype=float)
         model.feature_max_ = np.array([_inf(v, +1) for v in d["feature_max"]], dtype=float)

@@ -15,6 +15,8 @@ from autoplace.predict import (MeasuredCostModel, NearestNeighborCostModel, NotF
                                profile_rows)
 from autoplace.predict.evaluate import METRICS, SPLITS, evaluate, format_table
 from autoplace.predict.features import FEATURE_NAMES
+from autoplace.predict.instructions import InstructionModel
+from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES
 from autoplace.profile import DeviceProfile, ProfileStore, TimingPolicy, run_campaign
 from autoplace.profile.sweeps import sweep
 
@@ -141,6 +143,24 @@ def test_fitted_roofline_learns_peaks_and_keeps_its_default(rows):
     n = graph.nodes[0]
     expect = max(n.flops / dev.peak_flops, (n.bytes_read + n.bytes_written) / dev.mem_bandwidth)
     assert RooflineCostModel().predict(graph, dev)[0] == pytest.approx(expect + 2e-6)
+
+
+def test_instruction_model_recovers_a_linear_cost_and_knows_its_devices(rows):
+    x = InstructionModel._design(rows, [r["target"] for r in rows])
+    assert np.isfinite(x).all()  # every op of this store compiles for the CPU
+    # Latencies that are exactly 1 ns per instruction, 0.1 ns per copied byte and 2 us per call.
+    truth = np.zeros(x.shape[1])
+    truth[[EXECUTED_COUNT_NAMES.index("instructions"), EXECUTED_COUNT_NAMES.index("copied_bytes"),
+           -1]] = 1e-9, 1e-10, 2e-6
+    exact = [{**r, "latency_s": float(t)} for r, t in zip(rows, x @ truth)]
+    model = InstructionModel().fit(exact)
+    fps, targets = [r["device"] for r in rows], [r["target"] for r in rows]
+    np.testing.assert_allclose(model.predict(rows, fps, targets), x @ truth, rtol=1e-6)
+    again = InstructionModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_array_equal(again.predict(rows, fps, targets),
+                                  model.predict(rows, fps, targets))
+    assert np.isnan(model.predict(rows[:2], [None, "no-such-device"], targets[:2])).all()
+    assert np.isnan(model.predict(rows[:1], fps[:1], ["cuda"])).all()  # no counts on a GPU
 
 
 def test_quantiles_are_ordered_and_extrapolation_is_flagged(rows):

@@ -59,9 +59,10 @@ def main(argv=None) -> int:
     for name, value, ok in rows:
         print(f"{'PASS' if ok else 'FAIL'}  {name:<48} {value}")
     if result["retest_workloads"]:
-        print(f"noise floor: {100 * result['retest_within_10']:.1f}% of the "
-              f"{result['retest_workloads']} workloads timed in 2+ passes came back within 10% "
-              "(the share a perfect model could reach against one pass)")
+        print(f"noise between passes: on {100 * result['retest_within_10']:.1f}% of the "
+              f"{result['retest_workloads']} workloads timed in 2+ passes the slowest pass came "
+              "within 10% of the fastest (a label is the fastest pass, so it is steadier than "
+              "this; retest_noise.py measures the labels' agreement)")
     else:
         print(f"median cv of one measurement's repeats: {100 * result['noise_cv']:.1f}% "
               "(test-retest noise across passes is larger: profile with --passes 2, or compare "

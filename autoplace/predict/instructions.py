@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from autoplace.predict.features import executed_counts
-from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES
 
 
 class InstructionModel:
-    """``seconds = w . [executed counts, 1]`` with ``w >= 0`` per (device, op type).
+    """``seconds = w . [executed counts, 1]`` with ``w >= 0`` per (device, op type); the counts
+    are :data:`~autoplace.predict.llvm_ir.EXECUTED_COUNT_NAMES`.
 
     Weights are fitted by non-negative least squares on relative error; an op type with fewer
     than ``min_rows`` measurements on a device uses that device's weights over all its rows.
@@ -69,5 +69,4 @@ class InstructionModel:
     @staticmethod
     def _design(rows, targets) -> np.ndarray:
         counts = executed_counts(rows, list(targets))
-        return np.hstack([counts, np.ones((len(counts), 1))]).reshape(
-            len(counts), len(EXECUTED_COUNT_NAMES) + 1)
+        return np.hstack([counts, np.ones((len(counts), 1))])

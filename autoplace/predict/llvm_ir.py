@@ -30,7 +30,8 @@ _DEF = re.compile(r"^(%[-\w.$]+) = (.*)$")
 _BRANCH = re.compile(r"^br i1 (%[-\w.$]+), label %([-\w.$]+), label %([-\w.$]+)")
 _ICMP = re.compile(r"^icmp (\w+) i\d+ (%[-\w.$]+), (-?\d+)")
 _ADD = re.compile(r"^add (?:nuw )?(?:nsw )?i\d+ (%[-\w.$]+), (-?\d+)")
-_PHI = re.compile(r"^phi i\d+ \[ (-?\d+|%[-\w.$]+), %[-\w.$]+ \], \[ (-?\d+|%[-\w.$]+), %[-\w.$]+ \]")
+_VALUE = r"(-?\d+|%[-\w.$]+), %[-\w.$]+"
+_PHI = re.compile(rf"^phi i\d+ \[ {_VALUE} \], \[ {_VALUE} \]")
 _MEMCPY = re.compile(r"@llvm\.mem(?:cpy|move|set)\.[^(]*\(.*, i64 (\d+), i1")
 
 

@@ -31,13 +31,14 @@ import functools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from autoplace.graph.opgraph import dtype_bits
-from autoplace.predict.llvm_ir import ARITH, EXECUTED_COUNT_NAMES, FLOAT_VECTOR, VECTOR_LOAD
+from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
 from autoplace.predict.llvm_ir import executed_counts as executed_ir_counts
 
 # Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
@@ -331,19 +332,15 @@ def _code_counts(key: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
         ir = getattr(lib, "mod", lib).inspect_source("ll")
     except Exception:  # noqa: BLE001 - a kernel LLVM cannot build here tells nothing
         return nan
-    vector_ops = scalar_ops = lanes = vector_loads = scalar_loads = 0
+    static, lanes = Counter(), 0
     for line in ir.splitlines():
-        if ARITH.search(line):
-            if m := FLOAT_VECTOR.search(line):
-                vector_ops, lanes = vector_ops + 1, lanes + int(m.group(1))
-            else:
-                scalar_ops += 1
-        elif "= load " in line:
-            vector = bool(VECTOR_LOAD.search(line))
-            vector_loads, scalar_loads = vector_loads + vector, scalar_loads + (not vector)
+        static[kind := line_kind(line)] += 1
+        if kind == "vector_float_ops":
+            lanes += int(FLOAT_VECTOR.search(line).group(1))
+    scalar_ops = static["scalar_float_ops"]
     share = lanes / (lanes + scalar_ops) if lanes + scalar_ops else 0.0
-    counts = (vector_ops, scalar_ops, vector_loads, scalar_loads, ir.count("br i1 "),
-              ir.count("\n"))
+    counts = (static["vector_float_ops"], scalar_ops, static["vector_loads"],
+              static["scalar_loads"], ir.count("br i1 "), ir.count("\n"))
     log2 = [math.log2(1 + c) for c in counts]
     executed = executed_ir_counts(ir)
     return (np.array([*log2[:2], share, *log2[2:]]),

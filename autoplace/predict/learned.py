@@ -161,8 +161,7 @@ class XGBCostModel(_Learned):
             return x, base
         targets = [_target(d) for d in descs]
         counted = self.instructions_.predict(rows, fps, targets)
-        with np.errstate(invalid="ignore"):
-            base = np.where(counted > 0, np.log(np.where(counted > 0, counted, 1.0)), base)
+        base = np.log(counted, out=base.copy(), where=counted > 0)  # nan: no counts, keep roofline
         return np.hstack([x, tir_features(rows), code_features(rows, targets)]), base
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:

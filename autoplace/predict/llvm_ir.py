@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import re
 
-ARITH = re.compile(r"= (?:tail )?(?:(?:fmul|fadd|fsub|fdiv|fcmp)\b"
+_ARITH = re.compile(r"= (?:tail )?(?:(?:fmul|fadd|fsub|fdiv|fcmp)\b"
                    r"|call .*@llvm\.(?:fmuladd|fma|maxnum|minnum|exp|sqrt)\.)")
 FLOAT_VECTOR = re.compile(r"<(\d+) x (?:float|double|half|bfloat)>")
-VECTOR_LOAD = re.compile(r"= load <\d+ x ")
+_VECTOR_LOAD = re.compile(r"= load <\d+ x ")
 
 # Executed counts of :func:`executed_counts`, in this order.
 EXECUTED_COUNT_NAMES = ("vector_float_ops", "scalar_float_ops", "vector_loads", "scalar_loads",
@@ -38,27 +38,34 @@ _MEMCPY = re.compile(r"@llvm\.mem(?:cpy|move|set)\.[^(]*\(.*, i64 (\d+), i1")
 def executed_counts(ir: str) -> dict[str, float]:
     """Estimated executed counts (:data:`EXECUTED_COUNT_NAMES`) of every function in ``ir``.
 
-    Float ops are the lines :data:`ARITH` matches (one per vector instruction, whatever its
-    lanes); ``copied_bytes`` the constant lengths of ``llvm.memcpy`` / ``memmove`` / ``memset``
-    (LLVM turns a concat's loops into copies); ``loop_iterations`` the conditional branches run.
+    Float ops are multiply, add, subtract, divide, compare, fused multiply-add, min, max, exp and
+    sqrt (one per vector instruction, whatever its lanes); ``copied_bytes`` the constant lengths
+    of ``llvm.memcpy`` / ``memmove`` / ``memset`` (LLVM turns a concat's loops into copies);
+    ``loop_iterations`` the conditional branches run.
     """
     total = dict.fromkeys(EXECUTED_COUNT_NAMES, 0.0)
     for blocks in _functions(ir):
         for lines, times in _block_frequencies(blocks):
             for s in lines:
                 total["instructions"] += times
-                if ARITH.search(s):
-                    total["vector_float_ops" if FLOAT_VECTOR.search(s)
-                          else "scalar_float_ops"] += times
-                elif "= load " in s:
-                    total["vector_loads" if VECTOR_LOAD.search(s) else "scalar_loads"] += times
-                elif s.startswith("store "):
-                    total["stores"] += times
-                elif s.startswith("br i1 "):
-                    total["loop_iterations"] += times
-                elif m := _MEMCPY.search(s):
-                    total["copied_bytes"] += times * int(m.group(1))
+                if kind := line_kind(s):
+                    total[kind] += times * (int(_MEMCPY.search(s).group(1))
+                                            if kind == "copied_bytes" else 1)
     return total
+
+
+def line_kind(line: str) -> str | None:
+    """The column of :data:`EXECUTED_COUNT_NAMES` besides ``instructions`` that one IR line counts
+    in, or ``None`` (stores and branches are told by the line's start: strip it first)."""
+    if _ARITH.search(line):
+        return "vector_float_ops" if FLOAT_VECTOR.search(line) else "scalar_float_ops"
+    if "= load " in line:
+        return "vector_loads" if _VECTOR_LOAD.search(line) else "scalar_loads"
+    if line.startswith("store "):
+        return "stores"
+    if line.startswith("br i1 "):
+        return "loop_iterations"
+    return "copied_bytes" if _MEMCPY.search(line) else None
 
 
 def _functions(ir: str):

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.features import (CODE_FEATURE_NAMES, FEATURE_NAMES, TIR_FEATURE_NAMES,
-                                        code_features, feature_matrix, match_device, profile_rows,
-                                        tir_features, workload_row)
+from autoplace.predict.features import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, FEATURE_NAMES,
+                                        TIR_FEATURE_NAMES, cache_features, code_features,
+                                        feature_matrix, match_device, profile_rows, tir_features,
+                                        workload_row)
 from autoplace.predict.instructions import InstructionModel
 from autoplace.predict.roofline import RooflineCostModel
 
@@ -79,8 +80,9 @@ class XGBCostModel(_Learned):
     :class:`~autoplace.predict.instructions.InstructionModel` of the op's executed instructions,
     else a :class:`RooflineCostModel`. Their features are
     :func:`~autoplace.predict.features.features` and (``tir=True``)
-    :func:`~autoplace.predict.features.tir_features` and
-    :func:`~autoplace.predict.features.code_features`. Two boosters: one of squared error gives
+    :func:`~autoplace.predict.features.tir_features`,
+    :func:`~autoplace.predict.features.code_features` and
+    :func:`~autoplace.predict.features.cache_features`. Two boosters: one of squared error gives
     :meth:`predict` (the mean log ratio), one of XGBoost's ``reg:quantileerror`` gives
     :meth:`quantiles` (three in one model); the squared-error one is the more accurate point on
     held-out shapes (profiles/README.md). The model records what it was trained on (devices,
@@ -93,8 +95,9 @@ class XGBCostModel(_Learned):
     seed : int
     threads : int, XGBoost threads.
     tir : bool
-        Also learn from TVM's per-store features of the op's lowered TIR and from what LLVM
-        compiled it to on CPU targets (about 70 ms per distinct workload, TVM needed).
+        Also learn from TVM's per-store features of the op's lowered TIR, from what LLVM
+        compiled it to on CPU targets and from its loop nest's cache misses (about 150 ms per
+        distinct workload, TVM needed).
     """
 
     model_name = "xgboost"
@@ -120,7 +123,8 @@ class XGBCostModel(_Learned):
                 "seed": self.seed, "threads": self.threads, "tir": self.tir}
 
     def _feature_names(self) -> list[str]:
-        return [*FEATURE_NAMES, *((*TIR_FEATURE_NAMES, *CODE_FEATURE_NAMES) if self.tir else ())]
+        return [*FEATURE_NAMES, *((*TIR_FEATURE_NAMES, *CODE_FEATURE_NAMES, *CACHE_FEATURE_NAMES)
+                                  if self.tir else ())]
 
     def fit(self, rows) -> XGBCostModel:
         """Fit on measured rows (dicts of :func:`profile_rows`); returns ``self``."""
@@ -162,7 +166,8 @@ class XGBCostModel(_Learned):
         targets = [_target(d) for d in descs]
         counted = self.instructions_.predict(rows, fps, targets)
         base = np.log(counted, out=base.copy(), where=counted > 0)  # nan: no counts, keep roofline
-        return np.hstack([x, tir_features(rows), code_features(rows, targets)]), base
+        return (np.hstack([x, tir_features(rows), code_features(rows, targets),
+                           cache_features(rows, targets)]), base)
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
         """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the

@@ -11,8 +11,9 @@ import pytest
 import autoplace
 from autoplace import zoo
 from autoplace.predict import XGBCostModel, load_cost_model
-from autoplace.predict.features import (CODE_FEATURE_NAMES, FEATURE_NAMES, TIR_FEATURE_NAMES,
-                                        code_features, tir_features)
+from autoplace.predict.features import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, FEATURE_NAMES,
+                                        TIR_FEATURE_NAMES, cache_features, code_features,
+                                        tir_features)
 
 RELU = '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]'
 RESHAPE = '["relax.reshape",[[[1,32,1,1],"float32"]],{},["R.shape([1, 32])"]]'
@@ -59,12 +60,14 @@ def test_llvm_vectorises_a_short_reduction_and_not_a_long_one():
     assert np.isfinite(short).all() and np.isfinite(long_).all()
 
 
-def test_code_features_need_an_llvm_target_and_a_rebuildable_key():
-    x = code_features([{"key": RELU}, {"key": SLICE}], LLVM)
+@pytest.mark.parametrize("compute,names", [(code_features, CODE_FEATURE_NAMES),
+                                           (cache_features, CACHE_FEATURE_NAMES)])
+def test_code_and_cache_features_need_an_llvm_target_and_a_rebuildable_key(compute, names):
+    x = compute([{"key": RELU}, {"key": SLICE}], LLVM)
     assert np.isfinite(x[0]).all() and np.isnan(x[1]).all()
-    assert np.isnan(code_features([{"key": RELU}], [None])).all()
-    assert np.isnan(code_features([{"key": RELU}], "cuda")).all()
-    assert code_features([], LLVM).shape == (0, len(CODE_FEATURE_NAMES))
+    assert np.isnan(compute([{"key": RELU}], [None])).all()
+    assert np.isnan(compute([{"key": RELU}], "cuda")).all()
+    assert compute([], LLVM).shape == (0, len(names))
 
 
 def test_the_model_compiles_for_the_target_its_device_was_profiled_with(tmp_path):
@@ -97,7 +100,8 @@ def test_tir_setting_round_trips(tir, tmp_path):
     model.save(tmp_path / "m.json")
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["feature_names"] == [
-        *FEATURE_NAMES, *((*TIR_FEATURE_NAMES, *CODE_FEATURE_NAMES) if tir else ())]
+        *FEATURE_NAMES,
+        *((*TIR_FEATURE_NAMES, *CODE_FEATURE_NAMES, *CACHE_FEATURE_NAMES) if tir else ())]
     loaded = load_cost_model(tmp_path / "m.json")
     assert loaded.tir is tir
     np.testing.assert_allclose(loaded.predict_workloads(rows), model.predict_workloads(rows))

@@ -32,16 +32,23 @@ _ENUMERATED = 1 << 18
 
 def misses(funcs) -> dict[str, float]:
     """Lines missed in each cache and pages missed in each TLB (:data:`MISS_NAMES`) per run of
-    the legalized PrimFuncs ``funcs``; raises ``TypeError`` on an index it cannot evaluate."""
-    accesses = [a for f in funcs for a in _accesses(f)]
-    whole = sum({a.buffer.name: a.whole for a in accesses}.values())
-    out = {}
-    for level in (*CACHES, *TLBS):
-        kept_between_runs = 1 - _lost(whole, level) if accesses else 0.0
-        pages = len(level) == 2
-        n = sum(_nest_misses(a, accesses, level) - a.touched(0, pages) * kept_between_runs
-                for a in accesses)
-        out[f"{level[0]}_misses"] = max(float(n), 0.0)
+    the legalized PrimFuncs ``funcs``.
+
+    Raises ``ValueError`` on a nest it cannot follow: a loop of symbolic extent, an index other
+    than integer arithmetic of loop and block variables.
+    """
+    try:
+        accesses = [a for f in funcs for a in _accesses(f)]
+        whole = sum({a.buffer.name: a.whole for a in accesses}.values())
+        out = {}
+        for level in (*CACHES, *TLBS):
+            kept_between_runs = 1 - _lost(whole, level) if accesses else 0.0
+            pages = len(level) == 2
+            n = sum(_nest_misses(a, accesses, level) - a.touched(0, pages) * kept_between_runs
+                    for a in accesses)
+            out[f"{level[0]}_misses"] = max(float(n), 0.0)
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"cannot follow this loop nest: {err}") from err
     return out
 
 

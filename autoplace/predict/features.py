@@ -314,7 +314,7 @@ def executed_counts(workloads, targets) -> np.ndarray:
 def cache_features(workloads, targets) -> np.ndarray:
     """Cache and TLB misses of each workload's legalized loop nest
     (:mod:`autoplace.predict.cache`) per load that :func:`executed_counts` counts; same arguments,
-    cost and ``nan`` cases, and ``nan`` for an index expression the estimate cannot evaluate."""
+    cost and ``nan`` cases, and ``nan`` for a loop nest the estimate cannot follow."""
     return _per_key(workloads, targets, 2, len(CACHE_FEATURE_NAMES))
 
 
@@ -362,7 +362,7 @@ def _code_counts(key: str, target: str | None) -> tuple[np.ndarray, np.ndarray, 
     executed = executed_ir_counts(ir)
     try:
         missed = cache_misses(funcs.values())
-    except TypeError:  # an index expression the estimate cannot evaluate
+    except ValueError:  # a nest the estimate cannot follow (symbolic extents, other indices)
         rates = nan[2]
     else:
         loads = executed["vector_loads"] + executed["scalar_loads"] + 1

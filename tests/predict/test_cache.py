@@ -50,6 +50,23 @@ def test_a_column_over_more_pages_than_the_tlb_holds_misses_it_on_every_access()
     assert many["l2_tlb_misses"] == 0
 
 
+def test_a_loop_of_symbolic_extent_is_a_clear_error():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def copy(a: T.handle, b: T.handle):
+        n = T.int64()
+        x = T.match_buffer(a, (n,), "float32")
+        y = T.match_buffer(b, (n,), "float32")
+        for i in range(n):
+            with T.sblock("copy"):
+                vi = T.axis.spatial(n, i)
+                y[vi] = x[vi]
+
+    with pytest.raises(ValueError, match="cannot follow this loop nest"):
+        cache.misses([copy])
+
+
 def test_extrapolated_footprints_follow_the_enumerated_ones(monkeypatch):
     funcs = _funcs("nn.conv2d", (1, 8, 32, 32), (16, 8, 3, 3),
                    attrs={"padding": [1, 1, 1, 1], "strides": [1, 1]})

@@ -24,7 +24,7 @@ import numpy as np
 LINE, PAGE = 64, 4096
 # (name, sets, ways): 64-byte lines, physically indexed beyond the 4 KiB page.
 CACHES = (("l1", 64, 8), ("l2", 1024, 8), ("l3", 32768, 16))
-TLBS = (("l1_tlb", 64), ("l2_tlb", 2048))  # entries
+TLBS = (("l1_tlb", 64), ("l2_tlb", 2048))  # data TLB entries of AMD Zen 3 (this CPU, family 25)
 MISS_NAMES = tuple(f"{name}_misses" for name, *_ in (*CACHES, *TLBS))
 _CLASSES = PAGE // LINE  # in-page line offsets: what a virtual address fixes of a cache set
 _ENUMERATED = 1 << 18

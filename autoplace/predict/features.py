@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -45,6 +44,7 @@ from autoplace.predict.cache import MISS_NAMES
 from autoplace.predict.cache import misses as cache_misses
 from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
 from autoplace.predict.llvm_ir import executed_counts as executed_ir_counts
+from autoplace.profile.workload import module_from_key
 
 # Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
 OP_TYPES = (
@@ -381,37 +381,11 @@ def _prim_funcs(key: str) -> dict | None:
     import tvm
 
     try:
-        mod = tvm.relax.transform.LegalizeOps()(_single_op(key))
+        mod = tvm.relax.transform.LegalizeOps()(module_from_key(key))
     except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no such features
         return None
     return {gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc)}
-
-
-def _single_op(key: str):
-    """A Relax module whose ``main`` applies the key's op to parameters of the key's shapes."""
-    from tvm import relax
-
-    op, inputs, attrs, extra = json.loads(key)
-    params = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(inputs)]
-    fn = relax.op
-    for part in op.removeprefix("relax.").split("."):
-        fn = getattr(fn, part)
-    args: list = [params] if op == "relax.concat" else list(params)
-    for e in extra:  # printed Relax values: R.shape([1, 32]) or a scalar like T.float64(6.0)
-        if m := re.fullmatch(r"R\.shape\(\[(.*)\]\)", e):
-            args.append([int(v) for v in m.group(1).split(",") if v.strip()])
-        elif m := re.fullmatch(r"T\.\w+\((.*)\)", e):
-            args.append(float(m.group(1)))
-        else:
-            raise ValueError(f"cannot rebuild the argument {e!r} of {op}")
-    call = fn(*args, **{k: v for k, v in attrs.items() if v is not None})
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(call)
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 @functools.cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +32,36 @@ def single_op_modules(mod: tvm.IRModule, graph: OpGraph | None = None) -> dict[s
         if node.workload_key not in out:
             out[node.workload_key] = _one_op(mod, binding.value)
     return out
+
+
+def module_from_key(key: str) -> tvm.IRModule:
+    """A Relax module whose ``main`` applies a workload key's op to parameters of its shapes.
+
+    Raises ``ValueError`` (or TVM's error) where the key does not carry what the op needs: an
+    argument other than a shape or a scalar, a ``call_tir`` PrimFunc.
+    """
+    from tvm import relax
+
+    op, inputs, attrs, extra = json.loads(key)
+    params = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(inputs)]
+    fn = relax.op
+    for part in op.removeprefix("relax.").split("."):
+        fn = getattr(fn, part)
+    args: list = [params] if op == "relax.concat" else list(params)
+    for e in extra:  # printed Relax values: R.shape([1, 32]) or a scalar like T.float64(6.0)
+        if m := re.fullmatch(r"R\.shape\(\[(.*)\]\)", e):
+            args.append([int(v) for v in m.group(1).split(",") if v.strip()])
+        elif m := re.fullmatch(r"T\.\w+\((.*)\)", e):
+            args.append(float(m.group(1)))
+        else:
+            raise ValueError(f"cannot rebuild the argument {e!r} of {op}")
+    call = fn(*args, **{k: v for k, v in attrs.items() if v is not None})
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(call)
+        bb.emit_func_output(out)
+    return bb.get()
 
 
 def random_inputs(func, rng: np.random.Generator) -> list[np.ndarray]:

@@ -36,12 +36,14 @@ class RefineRound:
 
 
 def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidates: int = 8,
-           rng: np.random.Generator | None = None, **campaign_kwargs) -> list[RefineRound]:
+           rng: np.random.Generator | None = None, drift_tolerance: float | None = None,
+           **campaign_kwargs) -> list[RefineRound]:
     """Run ``rounds`` rounds of picking and measuring ``size`` workloads on ``device_spec``.
 
     ``candidates`` is how many sweep workloads are drawn per op type, sweep family with layers
-    of it (:func:`~autoplace.profile.sweeps.sweep_families`) and round; ``campaign_kwargs`` go
-    to :func:`autoplace.profile.run_campaign` (policy, progress...).
+    of it (:func:`~autoplace.profile.sweeps.sweep_families`) and round; ``drift_tolerance``
+    (checked before the first round measures) and ``campaign_kwargs`` go to
+    :func:`autoplace.profile.run_campaign` (policy, progress...).
     """
     from autoplace.profile.campaign import run_campaign
     from autoplace.profile.sweeps import sweep, sweep_families, sweep_names
@@ -75,7 +77,8 @@ def refine(store, device_spec: str, *, rounds: int = 2, size: int = 16, candidat
         pick = np.argsort(-band)[:size]
         chosen = [pool[i] for i in pick]
         run_campaign([(f"refine:{name}", mod) for name, mod, _ in chosen], [device_spec], store,
-                     links=False, **campaign_kwargs)
+                     links=False, drift_tolerance=drift_tolerance if r == 0 else None,
+                     **campaign_kwargs)
         measured = {m.workload: m.latency_s for m in store.measurements(device) if m.ok}
         point = model.predict_workloads([pool[i][2] for i in pick], device)
         pairs = [(p, measured[pool[i][2]["key"]]) for p, i in zip(point, pick)

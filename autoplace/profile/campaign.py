@@ -19,6 +19,7 @@ import numpy as np
 
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
+from autoplace.profile.drift import DriftError, measure_drift
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
                                        fingerprint, interrupts_kept)
@@ -90,6 +91,7 @@ class DeviceReport:
     skipped: int = 0          # declared unsupported by the Device, or measured meanwhile elsewhere
     seconds: float = 0.0
     error: str | None = None
+    drift: float | None = None  # median now / stored of re-timed workloads, if it was checked
     pending_ops: dict[str, int] = field(default_factory=dict)  # op type -> pending workloads
     link_fits: list[dict] = field(default_factory=list)
 
@@ -132,7 +134,9 @@ class CampaignReport:
         todo = [f"  {d.spec} pending: " + ", ".join(f"{op} {n}" for op, n in sorted(
                     d.pending_ops.items(), key=lambda kv: -kv[1]))
                 for d in self.devices if self.dry_run and d.pending_ops]
-        return "\n".join([head, *lines, *todo, *links]).rstrip()
+        drifts = [f"  {d.spec}: the store's workloads of an earlier occasion, timed again, take a "
+                  f"median {d.drift:.2f}x as long" for d in self.devices if d.drift is not None]
+        return "\n".join([head, *lines, *todo, *drifts, *links]).rstrip()
 
 
 def run_campaign(
@@ -147,6 +151,7 @@ def run_campaign(
     rng: np.random.Generator | None = None,
     runner_kwargs: dict | None = None,
     passes: int = 1,
+    drift_tolerance: float | None = None,
 ) -> CampaignReport:
     """Measure every pending (workload, device) pair; with ``links``, fit copies between every
     ordered pair of local devices not yet in the store.
@@ -154,6 +159,12 @@ def run_campaign(
     With ``passes > 1`` every workload is timed on that many occasions, one sweep over all of
     them after another, and the store keeps each one's fastest occasion: load that comes and goes
     on the machine then rarely touches every pass of the same workload.
+
+    With ``drift_tolerance``, a device about to add new workloads to what the store measured on
+    an earlier occasion first times some of those again (:mod:`autoplace.profile.drift`); if
+    they now take a median more than ``1 + drift_tolerance`` times as long (or less than its
+    inverse), :class:`~autoplace.profile.drift.DriftError` is raised before anything is
+    measured.
     """
     if passes < 1:
         raise ValueError(f"passes must be at least 1, got {passes}")
@@ -182,12 +193,37 @@ def run_campaign(
         for k in todo:
             rep.pending_ops[wl.op_types[k]] = rep.pending_ops.get(wl.op_types[k], 0) + 1
         runners.append((runner, rep, todo))
+    if not dry_run and drift_tolerance is not None:
+        for runner, rep, todo in runners:
+            _check_drift(runner, rep, todo, store, policy, drift_tolerance)
     if not dry_run:
         _measure_all(runners, wl, store, policy, passes, progress, rng or np.random.default_rng(0))
         if links:
             _measure_links([(r, rep) for r, rep, _ in runners if isinstance(r, LocalRunner)
                             and rep.error is None], store)
     return CampaignReport(tuple(reports), len(wl.modules), wl.nodes, wl.models, dry_run)
+
+
+def _check_drift(runner, rep: DeviceReport, todo: list[str], store, policy, tolerance) -> None:
+    """Raise :class:`DriftError` if ``rep``'s device runs the store's older rows slower or
+    faster than they say, where it is about to add workloads the store has never measured."""
+    stored = store.measurements(rep.fingerprint)
+    if not set(todo) - {m.workload for m in stored}:
+        return  # only more passes over known workloads: the fastest occasion is kept anyway
+    try:
+        drift = measure_drift(runner, rep.spec, stored, policy=policy)
+    except DeviceUnavailable as e:
+        rep.error = str(e)  # reported, and its measurements skipped, like any absent device
+        return
+    if drift is None:
+        return
+    rep.drift = drift.ratio
+    log.info("%s", drift.describe())
+    if drift.exceeds(tolerance):
+        raise DriftError(f"{drift.describe()}: what it measures now would not be on the scale of "
+                         f"{store.path}'s rows, and a cost model trained on both would learn the "
+                         "difference. Nothing was measured. Profile into a new store (--db "
+                         "NEW.db), or pass --allow-drift to add to this one anyway.")
 
 
 def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: bool, rng) -> None:

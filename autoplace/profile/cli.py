@@ -38,11 +38,13 @@ def _models(args):
 
 def _cmd_profile(args) -> int:
     from autoplace.profile.campaign import run_campaign
+    from autoplace.profile.drift import DRIFT_TOLERANCE
     from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.store import ProfileStore
 
     models = _models(args)
     policy = TimingPolicy(cv_target=args.cv, budget_s=args.budget)
+    tolerance = None if args.allow_drift else DRIFT_TOLERANCE
     # A dry run writes nothing: it reads an existing store, or counts against an empty one.
     db = ":memory:" if args.dry_run and not Path(args.db).exists() else args.db
     with ProfileStore(db) as store:
@@ -50,8 +52,10 @@ def _cmd_profile(args) -> int:
             report = run_campaign(
                 models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
                 links=not args.no_links, progress=not args.json, passes=args.passes,
+                drift_tolerance=tolerance,
                 runner_kwargs={"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout})
-            rounds = _refine(args, store, policy) if args.refine and not args.dry_run else []
+            rounds = (_refine(args, store, policy, tolerance) if args.refine and not args.dry_run
+                      else [])
         except KeyboardInterrupt:
             print(f"interrupted; everything measured so far is in {args.db}: run the same "
                   "command again to resume", file=sys.stderr)
@@ -72,12 +76,12 @@ def _cmd_profile(args) -> int:
     return 1 if failed and not args.dry_run else 0
 
 
-def _refine(args, store, policy):
+def _refine(args, store, policy, tolerance):
     from autoplace.predict.refine import refine
 
     spec = (args.device or ["cpu:0"])[0]
     return refine(store, spec, rounds=args.refine, size=args.refine_size, policy=policy,
-                  progress=not args.json)
+                  progress=not args.json, drift_tolerance=tolerance)
 
 
 def _cmd_export(args) -> int:
@@ -130,6 +134,10 @@ def register_cli(sub) -> None:
                    help="then, for ROUNDS rounds, measure the sweep workloads the learned model "
                         "is least sure about on the first --device, and print its error per round")
     p.add_argument("--refine-size", type=int, default=16, help="workloads per refine round")
+    p.add_argument("--allow-drift", action="store_true",
+                   help="add new workloads to a store measured on an earlier occasion even if the "
+                        "device now runs a few of its workloads (timed again first) a median "
+                        "more than 15%% slower or faster")
     p.add_argument("--rpc-target", default="llvm", help="TVM target of rpc: devices (default llvm)")
     p.add_argument("--rpc-timeout", type=float, default=30.0,
                    help="seconds to wait for an rpc: device (default 30)")

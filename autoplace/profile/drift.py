@@ -15,12 +15,16 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoplace.profile.measure import OpFailed, TimingPolicy
 from autoplace.profile.store import Measurement
 from autoplace.profile.workload import module_from_key
+
+if TYPE_CHECKING:
+    import tvm
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +62,11 @@ class Drift:
 
 
 def anchors(measurements: list[Measurement], n: int = 12, *,
-            older_than_s: float = SAME_OCCASION_S, now: float | None = None) -> list[Measurement]:
+            older_than_s: float = SAME_OCCASION_S, now: float | None = None
+            ) -> list[tuple[Measurement, tvm.IRModule]]:
     """Up to ``n`` successful ``measurements`` taken more than ``older_than_s`` ago whose op can
-    be rebuilt from its key, spread evenly over their latencies: short ops drift as much as long
-    ones (call overhead), and a cost model predicts both."""
+    be rebuilt from its key, with that op's module, spread evenly over their latencies: short ops
+    drift as much as long ones (call overhead), and a cost model predicts both."""
     now = time.time() if now is None else now
     old = [m for m in measurements if m.ok and m.latency_s and m.measured_at
            and now - datetime.fromisoformat(m.measured_at).timestamp() > older_than_s]
@@ -69,9 +74,9 @@ def anchors(measurements: list[Measurement], n: int = 12, *,
     out, taken = [], set()
     for start in np.linspace(0, len(pool), num=n, endpoint=False).astype(int):
         for i in range(start, len(pool)):  # the next one up where a key cannot rebuild its op
-            if i not in taken and _rebuilds(pool[i].workload):
+            if i not in taken and (mod := _rebuilt(pool[i].workload)) is not None:
                 taken.add(i)
-                out.append(pool[i])
+                out.append((pool[i], mod))
                 break
     return out
 
@@ -81,9 +86,9 @@ def measure_drift(runner, spec: str, measurements: list[Measurement], n: int = 1
     """Time ``n`` :func:`anchors` of a device's stored ``measurements`` again on ``runner``;
     ``None`` if the store has none to time (nothing from an earlier occasion)."""
     keys, ratios = [], []
-    for m in anchors(measurements, n, **anchor_kwargs):
+    for m, mod in anchors(measurements, n, **anchor_kwargs):
         try:
-            t = runner.measure(module_from_key(m.workload), policy)
+            t = runner.measure(mod, policy)
         except OpFailed as e:
             log.info("%s cannot time the anchor %s again: %s", spec, m.workload, e)
             continue
@@ -92,9 +97,8 @@ def measure_drift(runner, spec: str, measurements: list[Measurement], n: int = 1
     return Drift(spec, tuple(keys), tuple(ratios)) if ratios else None
 
 
-def _rebuilds(key: str) -> bool:
+def _rebuilt(key: str) -> tvm.IRModule | None:
     try:
-        module_from_key(key)
+        return module_from_key(key)
     except Exception:  # noqa: BLE001 - whatever stops the rebuild, it is no anchor
-        return False
-    return True
+        return None

@@ -88,5 +88,5 @@ def test_anchors_spread_over_latencies_skip_fresh_rows_and_keys_that_do_not_rebu
     rows.append(relu(999, 1.0, when=time.strftime("%Y-%m-%dT%H:%M:%S%z")))  # this occasion's
     rows.append(Measurement(rows[0].workload, "fp", "unsupported", measured_at=TWO_DAYS_AGO))
     picked = anchors(rows, 5)
-    assert [round(m.latency_s * 1e6) for m in picked] == [1, 9, 16, 24, 32]
+    assert [round(m.latency_s * 1e6) for m, _ in picked] == [1, 9, 16, 24, 32]
     assert anchors(rows, 5, older_than_s=3 * 86400) == []

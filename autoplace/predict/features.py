@@ -360,24 +360,33 @@ def _code_counts(key: str, target: str | None) -> tuple[np.ndarray, np.ndarray, 
               static["scalar_loads"], ir.count("br i1 "), ir.count("\n"))
     log2 = [math.log2(1 + c) for c in counts]
     executed = executed_ir_counts(ir)
-    try:
-        missed = cache_misses(funcs.values())
-    except ValueError:  # a nest the estimate cannot follow (symbolic extents, other indices)
-        rates = nan[2]
-    else:
-        loads = executed["vector_loads"] + executed["scalar_loads"] + 1
-        rates = np.array([missed[n] / loads for n in MISS_NAMES])
+    missed = _loop_misses(key)
+    loads = executed["vector_loads"] + executed["scalar_loads"] + 1
+    rates = nan[2] if missed is None else np.array([missed[n] / loads for n in MISS_NAMES])
     return (np.array([*log2[:2], share, *log2[2:]]),
             np.array([executed[n] for n in EXECUTED_COUNT_NAMES]), rates)
+
+
+@functools.lru_cache(maxsize=8192)
+def _loop_misses(key: str) -> dict[str, float] | None:
+    """:func:`autoplace.predict.cache.misses` of the key's PrimFuncs (the same on every target);
+    ``None`` for a nest the estimate cannot follow (symbolic extents, other indices)."""
+    try:
+        return cache_misses(_prim_funcs(key).values())
+    except ValueError:
+        return None
 
 
 def _keys(workloads) -> list[str]:
     return [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
 
 
+@functools.lru_cache(maxsize=8192)
 def _prim_funcs(key: str) -> dict | None:
     """The legalized PrimFuncs of the key's op (named for building), or ``None`` when the key
-    cannot rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds)."""
+    cannot rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds).
+    Remembered for the process: the TIR, code and cache features all start from them; read
+    only."""
     import tvm
 
     try:

@@ -7,9 +7,8 @@
 'latency'
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from autoplace import frontends, zoo
+from autoplace._version import __version__ as __version__
 from autoplace.annotate import annotate
 from autoplace.api import OptimizeResult, build_problem, node_costs, optimize
 from autoplace.devices import Device, Link
@@ -19,11 +18,6 @@ from autoplace.plan import Plan, PlanError
 from autoplace.predict import RooflineCostModel, load_cost_model
 from autoplace.run import CompiledModel, compile
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
-
-try:
-    __version__ = version("autoplace")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "CompiledModel", "Device", "InfeasibleError", "Link", "OpGraph", "OpNode", "OptimizeResult",

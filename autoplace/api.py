@@ -247,7 +247,7 @@ def optimize(
         lets a device hold several stages.
     stage_overhead_s : float, or mapping device name -> float, optional
         Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
-        device and on the host. Default: :data:`autoplace.run.pipeline.STAGE_OVERHEAD_S` for
+        device and on the host. Default: :data:`autoplace.solve.problem.STAGE_OVERHEAD_S` for
         each device's kind (measured by ``benchmarks/stage_overhead.py``); ``0`` ignores it.
         A plan of one stage pays none: it runs without a pipeline, so when no pipeline is
         predicted to beat the best single device, the plan is that device, one stage.
@@ -274,7 +274,7 @@ def optimize(
         raise ValueError("stage_overhead_s and max_stages describe pipelines: pass them with "
                          "objective='throughput'")
     if objective == "throughput" and stage_overhead_s is None:
-        from autoplace.run.pipeline import STAGE_OVERHEAD_S
+        from autoplace.solve.problem import STAGE_OVERHEAD_S
 
         stage_overhead_s = {d.name: STAGE_OVERHEAD_S[d.kind] for d in devices}
 

@@ -9,12 +9,14 @@ from itertools import groupby
 from typing import TYPE_CHECKING
 
 from autoplace.devices import Device
+from autoplace.solve.problem import OBJECTIVES
 
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
 
 PLAN_FORMAT_VERSION = 1
-OBJECTIVES = ("latency", "throughput", "manual")
+#: What a plan says it minimizes: a solver's objective, or "manual" (placed by rules).
+PLAN_OBJECTIVES = (*OBJECTIVES, "manual")
 # Where a node's cost came from; a node whose devices differ joins them: "measured+roofline".
 COST_SOURCES = ("measured", "learned", "roofline", "unsupported")
 
@@ -51,8 +53,8 @@ class Plan:
             raise PlanError(f"plan uses unknown device(s) {unknown}; devices are {names}")
         if self.stages is not None and len(self.stages) != len(self.nodes):
             raise PlanError(f"{len(self.nodes)} nodes but {len(self.stages)} stages")
-        if self.objective not in OBJECTIVES:
-            raise PlanError(f"objective {self.objective!r} is not one of {OBJECTIVES}")
+        if self.objective not in PLAN_OBJECTIVES:
+            raise PlanError(f"objective {self.objective!r} is not one of {PLAN_OBJECTIVES}")
         if self.cost_sources is not None:
             if len(self.cost_sources) != len(self.nodes):
                 raise PlanError(f"{len(self.nodes)} nodes but {len(self.cost_sources)} cost sources")

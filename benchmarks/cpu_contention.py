@@ -30,7 +30,7 @@ def _child(name: str, core: int, seconds: float) -> None:
     import tvm
     from tvm import relax
 
-    from autoplace.run.compile import build_single
+    from autoplace.backend import build_single
 
     os.sched_setaffinity(0, {core})
     m = zoo.load(name)

@@ -32,8 +32,8 @@ from autoplace import zoo
 from autoplace.api import auto_cost_model
 from autoplace.predict import MeasuredCostModel
 from autoplace.profile import DeviceProfile
-from autoplace.run.pipeline import (Pipeline, fastest_single_device, random_inputs_like,
-                                     time_sequential)
+from autoplace.run.baseline import fastest_single_device, random_inputs_like, time_sequential
+from autoplace.run.pipeline import Pipeline
 from autoplace.solve.simulate import simulate_throughput
 
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from autoplace.solve import InfeasibleError, dnn_partitioning as dnn
+from autoplace import dnn_partitioning as dnn
+from autoplace.solve import InfeasibleError
 from autoplace.solve.baselines import greedy, heft
 from autoplace.solve.coarsen import coarse_graph, coarsen
-from autoplace.solve.maxload import ideals
+from autoplace.dnn_partitioning.maxload import ideals
 
 ROOT = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
 

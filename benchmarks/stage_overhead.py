@@ -5,7 +5,7 @@ Run: PYTHONPATH=. .venv/bin/python benchmarks/stage_overhead.py [--device cpu:0 
 
 One fit per device (every stage on it), then one with the stages alternating over all devices,
 as a plan's stages do: its ``b`` is the hand-off part of
-``autoplace.run.pipeline.STAGE_OVERHEAD_S``. One stage is called directly, without a pipeline:
+``autoplace.solve.problem.STAGE_OVERHEAD_S``. One stage is called directly, without a pipeline:
 its time is printed (k=1) and left out of the fit. If the devices handed inputs on in
 parallel, that time would grow with the stages per device (every second k); it grows with every
 stage, so the model charges the host too.
@@ -14,7 +14,7 @@ stage, so the model charges the host too.
 import argparse
 
 import autoplace
-from autoplace.run.pipeline import measure_stage_overhead
+from autoplace.run.overhead import measure_stage_overhead
 
 
 def main():

@@ -27,6 +27,11 @@ import numpy as np
 
 import autoplace
 import autoplace.run.pipeline as pipeline
+from autoplace.backend import limit_tvm_threads, to_tvm
+from autoplace.run.baseline import random_inputs_like
+from autoplace.run.cores import stage_threads
+from autoplace.run.pipeline import compile_stage
+from autoplace.run.split import split
 from autoplace import zoo
 
 
@@ -36,7 +41,7 @@ def _stage_inputs(staged, fns, xs):
 
     args = [[] for _ in fns]
     for x in xs:
-        values = {n: pipeline.to_tvm(a, tvm.cpu(0)) for n, a in zip(staged.inputs, x)}
+        values = {n: to_tvm(a, tvm.cpu(0)) for n, a in zip(staged.inputs, x)}
         for k, (stage, fn) in enumerate(zip(staged.stages, fns)):
             args[k].append([values[n] for n in stage.inputs])
             values.update(zip(stage.outputs, fn(*args[k][-1])))
@@ -45,18 +50,18 @@ def _stage_inputs(staged, fns, xs):
 
 def _loops(exes, staged, args, seconds, fresh):
     """Median seconds per call of each stage, all stages at once, each on the cores and TVM
-    threads a pipeline gives it (:func:`autoplace.run.pipeline.stage_threads`)."""
+    threads a pipeline gives it (:func:`autoplace.run.cores.stage_threads`)."""
     import tvm
 
     out = {}
-    threads = pipeline.stage_threads([s.device for s in staged.stages])
+    threads = stage_threads([s.device for s in staged.stages])
 
     def copied(call):  # a copy made now, in this thread, as a pipeline's stage 0 does
-        return [pipeline.to_tvm(v.numpy(), tvm.cpu(0)) for v in call]
+        return [to_tvm(v.numpy(), tvm.cpu(0)) for v in call]
 
     def loop(k):
         if threads[k] is not None:
-            pipeline._limit_tvm_threads(*threads[k])
+            limit_tvm_threads(*threads[k])
         fn = pipeline._load_vm(exes[k], staged.stages[k].device)[0]
         out[k] = _median_call(fn, args[k], seconds, copied if fresh else None)
 
@@ -80,9 +85,9 @@ def main():
     for name in args.models.split(","):
         m = zoo.load(name)
         res = autoplace.optimize(m.mod, devs, objective="throughput")
-        staged = pipeline.split(m.mod, res.plan, res.graph.func_name)
-        exes = [pipeline._compile_stage(s) for s in staged.stages]
-        xs = pipeline.random_inputs_like(m.inputs, 64, np.random.default_rng(0))
+        staged = split(m.mod, res.plan, res.graph.func_name)
+        exes = [compile_stage(s) for s in staged.stages]
+        xs = random_inputs_like(m.inputs, 64, np.random.default_rng(0))
         fns = [pipeline._load_vm(e, s.device)[0] for e, s in zip(exes, staged.stages)]
         inputs = _stage_inputs(staged, fns, xs)
         rounds = []

@@ -150,7 +150,7 @@ def test_bad_onnx_file_is_a_clear_error(tmp_path):
 
 def _kernels(mod):
     """{kernel name: target kind} after the lowering pipeline's target-attaching pass."""
-    from autoplace.run.compile import lowering_pipeline
+    from autoplace.backend import lowering_pipeline
 
     passes = list(lowering_pipeline(gpu=True, multi_device=True).passes)
     names = [p.info.name for p in passes]
@@ -189,7 +189,7 @@ def test_cuda_plans_compile_without_a_gpu_each_kernel_for_its_device():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int8", "bool"])
 @pytest.mark.parametrize("shape", [(), (0, 3), (5, 7), (3, 64, 65)])
 def test_to_tvm_and_to_numpy_copy_exactly_and_keep_nothing_shared(dtype, shape, rng):
-    from autoplace.run.compile import to_numpy, to_tvm
+    from autoplace.backend import to_numpy, to_tvm
 
     x = (rng.standard_normal(shape) * 10).astype(dtype)
     for src in (x, np.asfortranarray(x), x.reshape(-1)[1:].reshape(-1) if x.size > 1 else x):

@@ -11,9 +11,11 @@ from tvm.script import relax as R
 
 import autoplace
 from autoplace import zoo
-from autoplace.run.pipeline import (
-    Pipeline, PipelineClosedError, PipelineError, _limit_tvm_threads, _process_cpus, split,
-    stage_threads, time_sequential)
+from autoplace.backend import in_own_thread, limit_tvm_threads, process_cpus
+from autoplace.run.baseline import time_sequential
+from autoplace.run.cores import stage_threads
+from autoplace.run.pipeline import Pipeline, PipelineClosedError, PipelineError
+from autoplace.run.split import split
 
 
 # A -> B -> C, and C reads A too: "a" must travel from stage 0 to stage 2 past stage 1.
@@ -321,10 +323,10 @@ def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
     import tvm
 
     out = {}
-    everything = set(_process_cpus())
+    everything = set(process_cpus())
 
     def body(cores):
-        _limit_tvm_threads(1, cores)
+        limit_tvm_threads(1, cores)
         out[tuple(cores)] = (os.sched_getaffinity(0),
                              tvm.get_global_func("runtime.NumThreads")())
 
@@ -342,8 +344,6 @@ def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
 
 
 def test_in_own_thread_keeps_the_callers_affinity_and_raises_what_fn_raised():
-    from autoplace.profile.measure import in_own_thread
-
     mine = os.sched_getaffinity(0)
 
     def pin():
@@ -356,16 +356,16 @@ def test_in_own_thread_keeps_the_callers_affinity_and_raises_what_fn_raised():
 
 
 def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
-    from autoplace.profile import measure
+    from autoplace.backend import threads
 
     cpu0, cpu1, gpu = autoplace.Device.cpu(0), autoplace.Device.cpu(1), autoplace.Device.cuda(0)
-    monkeypatch.setattr(measure, "tvm_threads", lambda: 8)
+    monkeypatch.setattr(threads, "tvm_threads", lambda: 8)
     cores = list(range(16))
     assert stage_threads([cpu0, gpu, cpu0], cpus=cores) == [(8, tuple(cores)), None,
                                                             (8, tuple(cores))]
     assert stage_threads([cpu1, cpu0, gpu], cpus=cores) == [(4, tuple(range(8, 16))),
                                                             (4, tuple(range(8))), None]
-    monkeypatch.setattr(measure, "tvm_threads", lambda: 1)
+    monkeypatch.setattr(threads, "tvm_threads", lambda: 1)
     assert stage_threads([cpu0, cpu1], cpus=[0, 1]) == [(1, (0,)), (1, (1,))]
     assert stage_threads([cpu0, cpu1, autoplace.Device.cpu(2)], cpus=[0, 1]) == [
         (1, (0,)), (1, (1,)), (1, (0,))]  # more devices than cores: they share
@@ -379,7 +379,7 @@ def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
 
 
 def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
-    from autoplace.run.pipeline import measure_stage_overhead
+    from autoplace.run.overhead import measure_stage_overhead
 
     fit = measure_stage_overhead(devs, max_stages=3, inputs=20, rounds=1)
     assert fit.devices == ("a", "b") and len(fit.seconds) == 3 and min(fit.seconds) > 0

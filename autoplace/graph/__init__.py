@@ -1,6 +1,7 @@
 """The op graph of a Relax function: nodes are op calls, edges are tensors."""
 
 from autoplace.graph.flops import count_flops
+from autoplace.graph.fusion import anchor, fused_groups
 from autoplace.graph.opgraph import (
     Edge,
     GraphInput,
@@ -11,4 +12,4 @@ from autoplace.graph.opgraph import (
 )
 
 __all__ = ["Edge", "GraphInput", "OpGraph", "OpNode", "TensorInfo", "UnsupportedModelError",
-           "count_flops"]
+           "anchor", "count_flops", "fused_groups"]

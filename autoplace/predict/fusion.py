@@ -1,15 +1,12 @@
 """GPU node costs per fused kernel: a profile times each op as its own kernel launch, a model
 runs one kernel per fused group.
 
-On a GPU the ops of these models take microseconds, about a kernel launch, so the ops that TVM
-fuses into another op's kernel (an elementwise op after a conv, a bias add) cost next to nothing
-in the built model although each costs a launch alone. Against the median of five runs of five
-zoo models on an H100 (``benchmarks/pipeline_throughput.py``'s sequential column, input and
-output copies included), the per-op sum plus one stage's overhead predicted 1.15-1.63x the
-measured time; each kernel at its anchor's time (the member with the most FLOPs), 0.84-1.36x.
-The anchors are those of the model built for the GPU alone: in a plan that moves an anchor off
-the GPU, the members left there are still charged nothing. CPU kernels are not launch-bound and
-their op sums predict too fast already, so CPU costs are left as they are.
+On a GPU small ops take about a kernel launch, so the ops that TVM fuses into another op's kernel
+(an elementwise op after a conv, a bias add) cost next to nothing in the built model although
+each costs a launch alone: each kernel is charged its anchor's time (the member with the most
+FLOPs) instead. The anchors are those of the model built for the GPU alone: in a plan that moves
+an anchor off the GPU, the members left there are still charged nothing. CPU costs are left as
+they are. docs/results.md gives the measurements behind this choice.
 """
 
 from __future__ import annotations
@@ -18,6 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from autoplace.graph.fusion import anchor, fused_groups
 
 if TYPE_CHECKING:
     import tvm
@@ -29,10 +28,8 @@ if TYPE_CHECKING:
 def kernel_anchors(groups: Sequence[Sequence[int]], graph: OpGraph,
                    cost: np.ndarray) -> np.ndarray:
     """A boolean per node of ``graph``: whether it is the anchor of its fused kernel, ``groups``
-    being each kernel's nodes (:func:`autoplace.profile.whole_model.fused_groups`; ties by
+    being each kernel's nodes (:func:`autoplace.graph.fusion.fused_groups`; ties by
     ``cost``). Nodes that become views or constants are in no group and are no anchor."""
-    from autoplace.profile.whole_model import anchor
-
     anchors = np.zeros(len(graph.nodes), dtype=bool)
     for nodes in groups:
         if nodes:
@@ -45,8 +42,6 @@ def fused_gpu_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device]
     """``cost`` (nodes x devices) with every GPU column charging each fused kernel once: its
     anchor keeps its cost, the other members and the nodes without a kernel cost 0 there
     (``inf``, a device that cannot run the op, stays)."""
-    from autoplace.profile.whole_model import fused_groups
-
     gpus = [k for k, d in enumerate(devices) if d.is_gpu]
     if not gpus or not len(graph.nodes):
         return cost

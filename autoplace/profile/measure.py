@@ -15,19 +15,17 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autoplace.backend import tvm_threads
 from autoplace.devices import Device
 from autoplace.profile.workload import random_inputs
 
 if TYPE_CHECKING:
     import tvm
-
-T = TypeVar("T")
 
 
 class OpFailed(RuntimeError):
@@ -153,33 +151,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def in_own_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` called in a throwaway thread, so that what it does to its thread (an affinity
-    set; a TVM pool started, which pins its thread to core 0) is not done to the caller's."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller
-            box["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def tvm_threads() -> int:
-    """TVM's CPU thread count, read in its own thread: ``optimize``'s thread should not be
-    pinned for a number."""
-    import tvm
-
-    return in_own_thread(lambda: int(tvm.get_global_func("runtime.NumThreads")()))
-
-
 def probe_module() -> tvm.IRModule:
     """``add`` of two 16-float vectors: a device that cannot run this is broken, not limited."""
     from tvm import relax
@@ -227,7 +198,7 @@ class LocalRunner:
         import tvm
         from tvm import relax
 
-        from autoplace.run.compile import build_single
+        from autoplace.backend import build_single
 
         try:
             ex = build_single(mod, self.device.tvm_target(), gpu=self.device.is_gpu)

@@ -136,9 +136,7 @@ class RPCRunner:
         DeviceUnavailable
             The session was lost and no new one could be had.
         """
-        import tvm
-
-        from autoplace.run.compile import build_single
+        from autoplace.backend import build_single
 
         inputs = random_inputs(mod["main"], rng or np.random.default_rng(0))
         with tempfile.TemporaryDirectory(prefix="autoplace-rpc-") as tmp:

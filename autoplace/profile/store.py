@@ -181,7 +181,7 @@ class ProfileStore:
     # ------------------------------------------------------------------ schema
 
     def _create(self) -> None:
-        from autoplace import __version__
+        from autoplace._version import __version__
 
         with self._tx() as db:
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:

@@ -22,7 +22,7 @@ from autoplace.solve.simulate import (check_feasible, copies_needed, device_load
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from autoplace.api import OptimizeResult
+    from autoplace.report.result import PlacementResult
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
 
@@ -190,7 +190,7 @@ class Explanation:
         return self.summary() + "\n\n" + self.table()
 
 
-def explain(result: OptimizeResult) -> Explanation:
+def explain(result: PlacementResult) -> Explanation:
     """Explain ``result``'s plan: see :class:`Explanation`.
 
     >>> print(autoplace.optimize(mod, devs).explain())     # doctest: +SKIP

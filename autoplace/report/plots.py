@@ -18,13 +18,13 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from autoplace.api import OptimizeResult
+    from autoplace.report.result import PlacementResult
 
 _COPY_COLOUR = "0.25"
 _OVERHEAD_COLOUR = "0.7"
 
 
-def plot_gantt(result: OptimizeResult, ax: Axes | None = None) -> Figure:
+def plot_gantt(result: PlacementResult, ax: Axes | None = None) -> Figure:
     """The simulated one-input schedule: a row per device and per link that carries a copy.
 
     Node bars are coloured by op type; copies are hatched bars on their link's row, each also
@@ -77,7 +77,7 @@ def plot_gantt(result: OptimizeResult, ax: Axes | None = None) -> Figure:
     return ax.figure
 
 
-def plot_graph(result: OptimizeResult, ax: Axes | None = None) -> Figure:
+def plot_graph(result: PlacementResult, ax: Axes | None = None) -> Figure:
     """The op graph, one column per topological generation, nodes coloured by device.
 
     Edges whose tensor crosses devices are drawn thick and red. Node labels (the op type without
@@ -120,7 +120,7 @@ def plot_graph(result: OptimizeResult, ax: Axes | None = None) -> Figure:
     return ax.figure
 
 
-def plot_stage_loads(result: OptimizeResult, ax: Axes | None = None) -> Figure:
+def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     """Seconds per input on each device (stacked by pipeline stage, then the stages' hand-off
     cost), each copying link, and the host that hands every input on (``stage_overhead_s``).
 

@@ -1,29 +1,17 @@
 """Pipelined execution of a staged plan: one module per stage, one thread per stage.
 
-:func:`split` cuts ``mod[func_name]`` into one Relax module per stage of a plan, each with
-explicit inputs (model inputs and tensors of earlier stages, also ones that skip stages) and
-outputs (its tensors that later stages or the model's result read). :class:`Pipeline` compiles
-each stage for its device and streams inputs through them: a worker thread per stage, each with
-its own VM (a VM is not thread-safe; TVM releases the GIL in its calls), bounded queues between
-stages, results in input order. A plan of one stage has nothing to overlap: it is called on the
-caller's thread, with no worker and no hand-off (the throughput model charges it none).
-
-Threads: TVM's kernel thread pool belongs to the calling thread. The CPU devices of a plan split
-the cores this process may use between them (:func:`stage_threads`), and each CPU stage's worker
-runs itself and its pool on its device's cores: ``runtime.config_threadpool(-3, n, <cores>)``
-(mode "share all cores": ``n`` threads, free to move among those cores). Given every core
-instead, two one-thread stages calling a 40 us kernel took 80 us a call each on TVM 0.27 (40 us
-on their own cores, and also with ``TVM_THREAD_POOL_SPIN_COUNT=0``: the pools' idle threads spin
-on the cores the stages need); the obvious ``config_threadpool(1, n)`` (mode "big cores") pins
-every stage to core 0. "The cores this process may use" are not a thread's inherited affinity:
-starting a thread's default pool (``runtime.NumThreads`` does, and ``optimize`` calls it to
-fingerprint the CPU) pins that thread to core 0, and every thread it starts inherits the pin.
+:class:`Pipeline` compiles each stage of a :func:`~autoplace.run.split.split` module for its
+device and streams inputs through them: a worker thread per stage, each with its own VM (a VM is
+not thread-safe; TVM releases the GIL in its calls), bounded queues between stages, results in
+input order. A plan of one stage has nothing to overlap: it is called on the caller's thread, with
+no worker and no hand-off (the throughput model charges it none). Each CPU stage's worker runs
+itself and its TVM pool on its device's share of the cores
+(:func:`~autoplace.run.cores.stage_threads`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autoplace.backend import build_single, limit_tvm_threads, to_numpy, to_tvm
 from autoplace.devices import Device
-from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
-from autoplace.plan import Plan, PlanError
-from autoplace.run.compile import build_single, to_numpy, to_tvm
+from autoplace.plan import Plan
+from autoplace.run.cores import stage_threads
+from autoplace.run.split import Stage, StagedModule, split
 
 if TYPE_CHECKING:
     import tvm
@@ -60,223 +49,6 @@ class PipelineClosedError(PipelineError):
 
 
 # ----------------------------------------------------------------------------- split
-
-@dataclass(frozen=True, eq=False)
-class Stage:
-    """One stage: its nodes, the tensors it reads and writes (by name), and its Relax module.
-
-    ``mod["main"]`` takes ``inputs`` in order and returns a tuple of ``outputs``.
-    """
-
-    index: int
-    device: Device
-    nodes: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    mod: Any
-
-    def __str__(self) -> str:
-        return (f"stage {self.index} on {self.device.name}: {len(self.nodes)} nodes, "
-                f"in ({', '.join(self.inputs)}) -> out ({', '.join(self.outputs)})")
-
-
-@dataclass(frozen=True, eq=False)
-class StagedModule:
-    """A module cut into stages: the model's inputs and outputs are named like stage tensors."""
-
-    stages: tuple[Stage, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    constants: tuple[tuple[str, np.ndarray], ...] = ()  # outputs that are constants
-
-
-def split(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> StagedModule:
-    """Cut ``mod[func_name]`` into one module per stage of ``plan`` (``mod`` is unchanged).
-
-    Aliases, tuples and tuple-get-items are rebuilt in each stage that reads them, constants are
-    inlined where used, and only real tensors cross stages (tuples are flattened: a tuple-valued
-    node ``n`` sends ``n[0]``, ``n[1]``...).
-
-    Raises
-    ------
-    PlanError
-        If the plan has no stages, a stage spans several devices, or a node's stage comes before
-        the stage of a node it reads.
-    """
-    from tvm import relax
-
-    graph = OpGraph.from_relax(mod, func_name)
-    plan.validate(graph)
-    if plan.stages is None:
-        raise PlanError("the plan has no stages: optimize with objective='throughput', or "
-                        "dataclasses.replace(plan, stages=...) with a stage per node")
-    func = mod[func_name]
-    stage_of = dict(zip(plan.nodes, plan.stages))
-
-    # A value is a tree: ("leaf", name, type) for a tensor, ("expr", e) for anything embedded
-    # as is (constants, shapes), or a list of trees for a tuple.
-    names = [p.name for p in func.params]
-    param_keys = [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
-    trees: dict[Any, Any] = {p: _tree_of_type(p.ty, key) for p, key in zip(func.params, param_keys)}
-    producer: dict[str, str | None] = {}  # tensor -> its node (None: a model input)
-    types: dict[str, Any] = {}  # tensor -> its type
-    for p in func.params:
-        for key, ty in _leaf_types(trees[p]):
-            producer[key], types[key] = None, ty
-    calls = []  # (node name, var, call, arg trees)
-
-    def tree(expr):
-        if isinstance(expr, relax.Var):
-            return trees[expr]
-        if isinstance(expr, relax.Tuple):
-            return [tree(f) for f in expr.fields]
-        if isinstance(expr, relax.TupleGetItem):
-            t = tree(expr.tuple_value)
-            return t[expr.index] if isinstance(t, list) else t
-        return ("expr", expr)
-
-    node_names = iter(plan.nodes)
-    for b in iter_bindings(func):
-        if is_op_call(b.value):
-            name = next(node_names)
-            calls.append((name, b.var, b.value, [tree(a) for a in b.value.args]))
-            trees[b.var] = _tree_of_type(b.var.ty, name)
-            for key, ty in _leaf_types(trees[b.var]):
-                producer[key], types[key] = name, ty
-        else:
-            trees[b.var] = tree(b.value)
-    out_tree = tree(func.body.body)
-
-    # Checks: a stage is on one device, and never reads a later stage.
-    order = sorted(set(plan.stages))
-    device_of_stage: dict[int, str] = {}
-    for node, dev in zip(plan.nodes, plan.assignment):
-        s = stage_of[node]
-        if device_of_stage.setdefault(s, dev) != dev:
-            raise PlanError(f"stage {s} spans devices {device_of_stage[s]!r} and {dev!r} "
-                            f"(node {node!r}): a stage runs on one device")
-    reads: dict[str, set[str]] = {}  # node -> tensors it reads
-    for name, _, _, args in calls:
-        reads[name] = {k for a in args for k in _leaves(a)}
-        for key in reads[name]:
-            src = producer[key]
-            if src is not None and stage_of[src] > stage_of[name]:
-                raise PlanError(
-                    f"node {name!r} is in stage {stage_of[name]} but reads {key!r} from node "
-                    f"{src!r} in the later stage {stage_of[src]}: every node's stage must be at "
-                    "least the stages of the nodes it reads")
-
-    model_outputs = _flatten_tree(out_tree)
-    out_keys, constants = [], []
-    for k, t in enumerate(model_outputs):
-        if t[0] == "leaf":
-            out_keys.append(t[1])
-        else:
-            key = f"const#{k}"
-            out_keys.append(key)
-            constants.append((key, _const_numpy(t[1])))
-
-    node_pos = {n: k for k, n in enumerate(plan.nodes)}
-
-    def tensor_order(key):  # model inputs first, then by producing node
-        src = producer[key]
-        return (-1, param_keys.index(key.split("[")[0]), key) if src is None else (node_pos[src], 0, key)
-
-    stages = []
-    for s in order:
-        members = [c for c in calls if stage_of[c[0]] == s]
-        mine = {key for _, var, *_ in members for key in _leaves(trees[var])}
-        inputs = sorted({k for name, *_ in members for k in reads[name]} - mine, key=tensor_order)
-        later = {k for name, *_ in calls if stage_of[name] > s for k in reads[name]}
-        outputs = [k for k in sorted(mine, key=tensor_order) if k in later or k in out_keys]
-        stage_mod = _stage_module(mod, func_name, members, inputs, outputs, types)
-        stages.append(Stage(s, plan.device(device_of_stage[s]),
-                            tuple(c[0] for c in members), tuple(inputs), tuple(outputs), stage_mod))
-    return StagedModule(tuple(stages), tuple(param_keys), tuple(out_keys), tuple(constants))
-
-
-def _tree_of_type(ty, key):
-    from tvm import relax
-
-    if isinstance(ty, relax.TupleType):
-        return [_tree_of_type(f, f"{key}[{j}]") for j, f in enumerate(ty.fields)]
-    return ("leaf", key, ty)
-
-
-def _leaves(t) -> list[str]:
-    return [x[1] for x in _flatten_tree(t) if x[0] == "leaf"]
-
-
-def _leaf_types(t) -> list[tuple[str, Any]]:
-    return [(x[1], x[2]) for x in _flatten_tree(t) if x[0] == "leaf"]
-
-
-def _flatten_tree(t) -> list:
-    if isinstance(t, list):
-        return [x for f in t for x in _flatten_tree(f)]
-    return [t]
-
-
-def _const_numpy(expr) -> np.ndarray:
-    value = getattr(expr, "value", None) or getattr(expr, "data", None)
-    if value is None or not hasattr(value, "numpy"):
-        raise PlanError(f"the model returns {type(expr).__name__}, which is not a tensor")
-    return value.numpy()
-
-
-def _plain(ty):
-    """A tensor type without its virtual device."""
-    from tvm import relax
-
-    return relax.TensorType(ty.shape, ty.dtype) if isinstance(ty, relax.TensorType) else ty
-
-
-def _stage_module(mod, func_name, members, inputs, outputs, types):
-    """``main(*inputs) -> tuple(outputs)`` running ``members`` (node, var, call, arg trees)."""
-    import tvm
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    params = [relax.Var(_var_name(k), _plain(types[k])) for k in inputs]
-    with bb.function("main", params):
-        with bb.dataflow():
-            env: dict[str, Any] = dict(zip(inputs, params))
-            tuple_vars: dict[str, Any] = {}  # node name -> its tuple-valued var in this stage
-
-            def lookup(key):
-                if key not in env:  # a field of a tuple-valued node of this stage
-                    base, _, rest = key.partition("[")
-                    expr = tuple_vars[base]
-                    for idx in rest.rstrip("]").split("]["):
-                        expr = relax.TupleGetItem(expr, int(idx))
-                    env[key] = bb.emit(expr, name_hint=_var_name(key))
-                return env[key]
-
-            def rebuild(t):
-                if isinstance(t, list):
-                    return relax.Tuple([rebuild(f) for f in t])
-                return lookup(t[1]) if t[0] == "leaf" else t[1]
-
-            for name, var, call, arg_trees in members:
-                new = relax.Call(call.op, [rebuild(a) for a in arg_trees], call.attrs,
-                                 call.ty_args)
-                v = bb.emit(new, name_hint=var.name)
-                if isinstance(var.ty, relax.TupleType):
-                    tuple_vars[name] = v
-                else:
-                    env[name] = v
-            result = bb.emit_output(relax.Tuple([lookup(k) for k in outputs]))
-        bb.emit_func_output(result)
-    others = {gv: f for gv, f in mod.functions.items()
-              if gv.name_hint != func_name and not isinstance(f, relax.Function)}
-    new_mod = tvm.IRModule(others, attrs=mod.attrs)
-    new_mod["main"] = bb.get()["main"]
-    return relax.transform.Normalize()(new_mod)
-
-
-def _var_name(key: str) -> str:
-    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in key)
-
 
 # ----------------------------------------------------------------------------- execution
 
@@ -400,7 +172,7 @@ class Pipeline:
         ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
         """
         staged = split(mod, plan, func_name)
-        return cls(staged, [_compile_stage(s) for s in staged.stages], **kwargs)
+        return cls(staged, [compile_stage(s) for s in staged.stages], **kwargs)
 
     # ------------------------------------------------------------------ running
 
@@ -596,7 +368,7 @@ class Pipeline:
               ready: threading.Barrier):
         try:
             if threads is not None:
-                _limit_tvm_threads(*threads)
+                limit_tvm_threads(*threads)
             process = self._processor(k, *_load_vm(executable, self.staged.stages[k].device))
         except Exception as e:  # noqa: BLE001 - reported by the constructor
             self._startup_errors.append(e)
@@ -629,70 +401,13 @@ def _load_vm(executable, device: Device):
     return relax.VirtualMachine(executable, dev)["main"], dev
 
 
-def _compile_stage(stage: Stage):
+def compile_stage(stage: Stage):
     import tvm
 
     dev = stage.device
     target = tvm.target.Target(dev.target, host="llvm") if dev.is_gpu else dev.tvm_target()
     log.info("compiling %s", stage)
     return build_single(stage.mod, target, gpu=dev.is_gpu)
-
-
-def stage_threads(devices: Sequence[Device], num_threads: int | None = None,
-                  cpus: Sequence[int] | None = None) -> list[tuple[int, tuple[int, ...]] | None]:
-    """TVM threads and cores for stages on ``devices``: ``(threads, cores)`` per CPU stage, None
-    per GPU stage (its thread only launches kernels; TVM's pool is left alone).
-
-    The distinct CPU devices, in order of index, split ``cpus`` (default: every core this process
-    may use) into contiguous shares (one core each, round robin, if there are more devices).
-    Each gets ``num_threads`` threads, or (``None``) TVM's default count (``TVM_NUM_THREADS``,
-    what a profile of this CPU was measured with) divided among the CPU devices, at least one,
-    at most its cores.
-    """
-    if num_threads is not None and num_threads < 1:
-        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-    cpu_devs = sorted({d.index for d in devices if not d.is_gpu})
-    if not cpu_devs:
-        return [None] * len(devices)
-    if cpus is None:
-        cpus = _process_cpus()
-    if num_threads is None:
-        from autoplace.profile.measure import tvm_threads
-
-        num_threads = max(1, tvm_threads() // len(cpu_devs))
-    m, share = len(cpu_devs), {}
-    for j, index in enumerate(cpu_devs):
-        own = (tuple(cpus[j * len(cpus) // m:(j + 1) * len(cpus) // m]) if m <= len(cpus)
-               else (cpus[j % len(cpus)],))  # more devices than cores: they take turns
-        share[index] = (min(num_threads, len(own)), own)
-    return [None if d.is_gpu else share[d.index] for d in devices]
-
-
-def _limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
-    """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (see module doc)."""
-    import tvm
-
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
-    tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
-
-
-def _process_cpus() -> list[int]:
-    """Every CPU the system lets this process use, whatever the calling thread was pinned to
-    (the kernel keeps those of ``range(os.cpu_count())`` that the process's cpuset allows; a
-    narrower ``taskset`` affinity is not kept, since TVM's pin looks the same). Asked in a
-    throwaway thread, so that the caller's own affinity is left as it is."""
-    from autoplace.profile.measure import in_own_thread
-
-    every = range(os.cpu_count() or 1)
-    if not hasattr(os, "sched_setaffinity"):
-        return list(every)
-
-    def probe():
-        os.sched_setaffinity(0, every)
-        return sorted(os.sched_getaffinity(0))
-
-    return in_own_thread(probe)
 
 
 def _runtime_device(device: Device):
@@ -727,131 +442,5 @@ def _on_device(value, dev):
     return value if value.device == dev else value.copyto(dev)
 
 
-def time_sequential(fn: Callable[..., Any], inputs: Iterable[Sequence[np.ndarray]]):
-    """Call ``fn(*x)`` for each input in turn; returns ``(outputs, seconds)``."""
-    inputs = list(inputs)
-    t0 = time.perf_counter()
-    outs = [fn(*x) for x in inputs]
-    return outs, time.perf_counter() - t0
-
-
-def random_inputs_like(examples: Sequence[np.ndarray], n: int, rng: np.random.Generator):
-    """``n`` inputs shaped like ``examples`` (one array per parameter): floating arrays drawn
-    from a standard normal, the others (indices, masks) kept as given."""
-    return [[rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
-             else a for a in examples] for _ in range(n)]
-
-
-def fastest_single_device(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
-                          inputs: Sequence[Sequence[np.ndarray]]):
-    """The whole model built for each device alone and run on ``inputs`` after one warm-up call:
-    ``(run, outputs, seconds)`` of the fastest, a pipeline's sequential baseline."""
-    from autoplace.manual import place
-    from autoplace.run.compile import compile as build
-
-    best = None
-    for d in devices:
-        run = build(mod, place(graph, devices, [("*", d.name)]))
-        run(*inputs[0])
-        outs, sec = time_sequential(run, inputs)
-        if best is None or sec < best[2]:
-            best = (run, outs, sec)
-    return best
-
-
 # ----------------------------------------------------------------------------- stage overhead
 
-#: Seconds per input one stage costs beyond its ops' profiled time, by device kind.
-#: CPU: 45 us of hand-off, the slope of ``benchmarks/stage_overhead.py`` (trivial stages
-#: alternating over cpu:0 and cpu:1 on the 2-core development machine, each on its own core:
-#: 41-50 us in six runs on a quiet machine), plus 70 us by which a real stage's own call runs
-#: slower in a pipeline than alone (``benchmarks/stage_slowdown.py``: 23-134 us, median 71, over
-#: the 12 stages of two runs of four zoo models on 2026-11-23; CPU time, not waiting; not core
-#: contention). On the four two-stage zoo plans (``benchmarks/pipeline_throughput.py``, same
-#: day, while the sequential runs came in at 0.54-0.95 of their prediction) the measured rate
-#: came to 0.67-0.94 of the prediction with 45 us (five runs) and 0.68-0.96 with 115 us (three
-#: runs); measured over predicted speed-up, 0.77-1.12 and 0.92-1.17.
-#: CUDA: stages alternating over cpu:0 and an H100 cost 41.7-51.0 us per stage (mean 47.4 over
-#: three runs) on its 16-core host, where a CPU-only stage cost 13.0-16.6 us, so a GPU stage
-#: costs about 2 * 47.4 - 15 = 80 us: its inputs go up and its outputs come down through
-#: pageable memory, and each copy waits for the GPU. Its in-pipeline slowdown is not measured.
-STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}
-
-@dataclass(frozen=True)
-class StageOverhead:
-    """Time per input of ``k = 1..len(seconds)`` trivial stages, and the fit
-    ``seconds[k - 1] ~= fixed_s + per_stage_s * k`` (least squares over ``k >= 2``: one stage is
-    called directly, with no hand-off)."""
-
-    devices: tuple[str, ...]
-    seconds: tuple[float, ...]
-    fixed_s: float
-    per_stage_s: float
-
-    def __str__(self) -> str:
-        per_k = " ".join(f"{s * 1e6:.0f}" for s in self.seconds)
-        return (f"{'+'.join(self.devices)}: {self.fixed_s * 1e6:.1f} us + "
-                f"{self.per_stage_s * 1e6:.1f} us * stages  (us per input, k=1..: {per_k})")
-
-
-def _chain_module(k: int, size: int):
-    """``main(x)``: ``k`` chained adds of a tiny float32 tensor."""
-    import tvm
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((size,), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            v = x
-            for _ in range(k):
-                v = bb.emit(relax.op.add(v, v))
-            out = bb.emit_output(v)
-        bb.emit_func_output(out)
-    return tvm.IRModule({"main": bb.get()["main"]})
-
-
-def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
-                           inputs: int = 200, rounds: int = 3, size: int = 4) -> StageOverhead:
-    """Measure what a stage costs the pipeline beyond its kernels.
-
-    For ``k = 1..max_stages``, a chain of ``k`` one-add stages on ``size``-element tensors runs
-    ``inputs`` inputs ``rounds`` times (the best round counts); stage ``j`` is on
-    ``devices[j % len(devices)]``. Spread over two devices, as a plan's stages are,
-    ``per_stage_s`` is the hand-off part of :data:`STAGE_OVERHEAD_S`; on one device the
-    hand-offs cost less (the stages take turns on one lock instead of waking each other across
-    cores). ``k = 1`` is a direct call, timed for reference and left out of the fit.
-    """
-    devices = list(devices)
-    if not devices or max_stages < 3:
-        raise ValueError("measure_stage_overhead needs a device and max_stages >= 3 (the fit "
-                         "is over pipelines of 2 or more stages)")
-    # Every stage is main(a) -> (a + a,): one executable per device serves all of them.
-    one = _chain_module(1, size)
-    graph = OpGraph.from_relax(one)
-    exes = {}
-    for d in devices:
-        plan = Plan.from_assignment(graph, [d], [d.name], stages=(0,), objective="throughput")
-        exes[d.name] = _compile_stage(split(one, plan).stages[0])
-    xs = [[np.full(size, 1.0, dtype=np.float32)] for _ in range(inputs)]
-    seconds = []
-    for k in range(1, max_stages + 1):
-        mod = _chain_module(k, size)
-        graph = OpGraph.from_relax(mod)
-        names = [devices[j % len(devices)].name for j in range(k)]
-        plan = Plan.from_assignment(graph, devices, names, stages=tuple(range(k)),
-                                    objective="throughput")
-        staged = split(mod, plan)
-        with Pipeline(staged, [exes[s.device.name] for s in staged.stages]) as pipe:
-            pipe.run(xs[:8])  # warm-up
-            best = min(_timed(pipe, xs) for _ in range(rounds))
-        seconds.append(best / inputs)
-        log.info("%d stages: %.1f us per input", k, seconds[-1] * 1e6)
-    per_stage, fixed = np.polyfit(np.arange(2, max_stages + 1), seconds[1:], 1)
-    return StageOverhead(tuple(d.name for d in devices), tuple(seconds), float(fixed),
-                         float(per_stage))
-
-
-def _timed(pipe: Pipeline, xs) -> float:
-    pipe.run(xs)
-    return pipe.stats.wall_s

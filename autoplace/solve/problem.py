@@ -193,3 +193,10 @@ class Solution:
 
 class InfeasibleError(ValueError):
     """No placement satisfies the problem's constraints; the message names the cause."""
+
+
+#: Default seconds per input that one pipeline stage costs beyond its ops' profiled time, by
+#: device kind: the hand-off between stages (``benchmarks/stage_overhead.py``) plus the slowdown
+#: of a stage's own call inside a pipeline (``benchmarks/stage_slowdown.py``); a GPU stage's
+#: inputs and outputs also cross pageable memory. docs/results.md gives the measurements.
+STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}

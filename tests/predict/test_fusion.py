@@ -5,7 +5,7 @@ import numpy as np
 import autoplace
 from autoplace import zoo
 from autoplace.predict.fusion import fused_gpu_costs, kernel_anchors
-from autoplace.profile.whole_model import fused_groups
+from autoplace.graph.fusion import fused_groups
 
 CPU, GPU = autoplace.Device.cpu(0), autoplace.Device.cuda(0)
 

@@ -246,7 +246,7 @@ def test_evaluate_reports_the_noise_between_passes(tmp_path):
 
 
 def test_cli_train_and_evaluate(store, tmp_path, capsys):
-    from autoplace.predict.cli import register_cli
+    from autoplace.cli.predict import register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers(dest="command"))

@@ -26,7 +26,7 @@ def _run(mod, op, rng):
     import tvm
     from tvm import relax
 
-    from autoplace.run.compile import lowering_pipeline
+    from autoplace.backend import lowering_pipeline
 
     ex = tvm.compile(mod, target="llvm",
                      relax_pipeline=lowering_pipeline(gpu=False, multi_device=False))

@@ -9,8 +9,8 @@ import pytest
 import autoplace
 from autoplace.graph import OpGraph
 from autoplace.profile import LocalRunner, TimingPolicy, single_op_modules
-from autoplace.profile.whole_model import (
-    GROUP_RULES, FusionCheck, ModelTiming, check, fused_groups, time_model)
+from autoplace.graph.fusion import fused_groups
+from autoplace.profile.whole_model import GROUP_RULES, FusionCheck, ModelTiming, check, time_model
 
 CPU = autoplace.Device.cpu(0)
 

@@ -1,7 +1,6 @@
 """The cheap lower bounds of ``_common.trivial_bound``, each shown on a hand-worked example."""
 
 import numpy as np
-import pytest
 
 from autoplace.solve import Problem, solve
 from autoplace.solve._common import trivial_bound

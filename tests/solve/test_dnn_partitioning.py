@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autoplace.solve import InfeasibleError
-from autoplace.solve import dnn_partitioning as dnn
+from autoplace import dnn_partitioning as dnn
 
 
 

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.solve import InfeasibleError, Problem
-from autoplace.solve import dnn_partitioning as dnn
+from autoplace import dnn_partitioning as dnn
 from autoplace.solve._common import stages_of
 from autoplace.solve.coarsen import coarsen
-from autoplace.solve.maxload import cpsat_general, cpsat_split, ideal_dp, ideals
+from autoplace.dnn_partitioning.maxload import cpsat_general, cpsat_split, ideal_dp, ideals
 
 
 

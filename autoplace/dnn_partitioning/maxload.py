@@ -18,20 +18,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from .coarsen import coarse_graph, coarsen
-
-if TYPE_CHECKING:
-    from .dnn_partitioning import Benchmark
+from autoplace.dnn_partitioning.benchmark import Benchmark, max_load, units
+from autoplace.solve._common import stages_of
+from autoplace.solve.coarsen import coarse_graph, coarsen
+from autoplace.solve.cpsat import RESOLUTION
 
 log = logging.getLogger(__name__)
-
-#: Integer ticks the CP-SAT models scale the warm start's value to (:class:`Ticks`).
-RESOLUTION = 1_000_000
-
 
 class Split(NamedTuple):
     """A split: device of every node, its value as the solver computed it, a proven lower bound
@@ -294,8 +290,6 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     """
     from ortools.sat.python import cp_model
 
-    from ._common import stages_of
-    from .dnn_partitioning import max_load
 
     p, k = bench.problem, bench.k
     rep = coarsen(p)
@@ -386,22 +380,6 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
     return Split(a, value, min(bound, value), status)
 
 
-def units(problem) -> np.ndarray:
-    """Colour class of every node as ``0..G-1`` (a node without one alone), numbered by first
-    node: what a split must keep on one device.
-
-    Examples
-    --------
-    >>> from autoplace.solve import Problem
-    >>> units(Problem.build(np.ones((4, 2)), [], groups=[-1, 5, -1, 5])).tolist()
-    [0, 1, 2, 1]
-    """
-    n = problem.num_nodes
-    key = np.where(problem.groups >= 0, problem.groups, -1 - np.arange(n))
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return np.argsort(np.argsort(first))[inverse.ravel()]
-
-
 def _canonical(bench: Benchmark, unit: np.ndarray, assignment: np.ndarray) -> np.ndarray:
     """The same split with the accelerators renumbered by their first unit."""
     a = np.asarray(assignment)
@@ -475,7 +453,6 @@ def cpsat_general(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.
     """
     from ortools.sat.python import cp_model
 
-    from .dnn_partitioning import max_load
 
     p, k = bench.problem, bench.k
     unit = units(p)

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from autoplace.cli import options
+
 EPILOG = """examples:
   autoplace report --model zoo:inception --device cpu:0 --device cpu:1 --out report/
   autoplace report --model zoo:resnet --objective throughput --out report/ --json
@@ -18,11 +20,9 @@ their paths (--json: {"files": [...], "model": ..., "predicted_s": ..., ...}).
 
 def register_cli(sub) -> None:
     """Add the ``report`` subcommand to an argparse subparsers object."""
-    from autoplace.cli import _add_run_options
-
     p = sub.add_parser("report", help="optimize a model and write plots of the plan (PNG)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_run_options(p)
+    options.add_run_options(p)
     p.add_argument("--out", required=True, help="folder for the files (created if missing)")
     p.add_argument("--dpi", type=int, default=120, help="PNG resolution (default 120)")
     p.add_argument("--json", action="store_true", help="print the files and totals as JSON")
@@ -32,7 +32,6 @@ def register_cli(sub) -> None:
 def _cmd_report(args) -> int:
     import autoplace
     from autoplace import zoo
-    from autoplace.cli import _cost_model, _default_model, _devices, _rules
     from autoplace.report import plot_gantt, plot_graph, plot_stage_loads
 
     out = Path(args.out)
@@ -40,11 +39,11 @@ def _cmd_report(args) -> int:
         raise ValueError(f"--out {out}: exists and is not a folder")
     if args.dpi <= 0:
         raise ValueError(f"--dpi must be positive, got {args.dpi}")
-    model = zoo.from_spec(args.model or _default_model())
-    devices = _devices(args.device or ["cpu:0", "cpu:1"])
+    model = zoo.from_spec(args.model or options.default_model())
+    devices = options.devices(args.device or ["cpu:0", "cpu:1"])
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
-                             time_limit=args.time_limit, pins=_rules(args.rule),
-                             cost_model=_cost_model(args), contiguous=args.contiguous)
+                             time_limit=args.time_limit, pins=options.rules(args.rule),
+                             cost_model=options.cost_model(args), contiguous=args.contiguous)
     expl = res.explain()
     out.mkdir(parents=True, exist_ok=True)
     figures = {"graph": plot_graph(res)}

@@ -1,0 +1,155 @@
+"""The lowering every autoplace build uses (one device or several), and a one-device build."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tvm
+
+
+def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
+    """TVM's CPU default pipeline (with fusion), made safe for several devices.
+
+    TVM 0.27's ``StaticPlanBlockMemory`` pools buffers by (scope, dtype) only and hands a device-0
+    buffer to a device-1 kernel ("Mismatched ...device_id" at run time), so it is left out when
+    more than one device is used. Each kernel of an annotated module is tagged with its device's
+    target; GPU kernels get the dlight default schedules that TVM's own CUDA pipeline applies.
+    """
+    import tvm
+    from tvm import relax
+
+    t = relax.transform
+    passes = [
+        t.RealizeVDevice(),
+        relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
+        _legalize_keeping_vdevices(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(), t.FuseTIR(),
+    ]
+    passes.append(_attach_targets())
+    if gpu:
+        from tvm.s_tir import dlight as dl
+
+        passes.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                              dl.gpu.GeneralReduction(), dl.gpu.Fallback()))
+    passes += [t.RewriteDataflowReshape(), t.ToNonDataflow(), t.RemovePurityChecking(),
+               t.CallTIRRewrite()]
+    if not multi_device:
+        passes.append(t.StaticPlanBlockMemory())
+    passes += [t.LowerAllocTensor(), t.KillAfterLastUse(), t.LowerRuntimeBuiltin(),
+               t.ComputePrimValue(), t.VMShapeLower(), t.AttachGlobalSymbol()]
+    return tvm.transform.Sequential(passes, name="autoplace_lowering")
+
+
+def build_single(mod: tvm.IRModule, target, *, gpu: bool):
+    """Compile ``mod`` for one device with the lowering every autoplace build uses."""
+    import tvm
+
+    return tvm.compile(mod, target=target,
+                       relax_pipeline=lowering_pipeline(gpu=gpu, multi_device=False))
+
+
+def _legalize_keeping_vdevices():
+    """``LegalizeOps``, then give every new ``call_tir`` the vdevice its binding had before.
+
+    TVM 0.27's legalization of some ops (conv2d among them) emits a ``call_tir`` whose output
+    type, and so its bound variable, has no vdevice: its output buffer is then allocated on the
+    first device whatever the plan said ("Mismatched conv2d_nchw.device_id" at run time).
+    Bindings are matched by variable name; ambiguous names are left alone (and fail loudly).
+    """
+    import tvm
+    from tvm import relax
+
+    def bindings(mod):
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                for block in func.body.blocks:
+                    yield from block.bindings
+
+    def has_vdevice(ty):
+        if isinstance(ty, relax.TupleType):
+            return len(ty.fields) > 0 and all(has_vdevice(f) for f in ty.fields)
+        return isinstance(ty, relax.TensorType) and ty.vdevice is not None
+
+    def fix(binding, before):
+        value, ty = binding.value, before.get(binding.var.name)
+        if (ty is not None and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name.startswith("relax.call_tir") and len(value.ty_args) == 1
+                and not has_vdevice(value.ty_args[0])):
+            return relax.VarBinding(binding.var,
+                                    relax.Call(value.op, value.args, value.attrs, [ty]))
+        return binding
+
+    @tvm.transform.module_pass(opt_level=0, name="LegalizeOpsKeepingVDevices")
+    def _pass(mod, _ctx):
+        before, seen = {}, set()
+        for b in bindings(mod):
+            name = b.var.name
+            before[name] = None if name in seen else b.var.ty
+            seen.add(name)
+        before = {k: v for k, v in before.items() if v is not None and has_vdevice(v)}
+        mod = relax.transform.LegalizeOps()(mod)
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            blocks = [type(b)([fix(x, before) for x in b.bindings]) for b in func.body.blocks]
+            mod[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                     func.ret_ty, func.is_pure, func.attrs)
+        return relax.transform.Normalize()(mod)
+
+    return _pass
+
+
+def _attach_targets():
+    """Give every kernel the target of the device its ``call_tir`` output lives on.
+
+    After fusion most kernels of an annotated module carry no ``target`` attribute, and a build
+    with ``target=None`` binds those to the host (llvm), so a kernel placed on a GPU would be
+    compiled for the CPU. A kernel called from several device targets gets one copy per target.
+    Modules without virtual devices are left as they are.
+    """
+    import tvm
+    from tvm import relax
+
+    def out_vdevice(ty):
+        if isinstance(ty, relax.TupleType):
+            return out_vdevice(ty.fields[0]) if len(ty.fields) else None
+        return ty.vdevice if isinstance(ty, relax.TensorType) else None
+
+    @tvm.transform.module_pass(opt_level=0, name="AttachTargets")
+    def _pass(mod, _ctx):
+        original = dict(mod.functions.items())
+        bb = relax.BlockBuilder(mod)
+        kernels: dict[tuple[str, str], tvm.ir.GlobalVar] = {}
+        tagged: set[str] = set()
+
+        def kernel_for(gv, target):
+            key = (gv.name_hint, str(target))
+            if key not in kernels:
+                func = original[gv].with_attr("target", target)
+                if gv.name_hint in tagged:
+                    kernels[key] = bb.add_func(func, f"{gv.name_hint}_{target.kind.name}")
+                else:
+                    bb.update_func(gv, func)
+                    tagged.add(gv.name_hint)
+                    kernels[key] = gv
+            return kernels[key]
+
+        def rewrite(b):
+            v = b.value
+            if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                    and v.op.name.startswith("relax.call_tir")
+                    and isinstance(v.args[0], tvm.ir.GlobalVar)
+                    and (vdev := out_vdevice(v.ty_args[0])) is not None):
+                call = relax.Call(v.op, [kernel_for(v.args[0], vdev.target), *v.args[1:]],
+                                  v.attrs, v.ty_args)
+                return relax.VarBinding(b.var, bb.normalize(call))
+            return b
+
+        for gv, func in original.items():
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                blocks = [type(b)([rewrite(x) for x in b.bindings]) for b in func.body.blocks]
+                bb.update_func(gv, relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                                  func.ret_ty, func.is_pure, func.attrs))
+        return bb.get()
+
+    return _pass

@@ -1,0 +1,73 @@
+"""TVM's CPU thread pool: how many threads it has, which cores it and its caller run on.
+
+TVM's kernel thread pool belongs to the calling thread. Starting a thread's default pool
+(``runtime.NumThreads`` does) pins that thread to core 0, and every thread it starts inherits the
+pin, so questions about threads and cores are asked in a throwaway thread (:func:`in_own_thread`).
+
+:func:`limit_tvm_threads` runs a thread and its pool on given cores with
+``runtime.config_threadpool(-3, n, <cores>)`` (mode "share all cores": ``n`` threads, free to move
+among those cores). Two pools given every core slow each other down (their idle threads spin on
+the cores the other needs), and ``config_threadpool(1, n)`` (mode "big cores") pins every pool to
+core 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def in_own_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` called in a throwaway thread, so that what it does to its thread (an affinity
+    set; a TVM pool started, which pins its thread to core 0) is not done to the caller's."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def tvm_threads() -> int:
+    """TVM's CPU thread count, read in its own thread: ``optimize``'s thread should not be
+    pinned for a number."""
+    import tvm
+
+    return in_own_thread(lambda: int(tvm.get_global_func("runtime.NumThreads")()))
+
+
+def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
+    """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (see the module doc)."""
+    import tvm
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
+
+
+def process_cpus() -> list[int]:
+    """Every CPU the system lets this process use, whatever the calling thread was pinned to
+    (the kernel keeps those of ``range(os.cpu_count())`` that the process's cpuset allows; a
+    narrower ``taskset`` affinity is not kept, since TVM's pin looks the same). Asked in a
+    throwaway thread, so that the caller's own affinity is left as it is."""
+    every = range(os.cpu_count() or 1)
+    if not hasattr(os, "sched_setaffinity"):
+        return list(every)
+
+    def probe():
+        os.sched_setaffinity(0, every)
+        return sorted(os.sched_getaffinity(0))
+
+    return in_own_thread(probe)

@@ -1,0 +1,46 @@
+"""The ``autoplace`` command line: ``main`` parses the arguments and runs one command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from autoplace.cli import optimize, predict, profile, report
+from autoplace.dnn_partitioning import cli as dnn_partitioning_cli
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autoplace", description="Automatic device placement for TVM Relax models.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    optimize.register_cli(sub)
+    dnn_partitioning_cli.register_cli(sub)
+    sub.choices["solve"].set_defaults(func=dnn_partitioning_cli.run_cli)
+    profile.register_cli(sub)
+    predict.register_cli(sub)
+    report.register_cli(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.command in ("demo", "optimize") and args.device is None:
+        args.device = ["cpu:0", "cpu:1"]
+    from autoplace import InfeasibleError, PlanError, UnsupportedModelError
+    from autoplace.profile.store import ProfileStoreError
+
+    try:
+        return args.func(args)
+    except (InfeasibleError, PlanError, UnsupportedModelError, ProfileStoreError, ValueError,
+            KeyError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e  # no repr quotes
+        print(f"autoplace {args.command}: error: {msg}", file=sys.stderr)
+        return 2

@@ -1,0 +1,62 @@
+"""Options and argument parsing that several ``autoplace`` commands share."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def devices(specs):
+    from autoplace import Device
+
+    devs = [Device.from_spec(s) for s in specs]
+    if len({d.name for d in devs}) != len(devs):
+        raise ValueError(f"devices must differ, got {specs}")
+    return devs
+
+
+def rules(specs):
+    rules = []
+    for s in specs:
+        if "=" not in s:
+            raise ValueError(f"rule {s!r}: expected PATTERN=DEVICE, e.g. 'op:nn.conv2d=cpu0'")
+        pattern, dev = s.rsplit("=", 1)
+        rules.append((pattern, dev))
+    return rules
+
+
+def default_model() -> str:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "zoo:branchy_cnn"
+    return "zoo:resnet"
+
+
+def cost_model(args):
+    """Profiles given with --profile, roofline with --no-profile, else optimize's "auto"."""
+    from autoplace.predict import MeasuredCostModel, RooflineCostModel
+    from autoplace.profile import DeviceProfile
+
+    if args.profile:
+        return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    return RooflineCostModel() if args.no_profile else "auto"
+
+
+def add_run_options(p):
+    p.add_argument("--model", help="zoo:NAME or a path to an .onnx file "
+                                   "(zoo: mlp, branchy_cnn, resnet, mobilenet, inception, transformer)")
+    p.add_argument("--device", action="append", help="cpu:N or cuda:N; repeat for each device")
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
+                   help="throughput: one stage per device, the devices a chain (the default; "
+                        "--no-contiguous lets a device hold several stages)")
+    p.add_argument("--solver", default="auto", help="solver name (default: auto)")
+    p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
+    p.add_argument("--rule", action="append", default=[],
+                   help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
+    p.add_argument("--profile", action="append", default=[],
+                   help="measured profile JSON (autoplace profile-export); each applies to the "
+                        "devices of its kind (repeatable). Default: the shipped profile under "
+                        "profiles/ if it was measured on this machine's CPU")
+    p.add_argument("--no-profile", action="store_true",
+                   help="ignore profiles: roofline estimates from device peaks")

@@ -1,0 +1,105 @@
+"""The package graph points one way: every import, also one inside a function or under
+``TYPE_CHECKING``, goes from a unit (a top-level module or subpackage of ``autoplace``) to a unit
+in a lower layer. Read from the bottom, the layers are the data flow."""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+
+import autoplace
+
+# Bottom first. A unit imports only units of lower layers.
+LAYERS = [
+    ["_version", "backend"],      # TVM plumbing: lowering, one-device build, tensors, threads
+    ["graph"],                    # the op graph and its fused kernels
+    ["devices", "frontends"],
+    ["solve"],                    # solvers over arrays
+    ["plan", "zoo"],
+    ["profile"],                  # timing on real devices, into a store
+    ["predict"],                  # cost models trained on profiles
+    ["manual", "annotate"],
+    ["run"],                      # multi-device build, stage split, pipeline executor
+    ["report"],
+    ["api"],
+    ["dnn_partitioning"],         # the public benchmark's adapter, used by the CLI only
+    ["__root__"],                 # autoplace/__init__.py re-exports the public surface
+    ["cli"],
+    ["__main__"],
+]
+ROOT = Path(autoplace.__file__).parent
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return "__root__" if len(parts) == 1 else parts[1]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_between_units(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
+    """(importing unit, imported unit) -> the modules whose imports make that edge."""
+    edges = defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(path, root)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" for a in node.names] if not node.module else [base]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] != "autoplace":
+                    continue
+                a, b = _unit(name), _unit(target)
+                if a != b:
+                    edges[(a, b)].append(name)
+    return edges
+
+
+def violations(edges, layers) -> list[str]:
+    """Each import that goes sideways or up a layer, and each cycle, in words."""
+    level = {u: k for k, units in enumerate(layers) for u in units}
+    out = [f"{a} -> {b} (in {', '.join(sorted(set(mods)))}): unit not in LAYERS"
+           for (a, b), mods in edges.items() if a not in level or b not in level]
+    out += [f"{a} -> {b} (in {', '.join(sorted(set(mods)))}) goes up or sideways"
+            for (a, b), mods in edges.items()
+            if a in level and b in level and level[b] >= level[a]]
+    out += [f"cycle: {' -> '.join(c)}" for c in nx.simple_cycles(nx.DiGraph(list(edges)))]
+    return out
+
+
+def test_every_import_goes_down_a_layer():
+    edges = imports_between_units()
+    assert edges, "found no imports: the walk is broken"
+    assert violations(edges, LAYERS) == []
+
+
+def test_every_unit_is_in_a_layer():
+    units = {p.stem if p.is_file() else p.name for p in ROOT.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert units == {u for layer in LAYERS for u in layer} - {"__root__"}
+
+
+def test_violations_names_an_upward_import_and_a_cycle(tmp_path):
+    pkg = tmp_path / "autoplace"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from autoplace.high import g\n")
+    (pkg / "high.py").write_text("from autoplace.low import a\n")
+    edges = imports_between_units(pkg)
+    assert set(edges) == {("low", "high"), ("high", "low")}
+    found = violations(edges, [["low"], ["high"]])
+    assert found[0] == "low -> high (in autoplace.low.a) goes up or sideways"
+    assert found[1] in ("cycle: low -> high", "cycle: high -> low") and len(found) == 2

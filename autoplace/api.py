@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
 from autoplace.predict.fusion import fused_gpu_costs
+from autoplace.predict.protocol import CostModel, ProfiledCostModel
+from autoplace.predict.protocol import sources as cost_sources
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
 from autoplace.solve.problem import OBJECTIVES
 from autoplace.solve.simulate import copies_needed
@@ -36,18 +37,13 @@ def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
 
     The profiles shipped under ``profiles/`` whose fingerprints are this machine's devices (with
     the learned models shipped beside them for ops they lack), else :class:`RooflineCostModel`.
-    Files are read once per process.
+    The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
-    from autoplace.profile import LocalRunner, fingerprint
-
-    return _shipped_cost_model(tuple(dict.fromkeys(fingerprint(LocalRunner(d).info())
-                                                   for d in devices)))
-
-
-@functools.lru_cache(maxsize=8)
-def _shipped_cost_model(fingerprints: tuple[str, ...]) -> tuple[Any, str]:
     from autoplace.predict import MeasuredCostModel, load_cost_model
+    from autoplace.profile import LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
+
+    fingerprints = dict.fromkeys(fingerprint(LocalRunner(d).info()) for d in devices)
 
     found = {path: prof for prof, path in filter(None, map(shipped_profile, fingerprints))}
     if not found:
@@ -66,7 +62,7 @@ def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
     """``(n, d)`` seconds per node per device (``inf`` where a device cannot run the op) and the
     source of each node's costs (``"measured+roofline"``: measured on some devices only)."""
     model = cost_model if cost_model is not None else RooflineCostModel()
-    if not hasattr(model, "predict"):
+    if not isinstance(model, CostModel):
         raise TypeError(f"cost_model must have predict(graph, device); got {type(model).__name__}")
     cost = np.column_stack([np.asarray(model.predict(graph, d), dtype=float) for d in devices])
     if cost.shape != (len(graph.nodes), len(devices)):
@@ -76,8 +72,7 @@ def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
         for n in graph.nodes:
             if not d.can_run(n.op_type):
                 cost[n.index, k] = np.inf
-    per_device = [model.sources(graph, d) if hasattr(model, "sources")
-                  else [getattr(model, "source", "learned")] * len(graph.nodes) for d in devices]
+    per_device = [cost_sources(model, graph, d) for d in devices]
     sources = tuple("+".join(dict.fromkeys(s[i] for s in per_device)) for i in range(len(graph.nodes)))
     return cost, sources
 
@@ -240,11 +235,10 @@ def optimize(
         Placement rules (see :mod:`autoplace.manual`) that the solver must respect.
     contiguous : bool
         Throughput only: one stage per device, the devices a chain (CP-SAT's contiguous model;
-        heuristic solvers ignore it). The default: on two CPU devices such plans ran at 0.68-0.96
-        of their predicted rate (1.42-1.95x one device on the four larger zoo models), plans
-        with more stages than devices at 0.40-0.85 of theirs
-        (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``). ``False``
-        lets a device hold several stages.
+        heuristic solvers ignore it). The default, because such plans come closer to their
+        predicted rate than plans with more stages than devices
+        (``benchmarks/pipeline_throughput.py`` with and without ``--contiguous``; figures in
+        docs/results.md). ``False`` lets a device hold several stages.
     stage_overhead_s : float, or mapping device name -> float, optional
         Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
         device and on the host. Default: :data:`autoplace.solve.problem.STAGE_OVERHEAD_S` for
@@ -286,7 +280,7 @@ def optimize(
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
-    if links is None and hasattr(cost_model, "links"):
+    if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
     problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins),
                             stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages)
@@ -310,7 +304,7 @@ def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
             for d in devices:
                 if not d.can_run(n.op_type):
                     why.append(f"{d.name} declares {n.op_type} unsupported")
-                elif hasattr(model, "sources") and model.sources(graph, d)[n.index] == "unsupported":
+                elif cost_sources(model, graph, d)[n.index] == "unsupported":
                     why.append(f"{d.name} failed to build or run it when profiled")
                 else:
                     why.append(f"{d.name}'s cost model returned inf")

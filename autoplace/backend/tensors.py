@@ -15,7 +15,7 @@ def to_tvm(x, dev: tvm.runtime.Device) -> tvm.runtime.Tensor:
 
     On ``cpu(0)`` numpy copies ``x`` into a 64-byte-aligned buffer (the alignment TVM's kernels
     assume) that TVM adopts through DLPack: about 5 us for a small array where
-    ``tvm.runtime.tensor`` takes about 40 us (measured on the 2-core development machine).
+    ``tvm.runtime.tensor`` takes about 40 us.
     """
     import tvm
 

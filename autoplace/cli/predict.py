@@ -14,7 +14,7 @@ In Python: autoplace.load_cost_model("cpu_model.json").predict(graph, device)
 
 
 def _cmd_train(args) -> int:
-    from autoplace.predict.features import profile_rows
+    from autoplace.predict.rows import profile_rows
     from autoplace.predict.learned import XGBCostModel
     from autoplace.profile.store import ProfileStore
 

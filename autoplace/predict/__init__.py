@@ -1,10 +1,13 @@
 """Predict how long each node takes on each device."""
 
-from autoplace.predict.features import FEATURE_NAMES, features, profile_rows
+from autoplace.predict.features import FEATURE_NAMES, features
+from autoplace.predict.kernels import KernelAnalysis
 from autoplace.predict.learned import (NearestNeighborCostModel, NotFittedError, XGBCostModel,
                                        load_cost_model)
 from autoplace.predict.measured import MeasuredCostModel
 from autoplace.predict.roofline import RooflineCostModel
+from autoplace.predict.rows import profile_rows
 
-__all__ = ["FEATURE_NAMES", "MeasuredCostModel", "NearestNeighborCostModel", "NotFittedError",
-           "RooflineCostModel", "XGBCostModel", "features", "load_cost_model", "profile_rows"]
+__all__ = ["FEATURE_NAMES", "KernelAnalysis", "MeasuredCostModel", "NearestNeighborCostModel",
+           "NotFittedError", "RooflineCostModel", "XGBCostModel", "features", "load_cost_model",
+           "profile_rows"]

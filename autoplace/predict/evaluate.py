@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoplace.predict.features import parse_key, profile_rows
+from autoplace.predict.features import parse_key
+from autoplace.predict.kernels import KernelAnalysis
+from autoplace.predict.rows import profile_rows
 from autoplace.predict.learned import NearestNeighborCostModel, XGBCostModel
 from autoplace.predict.roofline import RooflineCostModel
 
@@ -17,7 +19,7 @@ METRICS = ("mape", "median_ape", "within_10", "within_25", "roofline_mape", "nn_
 
 
 def evaluate(store, device: str | None = None, *, seed: int = 0,
-             learned: Callable[[], object] = XGBCostModel, min_op_rows: int = 3,
+             learned: Callable[[], object] | None = None, min_op_rows: int = 3,
              shape_draws: int = 5) -> dict:
     """Train on part of a profile and score predictions of the rest, in four splits.
 
@@ -45,8 +47,9 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
         Profiled spec or fingerprint; default every device's measurements together.
     seed : int
         Seed of the random and held-out-shape splits.
-    learned : callable
-        Returns an unfitted learned model (default :class:`XGBCostModel`).
+    learned : callable, optional
+        Returns an unfitted learned model; default an :class:`XGBCostModel`, every fold's
+        sharing one :class:`~autoplace.predict.kernels.KernelAnalysis`.
     min_op_rows : int
         Op types with fewer measurements are not held out alone.
     shape_draws : int
@@ -72,6 +75,11 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
     if len(rows) < 10:
         raise ValueError(f"only {len(rows)} measurements in {store.path}: profile more workloads "
                          "(at least 10) before evaluating a cost model")
+    if learned is None:
+        shared = KernelAnalysis()
+
+        def learned():
+            return XGBCostModel(analysis=shared)
     rng = np.random.default_rng(seed)
     cvs = [r["cv"] for r in rows if r["cv"] is not None]
     spread = np.array([r["occasion_spread"] for r in rows if r["occasion_spread"] is not None])

@@ -14,9 +14,10 @@ heuristics (a ``[4,32]x[32,32]`` matmul is, ``[4,40]x[40,32]`` is not, and runs 
 which no shape feature tells. :func:`executed_counts` estimates how many of those instructions
 run (:mod:`autoplace.predict.llvm_ir`), for the learned model's baseline
 (:class:`~autoplace.predict.instructions.InstructionModel`). :func:`cache_features` adds how often
-the loop nest misses the caches and TLBs per load (:mod:`autoplace.predict.cache`): measured here,
-``[128,1024]x[1024,1024]`` (``B``'s rows 4 KiB apart) takes 4.8 ns per multiply-add and
-``[1,1024]x[1024,1000]`` 0.9 ns, both scalar.
+the loop nest misses the caches and TLBs per load (:mod:`autoplace.predict.cache`): two scalar
+matmuls of one FLOP count differ several-fold in time when one walks a matrix's columns with a
+stride of a large power of two. These four read TVM through a
+:class:`~autoplace.predict.kernels.KernelAnalysis`, which computes each workload once.
 
 >>> from autoplace.predict.features import features
 >>> row = {"key": '["relax.nn.relu",[[[1,64,56,56],"float32"]],{},[]]',
@@ -30,21 +31,17 @@ True
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from autoplace.graph.opgraph import dtype_bits
-from autoplace.predict.cache import MISS_NAMES
-from autoplace.predict.cache import misses as cache_misses
-from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
-from autoplace.predict.llvm_ir import executed_counts as executed_ir_counts
-from autoplace.profile.workload import module_from_key
+from autoplace.predict.kernels import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, TIR_FEATURE_NAMES,
+                                       KernelAnalysis)
+from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES
 
 # Op types with their own one-hot column; any other op type gets ``op=other`` and still its class.
 OP_TYPES = (
@@ -84,18 +81,6 @@ FEATURE_NAMES: tuple[str, ...] = (
 _INDEX = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
 
-# MetaSchedule's PerStoreFeature: 164 floats per buffer store (5 buffers per store, 10 samples of
-# the arithmetic-intensity curve); a workload's vector is the maximum over its PrimFunc's stores.
-TIR_FEATURE_NAMES: tuple[str, ...] = tuple(f"tir{i}" for i in range(164))
-
-# Counted in the optimized LLVM IR of the op compiled for a CPU target (counts log2(1 + n)).
-CODE_FEATURE_NAMES: tuple[str, ...] = (
-    "code_vector_ops", "code_scalar_ops", "code_vector_share", "code_vector_loads",
-    "code_scalar_loads", "code_branches", "code_lines",
-)
-
-# Cache lines and TLB pages the untuned loop nest misses per executed load, on a reference CPU.
-CACHE_FEATURE_NAMES: tuple[str, ...] = tuple(f"{n}_per_load" for n in MISS_NAMES)
 
 
 def _pow2_factor(n: int, cap: int = 16) -> int:
@@ -240,54 +225,40 @@ def feature_matrix(workloads, devices) -> np.ndarray:
     return np.stack([features(w, d)[0] for w, d in zip(workloads, devices)])
 
 
-def tir_features(workloads) -> np.ndarray:
+def tir_features(workloads, analysis: KernelAnalysis | None = None) -> np.ndarray:
     """MetaSchedule ``PerStoreFeature`` of each workload's legalized PrimFunc, max over stores.
 
     The op is rebuilt from its workload key, legalized (``LegalizeOps``: TVM's default lowering,
     as a default build compiles it) and each store's 164 features are extracted; a workload gets
     their element-wise maximum. Workloads whose op cannot be rebuilt from the key (attributes the
     key does not carry, e.g. ``strided_slice``'s bounds) get ``nan``. About 10 ms per workload on
-    this project's CPU; each distinct key is extracted once per process.
+    a small CPU; each distinct key is extracted once per ``analysis``.
 
     Parameters
     ----------
     workloads : iterable of OpNode or mapping
         As for :func:`features`.
+    analysis : KernelAnalysis, optional
+        Where each key's PrimFuncs and features are remembered; default: a new one.
 
     Returns
     -------
     ndarray of float, shape (n, len(TIR_FEATURE_NAMES))
         Columns named by :data:`TIR_FEATURE_NAMES`, in TVM's order (``per_store_feature.cc``).
     """
-    keys = _keys(workloads)
-    return (np.stack([_tir_vector(k) for k in keys]) if keys
+    keys, analysis = _keys(workloads), analysis or KernelAnalysis()
+    return (np.stack([analysis.tir_vector(k) for k in keys]) if keys
             else np.zeros((0, len(TIR_FEATURE_NAMES))))
 
 
-@functools.lru_cache(maxsize=8192)
-def _tir_vector(key: str) -> np.ndarray:
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
-    funcs = _prim_funcs(key)
-    if funcs is None:
-        return np.full(len(TIR_FEATURE_NAMES), np.nan)
-    context, extractor = _tune_context(), ms.feature_extractor.PerStoreFeature()
-    stores = [extractor.extract_from(context, [ms.MeasureCandidate(
-                  tvm.s_tir.Schedule(tvm.IRModule({"main": f})), [])])[0].numpy()
-              for f in funcs.values()]
-    stores = [m for m in stores if m.shape[0]]
-    return np.concatenate(stores).max(axis=0) if stores else np.zeros(len(TIR_FEATURE_NAMES))
-
-
-def code_features(workloads, targets) -> np.ndarray:
+def code_features(workloads, targets, analysis: KernelAnalysis | None = None) -> np.ndarray:
     """How LLVM compiled each workload's legalized op for a CPU target: SIMD or scalar.
 
     The PrimFuncs of :func:`tir_features` are compiled for the target and their optimized LLVM IR
     is counted: float arithmetic (multiply, add, fused multiply-add, compare, min, max, exp,
     sqrt) on vectors and on scalars, the vectors' share of the lanes,
     vector and scalar loads, conditional branches and lines. About 60 ms per distinct workload and
-    target on this project's CPU, remembered for the process.
+    target on a small CPU, remembered by ``analysis`` (default: a new one).
 
     Parameters
     ----------
@@ -301,175 +272,35 @@ def code_features(workloads, targets) -> np.ndarray:
     -------
     ndarray of float, shape (n, len(CODE_FEATURE_NAMES))
     """
-    return _per_key(workloads, targets, 0, len(CODE_FEATURE_NAMES))
+    return _per_key(workloads, targets, analysis, 0, len(CODE_FEATURE_NAMES))
 
 
-def executed_counts(workloads, targets) -> np.ndarray:
+def executed_counts(workloads, targets, analysis: KernelAnalysis | None = None) -> np.ndarray:
     """What the compiled code of :func:`code_features` executes, per workload: the columns of
     :data:`~autoplace.predict.llvm_ir.EXECUTED_COUNT_NAMES`, estimated from the IR's loop trip
     counts (:mod:`autoplace.predict.llvm_ir`). Same arguments, cost and ``nan`` cases."""
-    return _per_key(workloads, targets, 1, len(EXECUTED_COUNT_NAMES))
+    return _per_key(workloads, targets, analysis, 1, len(EXECUTED_COUNT_NAMES))
 
 
-def cache_features(workloads, targets) -> np.ndarray:
+def cache_features(workloads, targets, analysis: KernelAnalysis | None = None) -> np.ndarray:
     """Cache and TLB misses of each workload's legalized loop nest
     (:mod:`autoplace.predict.cache`) per load that :func:`executed_counts` counts; same arguments,
     cost and ``nan`` cases, and ``nan`` for a loop nest the estimate cannot follow."""
-    return _per_key(workloads, targets, 2, len(CACHE_FEATURE_NAMES))
+    return _per_key(workloads, targets, analysis, 2, len(CACHE_FEATURE_NAMES))
 
 
-def _per_key(workloads, targets, part: int, width: int) -> np.ndarray:
-    keys = _keys(workloads)
+def _per_key(workloads, targets, analysis, part: int, width: int) -> np.ndarray:
+    keys, analysis = _keys(workloads), analysis or KernelAnalysis()
     if not isinstance(targets, (list, tuple)):
         targets = [targets] * len(keys)
     if not keys:
         return np.zeros((0, width))
-    return np.stack([_code_counts(k, None if t is None else str(t))[part]
+    return np.stack([analysis.code_counts(k, None if t is None else str(t))[part]
                      for k, t in zip(keys, targets)])
-
-
-@functools.lru_cache(maxsize=8192)
-def _code_counts(key: str, target: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(:func:`code_features`, :func:`executed_counts`, :func:`cache_features`) of one key on
-    one target."""
-    import tvm
-
-    widths = len(CODE_FEATURE_NAMES), len(EXECUTED_COUNT_NAMES), len(CACHE_FEATURE_NAMES)
-    nan = tuple(np.full(w, np.nan) for w in widths)
-    if target is None:
-        return nan
-    target_ = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
-    funcs = _prim_funcs(key) if target_.kind.name == "llvm" else None
-    if funcs is None:
-        return nan
-    if not funcs:
-        return tuple(np.zeros(w) for w in widths)
-    try:
-        lib = tvm.compile(tvm.IRModule(funcs), target=target_)
-        ir = getattr(lib, "mod", lib).inspect_source("ll")
-    except Exception:  # noqa: BLE001 - a kernel LLVM cannot build here tells nothing
-        return nan
-    static, lanes = Counter(), 0
-    for line in ir.splitlines():
-        static[kind := line_kind(line)] += 1
-        if kind == "vector_float_ops":
-            lanes += int(FLOAT_VECTOR.search(line).group(1))
-    scalar_ops = static["scalar_float_ops"]
-    share = lanes / (lanes + scalar_ops) if lanes + scalar_ops else 0.0
-    counts = (static["vector_float_ops"], scalar_ops, static["vector_loads"],
-              static["scalar_loads"], ir.count("br i1 "), ir.count("\n"))
-    log2 = [math.log2(1 + c) for c in counts]
-    executed = executed_ir_counts(ir)
-    missed = _loop_misses(key)
-    loads = executed["vector_loads"] + executed["scalar_loads"] + 1
-    rates = nan[2] if missed is None else np.array([missed[n] / loads for n in MISS_NAMES])
-    return (np.array([*log2[:2], share, *log2[2:]]),
-            np.array([executed[n] for n in EXECUTED_COUNT_NAMES]), rates)
-
-
-@functools.lru_cache(maxsize=8192)
-def _loop_misses(key: str) -> dict[str, float] | None:
-    """:func:`autoplace.predict.cache.misses` of the key's PrimFuncs (the same on every target);
-    ``None`` for a nest the estimate cannot follow (symbolic extents, other indices)."""
-    try:
-        return cache_misses(_prim_funcs(key).values())
-    except ValueError:
-        return None
 
 
 def _keys(workloads) -> list[str]:
     return [(w if isinstance(w, Mapping) else workload_row(w))["key"] for w in workloads]
-
-
-@functools.lru_cache(maxsize=8192)
-def _prim_funcs(key: str) -> dict | None:
-    """The legalized PrimFuncs of the key's op (named for building), or ``None`` when the key
-    cannot rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds).
-    Remembered for the process: the TIR, code and cache features all start from them; read
-    only."""
-    import tvm
-
-    try:
-        mod = tvm.relax.transform.LegalizeOps()(module_from_key(key))
-    except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no such features
-        return None
-    return {gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in mod.functions.items()
-            if isinstance(f, tvm.tirx.PrimFunc)}
-
-
-@functools.cache
-def _tune_context():
-    """A bare MetaSchedule ``TuneContext`` (target llvm), all that ``PerStoreFeature`` reads.
-
-    ``TuneContext()`` itself first imports ``tvm.s_tir.tensor_intrin``, which parses ~500
-    TVMScript functions (1-2 minutes on this project's CPU); the FFI constructor skips that.
-    """
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule import _ffi_api
-
-    context = ms.TuneContext.__new__(ms.TuneContext)
-    context.__init_handle_by_constructor__(_ffi_api.TuneContext, None, tvm.target.Target("llvm"),
-                                           None, None, "main", 1, -1, None)
-    return context
-
-
-def profile_rows(store, device: str | None = None) -> list[dict]:
-    """The successful measurements of a profile store as rows for fitting cost models.
-
-    Each row is a ``workloads`` row (``key``, ``op_type``, ``flops``, ``bytes_read``,
-    ``bytes_written``, ``param_bytes``) plus ``device`` (fingerprint), ``device_name``,
-    ``device_kind``, ``threads``, ``target``, ``latency_s`` (:attr:`Measurement.latency_s`), ``cv``,
-    ``occasion_spread`` (:attr:`Measurement.occasion_spread`) and ``models`` (``{model: count}``).
-
-    Parameters
-    ----------
-    store : ProfileStore
-    device : str, optional
-        Only this device (its profiled spec or fingerprint); default all devices.
-    """
-    devs = {d.fingerprint: d for d in store.devices()}
-    fps = [store.device(device).fingerprint] if device is not None else list(devs)
-    workloads = {w["key"]: w for w in store.workloads()}
-    used_by = store.workload_models()
-    rows = []
-    for fp in fps:
-        info = devs[fp].info
-        for m in store.measurements(fp):
-            if m.ok and m.latency_s and m.latency_s > 0 and m.workload in workloads:
-                rows.append({**workloads[m.workload], "device": fp, "device_name": devs[fp].name,
-                             "device_kind": info.get("kind", "cpu"),
-                             "threads": info.get("threads"), "target": info.get("target"),
-                             "latency_s": float(m.latency_s),
-                             "cv": m.cv, "occasion_spread": m.occasion_spread,
-                             "models": used_by.get(m.workload, {})})
-    return rows
-
-
-def match_device(device, known: Mapping[str, Mapping]) -> str | None:
-    """The fingerprint in ``known`` (fingerprint -> ``{"name", "kind", ...}``) that ``device`` is.
-
-    ``device`` is a fingerprint or profiled spec (``"cpu:0"``), a mapping or record with a
-    ``fingerprint``, or an :class:`autoplace.Device`: matched by name or ``kind:index`` spec, else
-    the only known device of its kind (the rule of :class:`MeasuredCostModel`). ``None`` if none.
-    """
-    if device is None:
-        return None
-    get = device.get if isinstance(device, Mapping) else (lambda k: getattr(device, k, None))
-    if isinstance(device, str):
-        fp, names, kind = device, {device}, None
-    else:
-        fp, kind = get("fingerprint"), get("kind") or get("device_kind")
-        names = {get("name"), get("device_name")}
-        if kind is not None and get("index") is not None:
-            names.add(f"{kind}:{get('index')}")
-    if fp in known:
-        return fp
-    by_name = [f for f, d in known.items() if d.get("name") in names - {None}]
-    if len(by_name) == 1:
-        return by_name[0]
-    same_kind = [f for f, d in known.items() if kind is not None and d.get("kind", "cpu") == kind]
-    return same_kind[0] if len(same_kind) == 1 else None
 
 
 def _get(device, name: str) -> float:

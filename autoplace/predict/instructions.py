@@ -2,7 +2,7 @@
 
 The baseline :class:`~autoplace.predict.learned.XGBCostModel` corrects on CPUs, in place of the
 roofline: an untuned kernel's time follows what LLVM made of it (vector or scalar arithmetic,
-loads, copies) more closely than its FLOPs and bytes (profiles/README.md).
+loads, copies) more closely than its FLOPs and bytes (docs/results.md).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplace.predict.features import executed_counts
+from autoplace.predict.kernels import KernelAnalysis
 
 
 class InstructionModel:
@@ -24,12 +25,13 @@ class InstructionModel:
     def __init__(self, min_rows: int = 8):
         self.min_rows = min_rows
 
-    def fit(self, rows) -> InstructionModel:
-        """Fit on :func:`~autoplace.predict.features.profile_rows` rows; returns ``self``."""
+    def fit(self, rows, analysis: KernelAnalysis | None = None) -> InstructionModel:
+        """Fit on :func:`~autoplace.predict.rows.profile_rows` rows; returns ``self``. The
+        executed counts are remembered by ``analysis`` (default: a new one)."""
         from scipy.optimize import nnls
 
         rows = list(rows)
-        x = self._design(rows, [r.get("target") for r in rows])
+        x = self._design(rows, [r.get("target") for r in rows], analysis)
         y = np.array([r["latency_s"] for r in rows])
         self.weights_: dict[str, dict[str, list[float]]] = {}
         for fp in sorted({r["device"] for r in rows}):
@@ -45,10 +47,11 @@ class InstructionModel:
                     self.weights_.setdefault(fp, {})[op] = w.tolist()
         return self
 
-    def predict(self, rows, devices: list[str | None], targets: list[str | None]) -> np.ndarray:
+    def predict(self, rows, devices: list[str | None], targets: list[str | None],
+                analysis: KernelAnalysis | None = None) -> np.ndarray:
         """Seconds of ``rows`` on fitted device fingerprints ``devices`` compiled for
         ``targets`` (one each); ``nan`` where there is no fit or no counts."""
-        x = self._design(rows, targets)
+        x = self._design(rows, targets, analysis)
         out = np.full(len(rows), np.nan)
         for i, (r, fp) in enumerate(zip(rows, devices)):
             per_op = self.weights_.get(fp, {})
@@ -67,6 +70,6 @@ class InstructionModel:
         return model
 
     @staticmethod
-    def _design(rows, targets) -> np.ndarray:
-        counts = executed_counts(rows, list(targets))
+    def _design(rows, targets, analysis) -> np.ndarray:
+        counts = executed_counts(rows, list(targets), analysis)
         return np.hstack([counts, np.ones((len(counts), 1))])

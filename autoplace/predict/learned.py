@@ -1,6 +1,6 @@
 """Cost models learned from a profile: gradient-boosted quantiles, and a nearest-neighbour baseline.
 
-Both are fitted on rows of :func:`autoplace.predict.features.profile_rows` (one successful
+Both are fitted on rows of :func:`autoplace.predict.rows.profile_rows` (one successful
 measurement each) and predict the seconds of ops never measured. They share the interface of
 :class:`autoplace.predict.RooflineCostModel` (``fit`` / ``predict`` / ``save`` / ``load``), so
 either can be the ``fallback`` of :class:`autoplace.predict.MeasuredCostModel`: measured where a
@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.features import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, FEATURE_NAMES,
-                                        TIR_FEATURE_NAMES, cache_features, code_features,
-                                        feature_matrix, match_device, profile_rows, tir_features,
-                                        workload_row)
+from autoplace.predict.features import (FEATURE_NAMES, cache_features, code_features,
+                                        feature_matrix, tir_features, workload_row)
 from autoplace.predict.instructions import InstructionModel
+from autoplace.predict.kernels import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, TIR_FEATURE_NAMES,
+                                       KernelAnalysis)
+from autoplace.predict.rows import match_device, profile_rows
 from autoplace.predict.roofline import RooflineCostModel
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class XGBCostModel(_Learned):
         Also learn from TVM's per-store features of the op's lowered TIR, from what LLVM
         compiled it to on CPU targets and from its loop nest's cache misses (about 150 ms per
         distinct workload, TVM needed).
+    analysis : KernelAnalysis, optional
+        Where those are remembered per workload; pass one to models that see the same
+        workloads (as :func:`~autoplace.predict.evaluate.evaluate` does). Default: the model's own.
     """
 
     model_name = "xgboost"
@@ -105,7 +109,7 @@ class XGBCostModel(_Learned):
     def __init__(self, rounds: int = 400, max_depth: int = 8, learning_rate: float = 0.05,
                  min_child_weight: float = 2.0, subsample: float = 0.8,
                  quantiles: tuple[float, ...] = (0.1, 0.5, 0.9), seed: int = 0, threads: int = 1,
-                 tir: bool = True):
+                 tir: bool = True, analysis: KernelAnalysis | None = None):
         self.rounds = rounds
         self.max_depth = max_depth
         self.learning_rate = learning_rate
@@ -115,6 +119,13 @@ class XGBCostModel(_Learned):
         self.seed = seed
         self.threads = threads
         self.tir = tir
+        self.analysis = analysis
+
+    @property
+    def _kernels(self) -> KernelAnalysis:
+        if self.analysis is None:
+            self.analysis = KernelAnalysis()
+        return self.analysis
 
     def _settings(self) -> dict:
         return {"rounds": self.rounds, "max_depth": self.max_depth,
@@ -135,7 +146,7 @@ class XGBCostModel(_Learned):
             raise ValueError("no measurements to fit on: profile some workloads first")
         self.roofline_ = RooflineCostModel().fit(rows)
         self.devices_ = self.roofline_.devices_
-        self.instructions_ = InstructionModel().fit(rows) if self.tir else None
+        self.instructions_ = InstructionModel().fit(rows, self._kernels) if self.tir else None
         x, base = self._inputs(rows, None)
         y = np.log([r["latency_s"] for r in rows]) - base
         data = xgb.DMatrix(x, y, feature_names=self._feature_names())
@@ -164,10 +175,11 @@ class XGBCostModel(_Learned):
         if not self.tir:
             return x, base
         targets = [_target(d) for d in descs]
-        counted = self.instructions_.predict(rows, fps, targets)
+        counted = self.instructions_.predict(rows, fps, targets, self._kernels)
         base = np.log(counted, out=base.copy(), where=counted > 0)  # nan: no counts, keep roofline
-        return (np.hstack([x, tir_features(rows), code_features(rows, targets),
-                           cache_features(rows, targets)]), base)
+        kernels = self._kernels
+        return (np.hstack([x, tir_features(rows, kernels), code_features(rows, targets, kernels),
+                           cache_features(rows, targets, kernels)]), base)
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
         """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the

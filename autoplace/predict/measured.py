@@ -54,7 +54,7 @@ class MeasuredCostModel:
         return same_kind[0] if len(same_kind) == 1 else None
 
     def _fallback(self, device: Device):
-        from autoplace.predict.features import match_device
+        from autoplace.predict.rows import match_device
 
         f = self.fallback
         for model in f if isinstance(f, Sequence) else [] if f is None else [f]:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from autoplace.graph import OpGraph
-from autoplace.predict.features import profile_rows, workload_row
+from autoplace.predict.features import workload_row
+from autoplace.predict.rows import profile_rows
 from autoplace.predict.learned import XGBCostModel
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ class RooflineCostModel:
     Has the cost-model interface (``fit`` / ``predict`` / ``save`` / ``load``). Unfitted, it is
     ready and uses the peaks of the :class:`autoplace.Device` it is asked about (rough defaults).
     ``fit(rows)`` learns each profiled device's effective peak FLOP/s and bandwidth from
-    measurements (rows of :func:`autoplace.predict.features.profile_rows`); a device that matches a
-    fitted one (:func:`~autoplace.predict.features.match_device`) then uses those.
+    measurements (rows of :func:`autoplace.predict.rows.profile_rows`); a device that matches a
+    fitted one (:func:`~autoplace.predict.rows.match_device`) then uses those.
 
     >>> from autoplace import Device, zoo, OpGraph                 # doctest: +SKIP
     >>> RooflineCostModel().predict(OpGraph.from_relax(zoo.load("mlp").mod), Device.cpu())  # doctest: +SKIP
@@ -48,7 +48,7 @@ class RooflineCostModel:
         return self
 
     def _peaks(self, device) -> tuple[float, float]:
-        from autoplace.predict.features import match_device
+        from autoplace.predict.rows import match_device
 
         fp = match_device(device, getattr(self, "devices_", {}))
         if fp is not None:

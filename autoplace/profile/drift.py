@@ -1,11 +1,9 @@
 """Whether a device still runs as fast as when a store measured it: a few stored workloads again.
 
 A store grows over days (more sweeps, refinement rounds) and each new row has to be on the scale
-of the old ones, or a cost model trained on them learns the difference between two occasions.
-This project's CI-class VM on 2026-11-23 ran the zoo's 80 workloads a median 1.34x as long as
-the shipped profile says (two runs that day agreed with each other within 8 %), and 64
-refinement rows measured then made the learned model worse on the profile's own held-out shapes
-(86.7 % within +-10 % to 84.0 %).
+of the old ones, or a cost model trained on them learns the difference between two occasions: a
+machine can run a profile's workloads a third slower on another day, and rows measured then make
+the learned model worse (docs/results.md).
 """
 
 from __future__ import annotations

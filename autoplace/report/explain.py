@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from autoplace.predict.protocol import ProfiledCostModel, QuantileCostModel, SourcedCostModel
 from autoplace.solve.problem import InfeasibleError
 from autoplace.solve.simulate import (check_feasible, copies_needed, device_loads, link_loads,
                                       simulate_latency, simulate_throughput)
@@ -261,18 +262,18 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
     model's fallback): half the P10-P90 band over the P50. Roofline estimates have none.
     """
     out = np.full((len(graph.nodes), len(devices)), np.nan)
-    if not hasattr(cost_model, "sources"):
+    if not isinstance(cost_model, SourcedCostModel):
         return out
-    learned = cost_model if hasattr(cost_model, "quantiles") else getattr(cost_model, "fallback",
-                                                                          None)
+    profiled = isinstance(cost_model, ProfiledCostModel)
+    learned = cost_model.fallback if profiled else cost_model
     for k, dev in enumerate(devices):
         sources = cost_model.sources(graph, dev)
-        prof = cost_model.profile_for(dev) if hasattr(cost_model, "profile_for") else None
+        prof = cost_model.profile_for(dev) if profiled else None
         q = None
         for n in graph.nodes:
             if sources[n.index] == "measured" and prof is not None:
                 out[n.index, k] = prof.cv.get(n.workload_key, np.nan)
-            elif sources[n.index] == "learned" and hasattr(learned, "quantiles"):
+            elif sources[n.index] == "learned" and isinstance(learned, QuantileCostModel):
                 q = learned.quantiles(graph, dev) if q is None else q
                 lo, mid, hi = q[n.index, 0], q[n.index, q.shape[1] // 2], q[n.index, -1]
                 out[n.index, k] = (hi - lo) / (2 * mid)

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from autoplace.predict import cache
-from autoplace.predict.features import _prim_funcs
+from autoplace.predict.kernels import KernelAnalysis
 
 
 def _funcs(op, *shapes, attrs=None):
     key = json.dumps([f"relax.{op}", [[list(s), "float32"] for s in shapes], attrs or {}, []])
-    return list(_prim_funcs(key).values())
+    return list(KernelAnalysis().prim_funcs(key).values())
 
 
 def _matmul(m, k, n):

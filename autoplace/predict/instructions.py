@@ -70,6 +70,6 @@ class InstructionModel:
         return model
 
     @staticmethod
-    def _design(rows, targets, analysis) -> np.ndarray:
+    def _design(rows, targets, analysis: KernelAnalysis | None = None) -> np.ndarray:
         counts = executed_counts(rows, list(targets), analysis)
         return np.hstack([counts, np.ones((len(counts), 1))])

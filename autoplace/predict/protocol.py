@@ -35,8 +35,8 @@ class SourcedCostModel(CostModel, Protocol):
 
 
 @runtime_checkable
-class QuantileCostModel(CostModel, Protocol):
-    """A cost model with an uncertainty band: ``(n, q)`` seconds, sorted per node."""
+class QuantileCostModel(Protocol):
+    """A model with an uncertainty band: ``(n, q)`` seconds per node, sorted per node."""
 
     def quantiles(self, graph_or_rows: Any, device: Device | None = None) -> np.ndarray: ...
 

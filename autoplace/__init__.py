@@ -18,10 +18,11 @@ from autoplace.plan import Plan, PlanError
 from autoplace.predict import RooflineCostModel, load_cost_model
 from autoplace.run import CompiledModel, compile
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
+from autoplace.tuning import tune
 
 __all__ = [
     "CompiledModel", "Device", "InfeasibleError", "Link", "OpGraph", "OpNode", "OptimizeResult",
     "Plan", "PlanError", "Problem", "RooflineCostModel", "Solution", "TensorInfo",
     "UnsupportedModelError", "annotate", "build_problem", "compile", "node_costs", "optimize",
-    "frontends", "load_cost_model", "place", "solve", "zoo",
+    "frontends", "load_cost_model", "place", "solve", "tune", "zoo",
 ]

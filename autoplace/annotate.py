@@ -39,7 +39,7 @@ def _target(device):
 
     if device.is_gpu:
         return tvm.target.Target(device.target, host="llvm")
-    return tvm.target.Target(device.target)
+    return device.tvm_target()
 
 
 def annotate(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> tvm.IRModule:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +135,16 @@ class OptimizeResult:
     source_mod: Any = None
     cost_model: str = ""  # which costs the solver saw, in words
     predictor: Any = None  # the cost model object itself (explain() reads its uncertainty)
+    records: Any = None  # the tuning records builds apply (optimize(db=...)), or None
+    records_note: tuple[str, ...] = ()  # per device, which records apply, in words
+
+    @functools.cached_property
+    def kernels(self) -> dict[str, int]:
+        """How many kernels of the plan's build get tuned schedules and how many keep TVM's
+        default ones (a kernel built for two devices counts twice)."""
+        from autoplace.backend.tuned import count_kernels
+
+        return count_kernels(self.mod, self.records)
 
     @property
     def predicted_latency_s(self) -> float:
@@ -164,7 +175,7 @@ class OptimizeResult:
         """Build the plan for its devices; the result takes and returns numpy arrays."""
         from autoplace.run import compile
 
-        return compile(self.source_mod, self.plan, self.graph.func_name)
+        return compile(self.source_mod, self.plan, self.graph.func_name, records=self.records)
 
     def pipeline(self, **kwargs) -> Pipeline:
         """Split a throughput plan into its stages, build each for its device, and start one
@@ -180,12 +191,13 @@ class OptimizeResult:
         if self.plan.stages is None:
             raise ValueError("this plan has no stages: optimize with objective='throughput' "
                              "to run it as a pipeline, or use .compile() for one inference")
-        return Pipeline.from_plan(self.source_mod, self.plan, self.graph.func_name, **kwargs)
+        return Pipeline.from_plan(self.source_mod, self.plan, self.graph.func_name,
+                                  records=self.records, **kwargs)
 
     def summary(self) -> str:
         """Plan, predicted time, and the baselines beside it."""
         s = self.solution
-        lines = [str(self.plan), f"costs: {self.cost_model}",
+        lines = [str(self.plan), f"costs: {self.cost_model}", *self.records_note,
                  f"predicted {s.objective}: {s.value * 1e3:.4f} ms  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         for name, value in self.baselines.items():
@@ -208,6 +220,7 @@ def optimize(
     stage_overhead_s: float | Mapping[str, float] | None = None,
     max_stages: int | None = None,
     func_name: str = "main",
+    db=None,
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -247,6 +260,10 @@ def optimize(
         predicted to beat the best single device, the plan is that device, one stage.
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
+    db : str or Path, optional
+        A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
+        builds of the plan apply: each device's kernels that were tuned for it get their tuned
+        schedule, the others TVM's default. ``.kernels`` counts them.
 
     Returns
     -------
@@ -291,9 +308,22 @@ def optimize(
         stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),
         objective=objective, predicted_s=float(solution.value), cost_sources=sources,
         solver=solution.solver)
+    records, note = _tuning_records(db, devices) if db is not None else (None, ())
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod, described,
-                          predictor=cost_model)
+                          predictor=cost_model, records=records, records_note=note)
+
+
+def _tuning_records(db, devices: Sequence[Device]):
+    """The tuning records of ``devices`` beside store ``db``, and a line per device on them."""
+    from autoplace.profile import LocalRunner, fingerprint
+    from autoplace.tuning import open_records
+
+    fingerprints = [fingerprint(LocalRunner(d).info()) for d in devices]
+    records, lines = open_records(db, devices, fingerprints)
+    for line in lines:
+        log.info("%s", line)
+    return records, tuple(f"kernels: {line}" for line in lines)
 
 
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:

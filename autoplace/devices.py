@@ -33,7 +33,9 @@ class Device:
     index : int
         Runtime device index (``tvm.cpu(index)``, ``tvm.cuda(index)``).
     target : str
-        TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``).
+        TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``), or
+        ``"native"``: LLVM for this host's CPU (``-mcpu`` of
+        ``tvm.target.codegen.llvm_get_system_cpu()``, so AVX2/AVX-512 where the CPU has them).
     memory_bytes : float
         Memory capacity available to the model; ``inf`` for unlimited.
     peak_flops, mem_bandwidth : float
@@ -60,9 +62,11 @@ class Device:
         object.__setattr__(self, "unsupported_ops", frozenset(self.unsupported_ops))
 
     @classmethod
-    def cpu(cls, index: int = 0, *, name: str | None = None, **kwargs) -> Device:
-        """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index."""
-        return cls(name=name or f"cpu{index}", kind="cpu", index=index, target="llvm", **kwargs)
+    def cpu(cls, index: int = 0, *, name: str | None = None, target: str = "llvm",
+            **kwargs) -> Device:
+        """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index; ``target="native"``
+        compiles for this host's CPU instead of generic x86-64."""
+        return cls(name=name or f"cpu{index}", kind="cpu", index=index, target=target, **kwargs)
 
     @classmethod
     def cuda(cls, index: int = 0, *, name: str | None = None, target: str = "nvidia/nvidia-h100",
@@ -74,11 +78,15 @@ class Device:
 
     @classmethod
     def from_spec(cls, spec: str) -> Device:
-        """Parse ``"cpu:0"`` or ``"cuda:0"`` (the CLI's device syntax)."""
-        m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", spec.strip())
-        if not m:
-            raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N'")
+        """Parse ``"cpu:0"``, ``"cpu:0:native"`` (LLVM for this host's CPU) or ``"cuda:0"`` (the
+        CLI's device syntax)."""
+        m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native)?", spec.strip())
+        if not m or (m.group(3) and m.group(1) != "cpu"):
+            raise ValueError(f"device spec {spec!r}: expected 'cpu:N', 'cpu:N:native' or "
+                             "'cuda:N'")
         kind, index = m.group(1), int(m.group(2) or 0)
+        if m.group(3):
+            return cls.cpu(index, target="native")
         return getattr(cls, kind)(index)
 
     def can_run(self, op_type: str) -> bool:
@@ -91,6 +99,9 @@ class Device:
     def tvm_target(self) -> tvm.target.Target:
         import tvm
 
+        if self.target == "native":
+            return tvm.target.Target({"kind": "llvm",
+                                      "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
         return tvm.target.Target(self.target)
 
     def tvm_device(self) -> tvm.runtime.Device:

@@ -18,7 +18,7 @@ LAYERS = [
     ["solve"],                    # solvers over arrays
     ["plan", "zoo"],
     ["profile"],                  # timing on real devices, into a store
-    ["predict"],                  # cost models trained on profiles
+    ["predict", "tuning"],        # cost models trained on profiles; tuned kernels
     ["manual", "annotate"],
     ["run"],                      # multi-device build, stage split, pipeline executor
     ["report"],

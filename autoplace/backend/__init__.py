@@ -1,9 +1,10 @@
-"""TVM plumbing under everything else: the lowering pipeline and a one-device build, numpy to and
-from TVM tensors, and TVM's CPU thread pool."""
+"""TVM plumbing under everything else: the lowering pipeline and a one-device build, tuning
+records applied in a build, numpy to and from TVM tensors, and TVM's CPU thread pool."""
 
-from autoplace.backend.lowering import build_single, lowering_pipeline
+from autoplace.backend.lowering import build_single, fused_kernels, lowering_pipeline
 from autoplace.backend.tensors import to_numpy, to_tvm
-from autoplace.backend.threads import in_own_thread, limit_tvm_threads, process_cpus, tvm_threads
+from autoplace.backend.threads import (in_own_thread, limit_tvm_threads, process_cpus,
+                                       tvm_threads)
 
-__all__ = ["build_single", "in_own_thread", "limit_tvm_threads", "lowering_pipeline",
-           "process_cpus", "to_numpy", "to_tvm", "tvm_threads"]
+__all__ = ["build_single", "fused_kernels", "in_own_thread", "limit_tvm_threads",
+           "lowering_pipeline", "process_cpus", "to_numpy", "to_tvm", "tvm_threads"]

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import tvm
 
+    from autoplace.backend.tuned import KernelRecords
 
-def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
+
+def lowering_pipeline(*, gpu: bool, multi_device: bool, records: KernelRecords | None = None,
+                      counts: dict[str, int] | None = None) -> tvm.transform.Pass:
     """TVM's CPU default pipeline (with fusion), made safe for several devices.
 
     TVM 0.27's ``StaticPlanBlockMemory`` pools buffers by (scope, dtype) only and hands a device-0
     buffer to a device-1 kernel ("Mismatched ...device_id" at run time), so it is left out when
     more than one device is used. Each kernel of an annotated module is tagged with its device's
-    target; GPU kernels get the dlight default schedules that TVM's own CUDA pipeline applies.
+    target. With ``records``, each kernel gets the schedule of its best tuning record for that
+    target (:mod:`autoplace.backend.tuned`); ``counts`` gets how many kernels were tuned and how
+    many kept the default schedule. GPU kernels without a record get the dlight default
+    schedules that TVM's own CUDA pipeline applies.
     """
     import tvm
     from tvm import relax
@@ -26,6 +33,11 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
         _legalize_keeping_vdevices(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(), t.FuseTIR(),
     ]
     passes.append(_attach_targets())
+    if records or counts is not None:
+        from autoplace.backend.tuned import KernelRecords, apply_records
+
+        passes.append(apply_records(records or KernelRecords({}),
+                                    counts if counts is not None else {}))
     if gpu:
         from tvm.s_tir import dlight as dl
 
@@ -40,12 +52,28 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool) -> tvm.transform.Pass:
     return tvm.transform.Sequential(passes, name="autoplace_lowering")
 
 
-def build_single(mod: tvm.IRModule, target, *, gpu: bool):
-    """Compile ``mod`` for one device with the lowering every autoplace build uses."""
+def build_single(mod: tvm.IRModule, target, *, gpu: bool, records: KernelRecords | None = None,
+                 counts: dict[str, int] | None = None):
+    """Compile ``mod`` for one device with the lowering every autoplace build uses (tuned kernels
+    from ``records`` where it has them)."""
     import tvm
 
     return tvm.compile(mod, target=target,
-                       relax_pipeline=lowering_pipeline(gpu=gpu, multi_device=False))
+                       relax_pipeline=lowering_pipeline(gpu=gpu, multi_device=False,
+                                                        records=records, counts=counts))
+
+
+def fused_kernels(mod: tvm.IRModule, target=None) -> tvm.IRModule:
+    """``mod`` lowered up to the point where a build schedules its kernels: legalized, fused
+    (``FuseOps``/``FuseTIR``) and each kernel of an annotated module tagged with its target.
+    The PrimFuncs of the result are the kernels the build compiles; ``target`` is the one a
+    module without virtual devices is built for."""
+    import tvm
+
+    passes = list(lowering_pipeline(gpu=False, multi_device=True).passes)
+    names = [p.info.name for p in passes]
+    with tvm.target.Target(target) if target is not None else contextlib.nullcontext():
+        return tvm.transform.Sequential(passes[:names.index("AttachTargets") + 1])(mod)
 
 
 def _legalize_keeping_vdevices():

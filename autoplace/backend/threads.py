@@ -49,7 +49,8 @@ def tvm_threads() -> int:
 
 
 def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
-    """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (see the module doc)."""
+    """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (the module doc
+    says why this mode)."""
     import tvm
 
     if hasattr(os, "sched_setaffinity"):

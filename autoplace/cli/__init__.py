@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from autoplace.cli import optimize, predict, profile, report
+from autoplace.cli import optimize, predict, profile, report, tune
 from autoplace.dnn_partitioning import cli as dnn_partitioning_cli
 
 __all__ = ["build_parser", "main"]
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.register_cli(sub)
     predict.register_cli(sub)
     report.register_cli(sub)
+    tune.register_cli(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ EPILOG_OPTIMIZE = """examples:
   autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1
   autoplace optimize --model model.onnx --device cpu:0 --device cpu:1 --rule 'op:nn.conv2d#0=cpu0' --json
   autoplace optimize --model zoo:resnet --objective throughput --run 64 --json
+  autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1 --db prof.db   # tuned kernels
 """
 
 
@@ -57,7 +58,8 @@ def _optimize_and_run(args) -> dict:
     cost_model = options.cost_model(args)
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
-                             cost_model=cost_model, contiguous=args.contiguous)
+                             cost_model=cost_model, contiguous=args.contiguous,
+                             db=getattr(args, "db", None))
     t_opt = time.perf_counter() - t0
     run = res.compile()
     outs = run(*model.inputs)
@@ -79,13 +81,46 @@ def _optimize_and_run(args) -> dict:
             "cost_model": res.cost_model,
             "cost_sources": sorted(set(res.plan.cost_sources)),
             "max_abs_err_vs_single_device": err,
+            "kernels": dict(run.kernels),
             "optimize_s": t_opt,
             "plan": json.loads(res.plan.to_json()),
         },
     }
     if getattr(args, "run", 0):
         out["report"].update(_pipeline_report(res, model, devices, args.run))
+    advice = _unseen_machine_advice(args, res, model, run.kernels)
+    if advice:
+        out["report"]["advice"] = advice
     return out
+
+
+def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
+    """One line when nothing measured on these devices was used: no profile matched (roofline
+    costs) or no tuning record did (every kernel default), with the commands that fix it and
+    how long they take."""
+    from autoplace.tuning.campaign import SECONDS_PER_TRIAL
+
+    profiled = not res.cost_model.startswith("roofline")
+    tuned = kernels.get("tuned", 0) > 0
+    if profiled and tuned:
+        return None
+    spec = args.model or options.default_model()
+    devs = " ".join(f"--device {d}" for d in args.device)
+    db = getattr(args, "db", None) or "prof.db"
+    steps, seconds = [], 0.0
+    if not profiled:
+        workloads = len({n.workload_key for n in res.graph.nodes})
+        steps.append(f"autoplace profile --model {spec} {devs} --db {db}")
+        seconds += workloads * len(args.device) * 2.0  # --budget's default per workload
+    if not tuned:
+        trials = 64
+        steps.append(f"autoplace tune --model {spec} {devs} --db {db} --trials {trials}")
+        seconds += kernels.get("default", 0) * trials * SECONDS_PER_TRIAL
+    what = ("no profile of these devices (roofline costs)" if not profiled else "")
+    what += (" and " if what and not tuned else "") + ("no tuning records (default kernels)"
+                                                       if not tuned else "")
+    return (f"{what}: {' && '.join(steps)}  (about {max(seconds / 60, 1):.0f} min; then "
+            f"optimize with --db {db})")
 
 
 def _cmd_demo(args) -> int:
@@ -93,6 +128,9 @@ def _cmd_demo(args) -> int:
     rep = out["report"]
     print(f"model {out['model']}: {out['graph']}")
     print(out["result"].summary())
+    print(f"kernels: {rep['kernels']['tuned']} tuned, {rep['kernels']['default']} default")
+    if "advice" in rep:
+        print(rep["advice"])
     print(f"cross-device copies (one per tensor and destination device): {rep['copies']}")
     print(f"compiled for {', '.join(rep['devices'])} and ran: max |difference| from the "
           f"single-device build = {rep['max_abs_err_vs_single_device']:.3g}")
@@ -105,6 +143,10 @@ def _cmd_optimize(args) -> int:
         print(json.dumps(out["report"], indent=1))
     else:
         print(out["result"].summary())
+        print(f"kernels: {out['report']['kernels']['tuned']} tuned, "
+              f"{out['report']['kernels']['default']} default")
+        if "advice" in out["report"]:
+            print(out["report"]["advice"])
         print(f"max |difference| from the single-device build: "
               f"{out['report']['max_abs_err_vs_single_device']:.3g}")
         if args.run:
@@ -127,6 +169,8 @@ def register_cli(sub) -> None:
                        epilog=EPILOG_OPTIMIZE, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_run_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--db", help="profile store whose tuning records (autoplace tune) the build "
+                                "applies; kernels without one keep TVM's default schedule")
     p.add_argument("--run", type=int, default=0, metavar="N",
                    help="with --objective throughput: run N inputs through the pipelined plan "
                         "and report measured vs predicted inputs/s")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,13 +14,18 @@ from autoplace.plan import Plan
 if TYPE_CHECKING:
     import tvm
 
+    from autoplace.backend.tuned import KernelRecords
 
-def build(annotated: tvm.IRModule, plan: Plan):
-    """Compile an annotated module for every device the plan uses; returns a VM executable."""
+
+def build(annotated: tvm.IRModule, plan: Plan, records: KernelRecords | None = None,
+          counts: dict[str, int] | None = None):
+    """Compile an annotated module for every device the plan uses; returns a VM executable.
+    Kernels that ``records`` has get their tuned schedules; ``counts`` gets how many did."""
     import tvm
 
     used = plan.used_devices()
-    pipeline = lowering_pipeline(gpu=any(d.is_gpu for d in used), multi_device=len(used) > 1)
+    pipeline = lowering_pipeline(gpu=any(d.is_gpu for d in used), multi_device=len(used) > 1,
+                                 records=records, counts=counts)
     return tvm.compile(annotated, target=None, relax_pipeline=pipeline)
 
 
@@ -29,7 +34,9 @@ class CompiledModel:
     """A built plan: call it with numpy arrays (the function's parameters, in order).
 
     ``mod`` is the built module: the annotated one with constants lifted to trailing parameters,
-    which are uploaded once to their devices and passed on every call.
+    which are uploaded once to their devices and passed on every call. ``kernels`` says how many
+    of its kernels were built from tuning records (``"tuned"``) and how many kept TVM's default
+    schedule (``"default"``).
     """
 
     plan: Plan
@@ -37,6 +44,7 @@ class CompiledModel:
     executable: Any
     lifted: tuple = ()
     func_name: str = "main"
+    kernels: dict = field(default_factory=dict)
 
     def __post_init__(self):
         import tvm
@@ -83,11 +91,18 @@ def _flatten(result) -> list[np.ndarray]:
     return [a for item in result for a in _flatten(item)]
 
 
-def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main") -> CompiledModel:
+def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
+            records: KernelRecords | None = None) -> CompiledModel:
     """Annotate ``mod`` with ``plan``, build it for the plan's devices, and return a callable.
+    Kernels that ``records`` has (:func:`autoplace.tuning.open_records`) are built tuned.
 
     >>> run = autoplace.compile(mod, plan)     # doctest: +SKIP
     >>> outs = run(x)                           # list of numpy arrays
+    >>> run.kernels                             # doctest: +SKIP
+    {'tuned': 0, 'default': 7}
     """
     annotated, lifted = annotate_lifted(mod, plan, func_name)
-    return CompiledModel(plan, annotated, build(annotated, plan), tuple(lifted), func_name)
+    counts: dict[str, int] = {}
+    executable = build(annotated, plan, records, counts)
+    return CompiledModel(plan, annotated, executable, tuple(lifted), func_name,
+                         {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)})

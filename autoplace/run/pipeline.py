@@ -30,6 +30,8 @@ from autoplace.run.split import Stage, StagedModule, split
 if TYPE_CHECKING:
     import tvm
 
+    from autoplace.backend.tuned import KernelRecords
+
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often blocked workers look at the closed flag
@@ -166,13 +168,15 @@ class Pipeline:
                 from self._startup_errors[0]
 
     @classmethod
-    def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main", **kwargs) -> Pipeline:
-        """Split ``mod`` by ``plan``'s stages, compile each stage for its device, start workers.
+    def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
+                  records: KernelRecords | None = None, **kwargs) -> Pipeline:
+        """Split ``mod`` by ``plan``'s stages, compile each stage for its device (tuned kernels
+        where ``records`` has them), start workers.
 
         ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
         """
         staged = split(mod, plan, func_name)
-        return cls(staged, [compile_stage(s) for s in staged.stages], **kwargs)
+        return cls(staged, [compile_stage(s, records) for s in staged.stages], **kwargs)
 
     # ------------------------------------------------------------------ running
 
@@ -401,13 +405,13 @@ def _load_vm(executable, device: Device):
     return relax.VirtualMachine(executable, dev)["main"], dev
 
 
-def compile_stage(stage: Stage):
+def compile_stage(stage: Stage, records: KernelRecords | None = None):
     import tvm
 
     dev = stage.device
     target = tvm.target.Target(dev.target, host="llvm") if dev.is_gpu else dev.tvm_target()
     log.info("compiling %s", stage)
-    return build_single(stage.mod, target, gpu=dev.is_gpu)
+    return build_single(stage.mod, target, gpu=dev.is_gpu, records=records)
 
 
 def _runtime_device(device: Device):

@@ -1,0 +1,136 @@
+"""MetaSchedule tuning records applied in a build: each kernel gets the best record made for its
+own target, and a kernel without one keeps TVM's default schedule.
+
+A build's kernels are the PrimFuncs after ``FuseOps``/``FuseTIR``; in a module annotated for
+several devices each carries its device's ``target``. Records are looked up by the kernel without
+that attribute (the same kernel tuned alone or in a multi-device build is one workload), in the
+database of the kernel's target (:func:`target_key`): a record made for another target is never
+applied, and one log line says how many were skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+#: Target options that change the code a kernel compiles to (``num-cores`` does not).
+_CODEGEN_OPTIONS = ("mcpu", "mtriple", "mattr", "arch")
+
+
+def target_key(target) -> str:
+    """What makes two targets compile a kernel alike: the kind and its CPU or architecture
+    options (``"llvm"``, ``"llvm -mcpu=znver4"``, ``"cuda -arch=sm_90a"``); thread counts and
+    keys are left out."""
+    import tvm
+
+    t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    parts = [t.kind.name]
+    for name in _CODEGEN_OPTIONS:
+        value = t.attrs.get(name)
+        if value is not None and str(value) not in ("", "[]"):
+            parts.append(f"-{name}={value}")
+    return " ".join(parts)
+
+
+def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    """The module a kernel is tuned and looked up as: without its ``target``, named ``main``,
+    as MetaSchedule normalizes a task."""
+    import tvm
+
+    if func.attrs is not None and "target" in func.attrs:
+        func = func.without_attr("target")
+    func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
+    return tvm.IRModule({"main": func})
+
+
+class KernelRecords:
+    """Tuning databases by :func:`target_key`: what a build looks its kernels up in.
+
+    Parameters
+    ----------
+    databases : mapping target key -> ``tvm.s_tir.meta_schedule.database.Database``
+    """
+
+    def __init__(self, databases: Mapping[str, object]):
+        self.databases = dict(databases)
+
+    def __bool__(self) -> bool:
+        return bool(self.databases)
+
+    def scheduled(self, func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | None | str:
+        """The kernel with its best record's schedule applied; ``None`` if no database of its
+        target has it; ``"other-target"`` if the database's best record was made for another
+        target."""
+        import tvm
+
+        key = target_key(target)
+        db = self.databases.get(key)
+        if db is None:
+            return None
+        workload = kernel_workload(func)
+        if not db.has_workload(workload):
+            return None
+        record = db.query_tuning_record(workload, tvm.target.Target(target), "main")
+        if record is None:
+            return None
+        if target_key(record.target) != key:
+            return "other-target"
+        sch = tvm.s_tir.Schedule(record.workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        new = sch.mod["main"]
+        for name in list(new.attrs.keys()):
+            if func.attrs is None or name not in func.attrs:
+                new = new.without_attr(name)
+        for name, value in (func.attrs.items() if func.attrs is not None else ()):
+            new = new.with_attr(name, value)
+        return new.with_attr("tirx.is_scheduled", True)
+
+
+def apply_records(records: KernelRecords, counts: dict[str, int]) -> tvm.transform.Pass:
+    """A pass giving each kernel the schedule of its best record; ``counts`` gets how many
+    kernels were ``"tuned"`` and how many kept the ``"default"`` schedule. A kernel without a
+    ``target`` attribute is looked up for the target the build is under."""
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="ApplyTuningRecords")
+    def _pass(mod, _ctx):
+        out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs,
+                           global_infos=mod.global_infos)
+        tuned = default = other = 0
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
+                continue
+            target = (func.attrs.get("target") if func.attrs is not None else None) \
+                or tvm.target.Target.current(allow_none=True)
+            new = records.scheduled(func, target) if target is not None else None
+            if isinstance(new, tvm.tirx.PrimFunc):
+                out[gv] = new
+                tuned += 1
+            else:
+                other += new == "other-target"
+                default += 1
+        if other:
+            log.warning("%d kernel record(s) made for another target were skipped", other)
+        counts["tuned"] = counts.get("tuned", 0) + tuned
+        counts["default"] = counts.get("default", 0) + default
+        return out
+
+    return _pass
+
+
+def count_kernels(mod: tvm.IRModule, records: KernelRecords | None) -> dict[str, int]:
+    """How many kernels of ``mod``'s build ``records`` would give a tuned schedule
+    (``"tuned"``) and how many would keep the default one (``"default"``)."""
+    from autoplace.backend.lowering import fused_kernels
+
+    counts: dict[str, int] = {}
+    apply_records(records or KernelRecords({}), counts)(fused_kernels(mod))
+    return {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)}

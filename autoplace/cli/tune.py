@@ -1,0 +1,68 @@
+"""``autoplace tune``: tune the kernels of models for devices with MetaSchedule, resumably."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autoplace.cli import options
+
+EPILOG = """examples:
+  autoplace tune --model zoo:resnet --device cpu:0 --db prof.db --trials 64
+  autoplace tune --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db --dry-run --json
+  autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1 --db prof.db
+
+Records go beside the store (prof.db.tuning/<device fingerprint>/). A campaign stopped at any
+point (Ctrl-C, kill) resumes where it was when run again; a kernel shared by several models, or
+tuned by an earlier campaign, is tuned once. Kernels with the most FLOPs are tuned first.
+"""
+
+
+def _cmd_tune(args) -> int:
+    from autoplace import zoo
+    from autoplace.tuning import describe, tune
+
+    if not args.model:
+        raise ValueError("nothing to tune: pass --model zoo:NAME or FILE.onnx (repeatable)")
+    mods = [zoo.from_spec(spec).mod for spec in args.model]
+    devices = options.devices(args.device or ["cpu:0"])
+    if any(d.is_gpu for d in devices) and not args.dry_run:
+        raise ValueError("tuning GPU kernels is not supported yet: GPU builds use dlight's "
+                         "default schedules")
+    try:
+        report = tune(mods, devices, args.db, trials=args.trials, dry_run=args.dry_run,
+                      trials_per_iter=args.round, progress=not args.json)
+    except KeyboardInterrupt:
+        print(f"autoplace tune: interrupted; every finished round is kept in {args.db}.tuning. "
+              "Run the same command again to resume.")
+        return 130
+    if args.json:
+        out = report.to_dict()
+        if not args.verbose_json:
+            out.pop("kernels")
+        print(json.dumps(out, indent=1))
+    else:
+        print(describe(report))
+    return 0
+
+
+def register_cli(sub) -> None:
+    """Add the ``tune`` subcommand to an argparse subparsers object."""
+    p = sub.add_parser("tune", help="tune the kernels of models for devices (MetaSchedule)",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[],
+                   help="zoo:NAME or a path to an .onnx file (repeatable)")
+    p.add_argument("--device", action="append", help="cpu:N (repeatable; default cpu:0)")
+    p.add_argument("--db", required=True,
+                   help="the profile store the records live beside (need not exist)")
+    p.add_argument("--trials", type=int, default=64,
+                   help="candidates measured per kernel (default 64; about 3 s each on 2 cores)")
+    p.add_argument("--round", type=int, default=16, metavar="N",
+                   help="candidates measured per round; records are saved after each (default 16)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="only count the kernels still to tune and estimate the time")
+    p.add_argument("--json", action="store_true",
+                   help='print a JSON report ({"pending": kernels still to tune, ...})')
+    p.add_argument("--kernels", dest="verbose_json", action="store_true",
+                   help="with --json: list every kernel")
+    p.set_defaults(func=_cmd_tune)

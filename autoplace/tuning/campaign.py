@@ -1,0 +1,243 @@
+"""Tuning campaigns: the kernels a build compiles for each device, tuned with MetaSchedule.
+
+Each device's kernels are those of the model built for it alone, as the build sees them after
+fusion (:func:`autoplace.backend.fused_kernels`), for the target the device compiles with. A
+kernel is tuned until its records in the device's database hold ``trials`` measured candidates,
+so a campaign run again does only what is missing, a kernel shared by two models (or seen in an
+earlier campaign) is tuned once, and a campaign killed at any point resumes where it stopped.
+The kernels with the most FLOPs go first: a campaign stopped early has spent its time where it
+matters most.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from autoplace.backend import fused_kernels
+from autoplace.backend.tuned import kernel_workload
+from autoplace.devices import Device
+from autoplace.profile.measure import LocalRunner, fingerprint
+from autoplace.tuning.records import device_folder, open_database, write_device
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+#: Seconds one MetaSchedule trial took on a 2-core machine: what ``--dry-run`` estimates with.
+SECONDS_PER_TRIAL = 3.0
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """One kernel of one device: its trials recorded (successful or not) and whether any ran."""
+
+    device: str
+    name: str
+    flops: float
+    recorded: int
+    valid: int
+    tuned_now: int = 0
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or (self.recorded > 0 and self.valid == 0)
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """What a campaign found and did. ``pending``: trials still to run (kernels x missing trials);
+    ``kernels``: one entry per distinct kernel of each device."""
+
+    trials: int
+    kernels: tuple[KernelStatus, ...]
+    pending: int
+    wall_s: float
+    databases: dict[str, str]
+
+    @property
+    def pending_kernels(self) -> int:
+        return sum(1 for k in self.kernels if k.recorded + k.tuned_now < self.trials
+                   and not k.failed)
+
+    def estimate_s(self) -> float:
+        return self.pending * SECONDS_PER_TRIAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": self.trials, "pending": self.pending_kernels,
+                "pending_trials": self.pending, "estimate_s": self.estimate_s(),
+                "kernels": [asdict(k) for k in self.kernels],
+                "tuned_now": sum(k.tuned_now for k in self.kernels),
+                "failed": sum(k.failed for k in self.kernels), "wall_s": self.wall_s,
+                "databases": self.databases}
+
+
+def tuning_target(device: Device, threads: int) -> tvm.target.Target:
+    """The device's target with the thread count MetaSchedule needs (``num-cores``)."""
+    import tvm
+
+    target = device.tvm_target()
+    if target.kind.name != "llvm" or target.attrs.get("num-cores") is not None:
+        return target
+    return tvm.target.Target({**target.export(), "num-cores": int(threads)})
+
+
+def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[tuple[str, tvm.IRModule, float]]:
+    """The distinct kernels of ``mods`` built for ``target``: ``(name, workload, flops)``, the
+    workload as it is tuned and looked up (:func:`autoplace.backend.tuned.kernel_workload`),
+    most FLOPs first."""
+    import tvm
+    import tvm_ffi
+
+    seen: dict[int, list[tuple[str, tvm.IRModule, float]]] = {}
+    for mod in mods:
+        for gv, func in fused_kernels(mod, target).functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            workload = kernel_workload(func)
+            bucket = seen.setdefault(tvm_ffi.structural_hash(workload), [])
+            if any(tvm_ffi.structural_equal(workload, w) for _, w, _ in bucket):
+                continue
+            bucket.append((gv.name_hint, workload, _flops(workload)))
+    kernels = [k for bucket in seen.values() for k in bucket]
+    return sorted(kernels, key=lambda k: -k[2])
+
+
+def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool = False,
+         trials_per_iter: int = 16, progress: bool = True) -> TuneReport:
+    """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records.
+
+    Parameters
+    ----------
+    mods : tvm.IRModule or sequence of them
+    devices : sequence of Device
+        Local devices; each is tuned for its own target with the thread count it runs with.
+    db : str or Path
+        The profile store the records live beside (``<db>.tuning/<fingerprint>/``).
+    trials : int
+        Candidates measured per kernel.
+    dry_run : bool
+        Only count what is missing.
+    trials_per_iter : int
+        Candidates MetaSchedule measures per round (records are saved after each).
+
+    Returns
+    -------
+    TuneReport
+        Per kernel, what was recorded before and what this call added; ``pending`` trials left.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        Ctrl-C: the records of every finished round are kept, and running again resumes.
+    """
+    import tvm
+
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    mods = [mods] if isinstance(mods, tvm.IRModule) else list(mods)
+    t0 = time.perf_counter()
+    plan = []
+    databases = {}
+    for device in devices:
+        info = LocalRunner(device).info()
+        fp = fingerprint(info)
+        target = tuning_target(device, info["threads"])
+        folder = device_folder(db, fp)
+        database = open_database(folder, create=not dry_run)
+        if not dry_run:
+            write_device(folder, device, info, target)
+        databases[device.name] = str(folder)
+        for name, workload, flops in device_kernels(mods, target):
+            recorded, valid = _recorded(database, workload)
+            plan.append((device, target, database, folder, name, workload, flops, recorded, valid))
+    pending = sum(max(trials - p[7], 0) for p in plan if not (p[7] and not p[8]))
+    if dry_run or not pending:
+        statuses = [KernelStatus(d.name, n, f, r, v) for d, _, _, _, n, _, f, r, v in plan]
+        return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases)
+
+    from tqdm.auto import tqdm
+
+    statuses = []
+    left = pending
+    with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
+        for device, target, database, folder, name, workload, flops, recorded, valid in plan:
+            missing = trials - recorded
+            if missing <= 0 or (recorded and not valid):
+                statuses.append(KernelStatus(device.name, name, flops, recorded, valid))
+                continue
+            bar.set_postfix_str(f"{device.name} {name}")
+            error = None
+            try:
+                _tune_one(workload, target, database, folder, name, missing, trials_per_iter)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
+                error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+                log.warning("%s %s: tuning failed, it keeps its default schedule: %s",
+                            device.name, name, error)
+            now_recorded, now_valid = _recorded(database, workload)
+            statuses.append(KernelStatus(device.name, name, flops, recorded, now_valid,
+                                         now_recorded - recorded, error))
+            bar.update(missing)
+            left -= missing
+    still = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses if not s.failed)
+    return TuneReport(trials, tuple(statuses), still, time.perf_counter() - t0, databases)
+
+
+def _tune_one(workload, target, database, folder, name, trials, per_iter) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    work = folder / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    context = ms.TuneContext(workload, target=target, space_generator="post-order-apply",
+                             search_strategy="evolutionary", task_name=name,
+                             num_threads=max(1, int(target.attrs.get("num-cores", 1))))
+    ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=str(work),
+                  max_trials_global=trials, max_trials_per_task=trials,
+                  num_trials_per_iter=min(per_iter, trials), database=database,
+                  builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=120),
+                  runner=ms.runner.LocalRunner(timeout_sec=60),
+                  task_scheduler="round-robin")
+
+
+def _recorded(database, workload) -> tuple[int, int]:
+    """(records of ``workload``, of which measured successfully) in ``database``."""
+    import tvm_ffi
+
+    if database is None or not database.has_workload(workload):
+        return 0, 0
+    entry = database.commit_workload(workload)  # present already: nothing is written
+    ok = len(database.get_top_k(entry, 1 << 30))
+    every = sum(1 for r in database.get_all_tuning_records()
+                if r.workload.same_as(entry) or tvm_ffi.structural_equal(r.workload.mod, workload))
+    return every, ok
+
+
+def _flops(workload) -> float:
+    from tvm.s_tir import analysis
+
+    try:
+        return float(analysis.estimate_tir_flops(workload))
+    except Exception:  # noqa: BLE001 - an estimate only orders the kernels
+        return 0.0
+
+
+def describe(report: TuneReport) -> str:
+    """Lines a person reads after a campaign or a dry run."""
+    lines = []
+    for device, folder in report.databases.items():
+        mine = [k for k in report.kernels if k.device == device]
+        done = sum(1 for k in mine if k.recorded + k.tuned_now >= report.trials)
+        failed = sum(k.failed for k in mine)
+        lines.append(f"{device}: {len(mine)} kernels, {done} tuned to {report.trials} trials, "
+                     f"{failed} failed; records in {folder}")
+    if report.pending:
+        lines.append(f"{report.pending_kernels} kernel(s) still to tune: {report.pending} trials, "
+                     f"about {report.estimate_s() / 60:.0f} min")
+    return "\n".join(lines)

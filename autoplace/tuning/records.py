@@ -1,0 +1,109 @@
+"""Where tuning records live: one MetaSchedule JSON database per device, beside a profile store.
+
+A store ``prof.db`` keeps them under ``prof.db.tuning/<fingerprint>/`` (the device's fingerprint:
+its hardware, target, TVM version and thread count), with ``device.json`` saying which device and
+target they were made for. MetaSchedule appends one line per record as it goes, so a campaign
+killed at any point keeps every record committed; a line torn by the kill is dropped on opening.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoplace.backend.tuned import KernelRecords, target_key
+from autoplace.devices import Device
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def records_root(store_path: str | Path) -> Path:
+    """The folder of a store's tuning records: ``<store>.tuning``."""
+    path = Path(store_path)
+    return path.with_name(path.name + ".tuning")
+
+
+def device_folder(store_path: str | Path, fingerprint: str) -> Path:
+    return records_root(store_path) / fingerprint
+
+
+def open_database(folder: Path, *, create: bool = False):
+    """The MetaSchedule database in ``folder`` (``None`` if there is none and not ``create``),
+    after dropping any line a killed campaign left half-written."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not create and not all((folder / f).exists() for f in _FILES):
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in _FILES:
+        _drop_torn_lines(folder / name)
+    return ms.database.JSONDatabase(path_workload=str(folder / _FILES[0]),
+                                    path_tuning_record=str(folder / _FILES[1]),
+                                    module_equality="structural")
+
+
+def write_device(folder: Path, device: Device, info: dict[str, Any], target: tvm.target.Target):
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"device": device.to_dict(), "info": info, "target": str(target),
+                       "target_key": target_key(target)}, indent=1)
+    (folder / "device.json").write_text(text + "\n")
+
+
+def read_device(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "device.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def open_records(store_path: str | Path, devices: Sequence[Device],
+                 fingerprints: Sequence[str]) -> tuple[KernelRecords, list[str]]:
+    """The tuning records a build for ``devices`` (with these ``fingerprints``) applies, and one
+    line per device saying what it gets. Only a device's own fingerprint counts: records made on
+    another machine, target or thread count are not applied."""
+    databases, lines = {}, []
+    root = records_root(store_path)
+    for device, fp in zip(devices, fingerprints):
+        folder = root / fp
+        meta = read_device(folder)
+        db = open_database(folder) if meta is not None else None
+        if db is None:
+            others = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+            lines.append(f"{device.name}: no tuning records of this device in {root}"
+                         + (f" (records of {len(others)} other device(s) are not applied)"
+                            if others else "") + ": default kernels")
+            continue
+        key = meta["target_key"]
+        databases.setdefault(key, db)
+        lines.append(f"{device.name}: tuned kernels from {folder} ({len(db)} records, "
+                     f"target {key})")
+    return KernelRecords(databases), lines
+
+
+def _drop_torn_lines(path: Path) -> None:
+    if not path.exists():
+        path.touch()
+        return
+    data = path.read_bytes()
+    lines = [ln for ln in data.split(b"\n") if ln.strip()]
+    good = []
+    for ln in lines:
+        try:
+            json.loads(ln)
+        except ValueError:
+            log.warning("%s: dropped a half-written line (%d bytes) left by an interrupted "
+                        "campaign", path, len(ln))
+            continue
+        good.append(ln)
+    if len(good) != len(lines) or (data and not data.endswith(b"\n")):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(ln + b"\n" for ln in good))
+        tmp.replace(path)

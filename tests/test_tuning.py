@@ -1,0 +1,166 @@
+"""Tuned kernels: a campaign records its trials and resumes after a kill, a kernel shared by two
+models is tuned once, a tuned build differs from the default one in its TIR and equals it in
+numerics, and records made for another target are never applied."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace.backend import fused_kernels
+from autoplace.backend.tuned import KernelRecords, apply_records, target_key
+from autoplace.profile import LocalRunner, fingerprint
+from autoplace.tuning import open_records, records_root
+from autoplace.tuning.records import open_database
+
+TRIALS = 2
+CPU = autoplace.Device.cpu(0)
+
+pytestmark = pytest.mark.slow
+
+
+def _model(reduce: bool):
+    """relu(x @ w), and with ``reduce`` its row sums: the matmul kernel is the same in both."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 32), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+            out = bb.emit_output(relax.op.sum(y, axis=[1]) if reduce else y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    db = tmp_path_factory.mktemp("tuning") / "prof.db"
+    report = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, trials_per_iter=TRIALS,
+                            progress=False)
+    return db, report
+
+
+def _inputs(rng=np.random.default_rng(0)):
+    return [rng.standard_normal((16, 32)).astype("float32"),
+            rng.standard_normal((32, 32)).astype("float32")]
+
+
+def _plan(mod, device=CPU):
+    return autoplace.place(autoplace.OpGraph.from_relax(mod), [device], [("*", device.name)])
+
+
+def test_a_campaign_records_its_trials_and_leaves_nothing_pending(tuned):
+    db, report = tuned
+    [kernel] = report.kernels
+    assert kernel.recorded == 0 and kernel.tuned_now >= TRIALS and kernel.valid >= 1
+    assert report.pending == 0
+    again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, dry_run=True)
+    assert again.pending == 0 and again.kernels[0].recorded == kernel.tuned_now
+
+
+def test_a_kernel_shared_by_two_models_is_tuned_once(tuned):
+    db, _ = tuned
+    plan = autoplace.tune([_model(False), _model(True)], [CPU], db, trials=TRIALS, dry_run=True)
+    assert len(plan.kernels) == 2  # the shared matmul kernel once, and the sum
+    recorded = sorted(k.recorded for k in plan.kernels)
+    assert recorded[0] == 0 and recorded[1] >= TRIALS
+    assert plan.pending == TRIALS and plan.pending_kernels == 1
+
+
+def test_the_tuned_build_differs_in_its_tir_and_equals_the_default_in_numerics(tuned):
+    db, _ = tuned
+    records, lines = open_records(db, [CPU], [fingerprint(LocalRunner(CPU).info())])
+    assert "tuned kernels from" in lines[0]
+    mod = _model(False)
+    tuned_run = autoplace.compile(mod, _plan(mod), records=records)
+    default_run = autoplace.compile(mod, _plan(mod))
+    assert tuned_run.kernels == {"tuned": 1, "default": 0}
+    assert default_run.kernels == {"tuned": 0, "default": 1}
+    x = _inputs()
+    np.testing.assert_allclose(tuned_run(*x)[0], default_run(*x)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(default_run(*x)[0], np.maximum(x[0] @ x[1], 0), rtol=1e-5,
+                               atol=1e-5)
+
+    fused = fused_kernels(tuned_run.mod)
+    counts = {}
+    scheduled = apply_records(records, counts)(fused)
+    [name] = [gv for gv, f in fused.functions.items() if hasattr(f, "body") and "target" in
+              (f.attrs or {})]
+    assert counts == {"tuned": 1, "default": 0}
+    assert scheduled[name].attrs["tirx.is_scheduled"]
+    assert scheduled[name].script() != fused[name].script()
+
+
+def test_optimize_with_a_store_builds_its_tuned_kernels(tuned):
+    db, _ = tuned
+    mod = _model(False)
+    res = autoplace.optimize(mod, [CPU], cost_model=autoplace.RooflineCostModel(), db=db)
+    assert res.kernels == {"tuned": 1, "default": 0}
+    assert res.compile().kernels == res.kernels
+    assert any("tuned kernels from" in line for line in res.records_note)
+    plain = autoplace.optimize(mod, [CPU], cost_model=autoplace.RooflineCostModel())
+    assert plain.kernels == {"tuned": 0, "default": 1}
+
+
+def test_records_made_for_another_target_are_not_applied(tuned, caplog):
+    db, _ = tuned
+    native = autoplace.Device.cpu(0, target="native")
+    assert target_key(native.tvm_target()) != target_key(CPU.tvm_target())
+    mod = _model(False)
+    # Looked up by the device's fingerprint: the native target's has no records.
+    records, lines = open_records(db, [native], [fingerprint(LocalRunner(native).info())])
+    assert "no tuning records of this device" in lines[0] and "1 other device" in lines[0]
+    assert autoplace.compile(mod, _plan(mod, native), records=records).kernels["tuned"] == 0
+    # Filed under the native target by hand: the records say which target they were made for.
+    [folder] = [p for p in records_root(db).iterdir() if p.is_dir()]
+    forced = KernelRecords({target_key(native.tvm_target()): open_database(folder)})
+    with caplog.at_level(logging.WARNING, logger="autoplace.backend.tuned"):
+        run = autoplace.compile(mod, _plan(mod, native), records=forced)
+    assert run.kernels == {"tuned": 0, "default": 1}
+    assert "made for another target were skipped" in caplog.text
+
+
+def _record_lines(db) -> int:
+    files = list(records_root(db).glob("*/database_tuning_record.json"))
+    return sum(1 for f in files for line in f.read_text().splitlines() if line.strip())
+
+
+def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
+    db = tmp_path / "prof.db"
+    cmd = [sys.executable, "-m", "autoplace", "tune", "--model", "zoo:mlp", "--device", "cpu:0",
+           "--db", str(db), "--trials", "4", "--round", "2"]
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while _record_lines(db) < 2 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    kept = _record_lines(db)
+    assert 2 <= kept < 4, "killed after its first round, before its second"
+    [records] = records_root(db).glob("*/database_tuning_record.json")
+    with records.open("a") as f:
+        f.write('[0, [[["a torn')  # what a kill in the middle of a write leaves
+
+    status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert status["pending"] == 1 and status["pending_trials"] == 4 - kept
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _record_lines(db) >= 4
+    status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert status["pending"] == 0
+    [workloads] = records_root(db).glob("*/database_workload.json")
+    assert len(workloads.read_text().splitlines()) == 1  # the kernel was not committed twice

@@ -220,7 +220,7 @@ def optimize(
     stage_overhead_s: float | Mapping[str, float] | None = None,
     max_stages: int | None = None,
     func_name: str = "main",
-    db=None,
+    db="auto",
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -260,10 +260,14 @@ def optimize(
         predicted to beat the best single device, the plan is that device, one stage.
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
-    db : str or Path, optional
+    db : str or Path or None
         A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
-        builds of the plan apply: each device's kernels that were tuned for it get their tuned
-        schedule, the others TVM's default. ``.kernels`` counts them.
+        builds of the plan apply (default ``"auto"``: the records shipped for this machine, if
+        its fingerprint has any; ``None``: TVM's default kernels everywhere): each device's kernels that were tuned for it get their tuned
+        schedule, the others TVM's default. ``.kernels`` counts them. The costs the plan is
+        chosen on charge each tuned kernel timed in the store (``autoplace tune`` times them)
+        once, at the op with the most FLOPs among those fused into it; the other ops keep the
+        cost model's costs, and ``plan.cost_sources`` says ``"tuned"`` where tuned times apply.
 
     Returns
     -------
@@ -297,6 +301,10 @@ def optimize(
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
+    db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
+    if records:
+        cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, func_name)
+        note += more
     if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
     problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins),
@@ -308,22 +316,45 @@ def optimize(
         stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),
         objective=objective, predicted_s=float(solution.value), cost_sources=sources,
         solver=solution.solver)
-    records, note = _tuning_records(db, devices) if db is not None else (None, ())
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod, described,
                           predictor=cost_model, records=records, records_note=note)
 
 
 def _tuning_records(db, devices: Sequence[Device]):
-    """The tuning records of ``devices`` beside store ``db``, and a line per device on them."""
+    """The store whose tuning records ``devices`` get (``db``, or with ``"auto"`` the shipped one
+    of this machine, if any), those records, and a line per device on them."""
     from autoplace.profile import LocalRunner, fingerprint
-    from autoplace.tuning import open_records
+    from autoplace.tuning import open_records, shipped_store
 
     fingerprints = [fingerprint(LocalRunner(d).info()) for d in devices]
+    if isinstance(db, str) and db == "auto":
+        db = shipped_store(fingerprints)
+        if db is None:
+            return None, None, ("kernels: no tuning records of this machine are shipped: TVM's "
+                                "default kernels (autoplace tune makes them)",)
     records, lines = open_records(db, devices, fingerprints)
     for line in lines:
         log.info("%s", line)
-    return records, tuple(f"kernels: {line}" for line in lines)
+    return db, records, tuple(f"kernels: {line}" for line in lines)
+
+
+def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
+                      sources: tuple[str, ...], db, func_name: str):
+    """Costs and sources with the tuned kernels timed in store ``db`` charged, and a line on
+    what they cover."""
+    from autoplace.tuning.costs import tuned_costs
+
+    tc = tuned_costs(mod, graph, devices, cost, db, func_name)
+    everywhere, somewhere = tc.tuned.all(axis=1), tc.tuned.any(axis=1)
+    sources = tuple("tuned" if everywhere[i] else f"{s}+tuned" if somewhere[i] else s
+                    for i, s in enumerate(sources))
+    lines = (f"costs: {int(somewhere.sum())} of {len(graph.nodes)} ops in tuned kernels, timed "
+             f"tuned in {db}",)
+    if tc.untimed:
+        lines += (f"costs: {tc.untimed} tuned kernel(s) not timed yet: run autoplace tune "
+                  "again to time them",)
+    return tc.cost, sources, lines
 
 
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:

@@ -82,8 +82,8 @@ class Device:
         CLI's device syntax)."""
         m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native)?", spec.strip())
         if not m or (m.group(3) and m.group(1) != "cpu"):
-            raise ValueError(f"device spec {spec!r}: expected 'cpu:N', 'cpu:N:native' or "
-                             "'cuda:N'")
+            raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N' "
+                             "('cpu:N:native' compiles for this host's CPU)")
         kind, index = m.group(1), int(m.group(2) or 0)
         if m.group(3):
             return cls.cpu(index, target="native")

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 PLAN_FORMAT_VERSION = 1
 #: What a plan says it minimizes: a solver's objective, or "manual" (placed by rules).
 PLAN_OBJECTIVES = (*OBJECTIVES, "manual")
-# Where a node's cost came from; a node whose devices differ joins them: "measured+roofline".
-COST_SOURCES = ("measured", "learned", "roofline", "unsupported")
+# Where a node's cost came from ("tuned": a tuned kernel timed alone, charged to its anchor op);
+# a node whose devices differ joins them: "measured+roofline".
+COST_SOURCES = ("measured", "learned", "roofline", "tuned", "unsupported")
 
 
 class PlanError(ValueError):

@@ -12,19 +12,10 @@ import argparse
 import time
 
 import numpy as np
+from _timing import median_call_s as _time
 
 import autoplace
 from autoplace import zoo
-
-
-def _time(run, inputs, repeat):
-    run(*inputs)  # warm-up
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        run(*inputs)
-        samples.append(time.perf_counter() - t)
-    return float(np.median(samples))
 
 
 def main():

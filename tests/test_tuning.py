@@ -16,7 +16,7 @@ import pytest
 import autoplace
 from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import KernelRecords, apply_records, target_key
-from autoplace.profile import LocalRunner, fingerprint
+from autoplace.profile import LocalRunner, ProfileStore, fingerprint
 from autoplace.tuning import open_records, records_root
 from autoplace.tuning.records import open_database
 
@@ -65,6 +65,43 @@ def test_a_campaign_records_its_trials_and_leaves_nothing_pending(tuned):
     assert report.pending == 0
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, dry_run=True)
     assert again.pending == 0 and again.kernels[0].recorded == kernel.tuned_now
+
+
+def test_each_tuned_kernel_is_timed_into_the_store_once(tuned):
+    db, report = tuned
+    assert report.timed == 1
+    [kernel] = report.kernels
+    with ProfileStore(db) as store:
+        [row] = [m for m in _tuned_rows(store)]
+        assert row.ok and row.latency_s > 0 and row.workload.startswith("kernel:")
+        assert {w["key"]: w["op_type"] for w in store.workloads()} == {row.workload: "kernel"}
+        assert store.measurements() == []  # no per-op ("default") rows were written
+    again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, progress=False)
+    assert again.timed == 0 and again.pending == 0
+
+
+def _tuned_rows(store):
+    return [m for m in store.measurements(schedule=None) if m.schedule.startswith("tuned:")]
+
+
+def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tuned):
+    db, _ = tuned
+    mod = _model(False)
+    with ProfileStore(db) as store:
+        [row] = _tuned_rows(store)
+    res = autoplace.optimize(mod, [CPU, autoplace.Device.cpu(1)],
+                             cost_model=autoplace.RooflineCostModel(), db=db)
+    graph = res.graph
+    matmul = next(n.index for n in graph.nodes if n.op_type == "matmul")
+    relu = next(n.index for n in graph.nodes if n.op_type == "nn.relu")
+    for k in range(2):  # both devices have this machine's fingerprint: the same records
+        assert res.problem.cost[matmul, k] == pytest.approx(row.latency_s)
+        assert res.problem.cost[relu, k] == 0.0
+    assert res.plan.cost_sources[matmul] == res.plan.cost_sources[relu] == "tuned"
+    assert any("2 of 2 ops in tuned kernels" in line for line in res.records_note)
+    plain = autoplace.optimize(mod, [CPU], cost_model=autoplace.RooflineCostModel())
+    assert plain.plan.cost_sources[matmul] == "roofline"
+    assert plain.problem.cost[relu, 0] > 0
 
 
 def test_a_kernel_shared_by_two_models_is_tuned_once(tuned):

@@ -10,6 +10,7 @@ applied, and one log line says how many were skipped.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -38,6 +39,12 @@ def target_key(target) -> str:
     return " ".join(parts)
 
 
+def record_id(record) -> str:
+    """A short name for a tuning record's schedule (a hash of its trace): what a tuned
+    measurement says it timed (``schedule = "tuned:<id>"`` in the profile store)."""
+    return hashlib.sha1(str(record.trace).encode()).hexdigest()[:12]
+
+
 def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
     """The module a kernel is tuned and looked up as: without its ``target``, named ``main``,
     as MetaSchedule normalizes a task."""
@@ -63,9 +70,9 @@ class KernelRecords:
     def __bool__(self) -> bool:
         return bool(self.databases)
 
-    def scheduled(self, func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | None | str:
-        """The kernel with its best record's schedule applied; ``None`` if no database of its
-        target has it; ``"other-target"`` if the database's best record was made for another
+    def best(self, func: tvm.tirx.PrimFunc, target):
+        """The best tuning record of the kernel for ``target``; ``None`` if no database of its
+        target has one; ``"other-target"`` if the database's best record was made for another
         target."""
         import tvm
 
@@ -79,8 +86,16 @@ class KernelRecords:
         record = db.query_tuning_record(workload, tvm.target.Target(target), "main")
         if record is None:
             return None
-        if target_key(record.target) != key:
-            return "other-target"
+        return "other-target" if target_key(record.target) != key else record
+
+    def scheduled(self, func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | None | str:
+        """The kernel with its best record's schedule applied; ``None`` or ``"other-target"``
+        as :meth:`best` says."""
+        import tvm
+
+        record = self.best(func, target)
+        if record is None or isinstance(record, str):
+            return record
         sch = tvm.s_tir.Schedule(record.workload.mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         new = sch.mod["main"]

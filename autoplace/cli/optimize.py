@@ -59,7 +59,7 @@ def _optimize_and_run(args) -> dict:
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
                              cost_model=cost_model, contiguous=args.contiguous,
-                             db=getattr(args, "db", None))
+                             db=getattr(args, "db", None) or "auto")
     t_opt = time.perf_counter() - t0
     run = res.compile()
     outs = run(*model.inputs)
@@ -169,8 +169,10 @@ def register_cli(sub) -> None:
                        epilog=EPILOG_OPTIMIZE, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_run_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON report")
-    p.add_argument("--db", help="profile store whose tuning records (autoplace tune) the build "
-                                "applies; kernels without one keep TVM's default schedule")
+    p.add_argument("--db", help="profile store whose tuned kernels (autoplace tune) the costs "
+                                "and the build use; kernels without a record keep TVM's default "
+                                "schedule (default: the records shipped for this machine, if "
+                                "any)")
     p.add_argument("--run", type=int, default=0, metavar="N",
                    help="with --objective throughput: run N inputs through the pipelined plan "
                         "and report measured vs predicted inputs/s")

@@ -316,10 +316,19 @@ class ProfileStore:
             self._write(db, merged)
         return merged
 
-    def measurements(self, device: str | None = None, schedule: str = "default") -> list[Measurement]:
-        if device is None:
-            return self._read(self._db, "schedule = ?", (schedule,))
-        return self._read(self._db, "schedule = ? AND device = ?", (schedule, device))
+    def measurements(self, device: str | None = None,
+                     schedule: str | None = "default") -> list[Measurement]:
+        """The measurements of ``device`` (fingerprint; default all) with ``schedule``
+        (``"default"``: TVM's untuned kernels; ``None``: every schedule)."""
+        where = [(c, v) for c, v in (("schedule", schedule), ("device", device)) if v is not None]
+        return self._read(self._db, " AND ".join(f"{c} = ?" for c, _ in where) or "1",
+                          [v for _, v in where])
+
+    def measurement(self, device: str, workload: str, schedule: str = "default") -> Measurement | None:
+        """The measurement of ``workload`` on ``device`` (fingerprint) with ``schedule``, if any."""
+        rows = self._read(self._db, "device = ? AND workload = ? AND schedule = ?",
+                          (device, workload, schedule))
+        return rows[0] if rows else None
 
     def pending(self, keys: Iterable[str], device: str, schedule: str = "default",
                 passes: int = 1) -> list[str]:

@@ -8,7 +8,7 @@ the records a build applies.
 """
 
 from autoplace.tuning.campaign import KernelStatus, TuneReport, describe, device_kernels, tune
-from autoplace.tuning.records import open_records, records_root
+from autoplace.tuning.records import open_records, records_root, shipped_store
 
 __all__ = ["KernelStatus", "TuneReport", "describe", "device_kernels", "open_records",
-           "records_root", "tune"]
+           "records_root", "shipped_store", "tune"]

@@ -59,6 +59,7 @@ class TuneReport:
     pending: int
     wall_s: float
     databases: dict[str, str]
+    timed: int = 0  # tuned kernels timed into the store by this call
 
     @property
     def pending_kernels(self) -> int:
@@ -73,7 +74,8 @@ class TuneReport:
                 "pending_trials": self.pending, "estimate_s": self.estimate_s(),
                 "kernels": [asdict(k) for k in self.kernels],
                 "tuned_now": sum(k.tuned_now for k in self.kernels),
-                "failed": sum(k.failed for k in self.kernels), "wall_s": self.wall_s,
+                "failed": sum(k.failed for k in self.kernels), "timed": self.timed,
+                "wall_s": self.wall_s,
                 "databases": self.databases}
 
 
@@ -108,17 +110,33 @@ def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[tuple[str, tvm.
     return sorted(kernels, key=lambda k: -k[2])
 
 
+@dataclass
+class _DeviceTasks:
+    """One fingerprint's kernels: the first device with it, its target, database and folder."""
+
+    device: Device
+    fingerprint: str
+    info: dict
+    target: Any
+    database: Any
+    folder: Any
+    kernels: list  # (name, workload, flops, recorded, valid)
+
+
 def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool = False,
          trials_per_iter: int = 16, progress: bool = True) -> TuneReport:
-    """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records.
+    """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records,
+    then time each tuned kernel into the profile store ``db`` (what tuned costs are made of).
 
     Parameters
     ----------
     mods : tvm.IRModule or sequence of them
     devices : sequence of Device
         Local devices; each is tuned for its own target with the thread count it runs with.
+        Devices with the same fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share records.
     db : str or Path
-        The profile store the records live beside (``<db>.tuning/<fingerprint>/``).
+        The profile store: tuned kernels' times go in it, the records beside it
+        (``<db>.tuning/<fingerprint>/``).
     trials : int
         Candidates measured per kernel.
     dry_run : bool
@@ -129,12 +147,14 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
     Returns
     -------
     TuneReport
-        Per kernel, what was recorded before and what this call added; ``pending`` trials left.
+        Per kernel, what was recorded before and what this call added; ``pending`` trials left;
+        ``timed``: tuned kernels timed by this call.
 
     Raises
     ------
     KeyboardInterrupt
-        Ctrl-C: the records of every finished round are kept, and running again resumes.
+        Ctrl-C: the records of every finished round and every kernel timed are kept, and running
+        again resumes.
     """
     import tvm
 
@@ -142,52 +162,76 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
         raise ValueError(f"trials must be at least 1, got {trials}")
     mods = [mods] if isinstance(mods, tvm.IRModule) else list(mods)
     t0 = time.perf_counter()
-    plan = []
+    tasks: dict[str, _DeviceTasks] = {}
     databases = {}
     for device in devices:
         info = LocalRunner(device).info()
         fp = fingerprint(info)
-        target = tuning_target(device, info["threads"])
         folder = device_folder(db, fp)
+        databases[device.name] = str(folder)
+        if fp in tasks:
+            continue
+        target = tuning_target(device, info["threads"])
         database = open_database(folder, create=not dry_run)
         if not dry_run:
             write_device(folder, device, info, target)
-        databases[device.name] = str(folder)
-        for name, workload, flops in device_kernels(mods, target):
-            recorded, valid = _recorded(database, workload)
-            plan.append((device, target, database, folder, name, workload, flops, recorded, valid))
-    pending = sum(max(trials - p[7], 0) for p in plan if not (p[7] and not p[8]))
-    if dry_run or not pending:
-        statuses = [KernelStatus(d.name, n, f, r, v) for d, _, _, _, n, _, f, r, v in plan]
-        return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases)
+        kernels = [(name, w, flops, *_recorded(database, w))
+                   for name, w, flops in device_kernels(mods, target)]
+        tasks[fp] = _DeviceTasks(device, fp, info, target, database, folder, kernels)
 
-    from tqdm.auto import tqdm
+    def missing(recorded, valid):
+        return 0 if recorded and not valid else max(trials - recorded, 0)
 
+    pending = sum(missing(r, v) for t in tasks.values() for *_, r, v in t.kernels)
     statuses = []
-    left = pending
-    with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
-        for device, target, database, folder, name, workload, flops, recorded, valid in plan:
-            missing = trials - recorded
-            if missing <= 0 or (recorded and not valid):
-                statuses.append(KernelStatus(device.name, name, flops, recorded, valid))
-                continue
-            bar.set_postfix_str(f"{device.name} {name}")
-            error = None
-            try:
-                _tune_one(workload, target, database, folder, name, missing, trials_per_iter)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
-                error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
-                log.warning("%s %s: tuning failed, it keeps its default schedule: %s",
-                            device.name, name, error)
-            now_recorded, now_valid = _recorded(database, workload)
-            statuses.append(KernelStatus(device.name, name, flops, recorded, now_valid,
-                                         now_recorded - recorded, error))
-            bar.update(missing)
-            left -= missing
-    still = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses if not s.failed)
-    return TuneReport(trials, tuple(statuses), still, time.perf_counter() - t0, databases)
+    if not dry_run and pending:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
+            for t in tasks.values():
+                for name, workload, flops, recorded, valid in t.kernels:
+                    todo = missing(recorded, valid)
+                    if not todo:
+                        statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid))
+                        continue
+                    bar.set_postfix_str(f"{t.device.name} {name}")
+                    error = None
+                    try:
+                        _tune_one(workload, t.target, t.database, t.folder, name, todo,
+                                  trials_per_iter)
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
+                        error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+                        log.warning("%s %s: tuning failed, it keeps its default schedule: %s",
+                                    t.device.name, name, error)
+                    now_recorded, now_valid = _recorded(t.database, workload)
+                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, now_valid,
+                                                 now_recorded - recorded, error))
+                    bar.update(todo)
+        pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses
+                      if not s.failed)
+    else:
+        statuses = [KernelStatus(t.device.name, name, flops, r, v)
+                    for t in tasks.values() for name, _, flops, r, v in t.kernels]
+    timed = 0 if dry_run else _time_all(tasks.values(), db, progress)
+    return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed)
+
+
+def _time_all(tasks, db, progress: bool) -> int:
+    """Time every tuned kernel of ``tasks`` not timed yet into the store ``db``."""
+    from autoplace.backend.tuned import KernelRecords, target_key
+    from autoplace.profile.store import ProfileStore
+    from autoplace.tuning.costs import time_tuned_kernels
+
+    timed = 0
+    with ProfileStore(db) as store:
+        for t in tasks:
+            store.add_device(t.fingerprint, f"{t.device.kind}:{t.device.index}", t.info)
+            records = KernelRecords({target_key(t.target): t.database})
+            timed += time_tuned_kernels([k[:3] for k in t.kernels], t.device, t.target, records,
+                                        store, t.fingerprint, progress=progress)
+    return timed
 
 
 def _tune_one(workload, target, database, folder, name, trials, per_iter) -> None:

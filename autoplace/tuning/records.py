@@ -88,6 +88,18 @@ def open_records(store_path: str | Path, devices: Sequence[Device],
     return KernelRecords(databases), lines
 
 
+def shipped_store(fingerprints: Sequence[str], dirs=None) -> Path | None:
+    """The shipped store (``profiles/*.db``, or in ``dirs``) with tuning records made on a device
+    with one of these ``fingerprints``; ``None`` if there is none."""
+    if dirs is None:
+        dirs = [Path(__file__).resolve().parents[2] / "profiles"]  # the source tree's profiles/
+    for d in map(Path, dirs):
+        for store in sorted(d.glob("*.db")) if d.is_dir() else ():
+            if any(read_device(device_folder(store, fp)) is not None for fp in fingerprints):
+                return store
+    return None
+
+
 def _drop_torn_lines(path: Path) -> None:
     if not path.exists():
         path.touch()

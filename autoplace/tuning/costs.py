@@ -1,0 +1,201 @@
+"""What tuned kernels cost: each one timed alone on its device, into the profile store, and node
+costs that charge each tuned fused kernel once.
+
+A tuned kernel is a fused kernel (several ops after ``FuseOps``/``FuseTIR``), so its time cannot be
+split over its ops honestly; it is charged to the group's anchor (the op with the most FLOPs,
+:func:`autoplace.graph.fusion.anchor`) and the other ops of the group cost nothing on that device,
+as fused GPU kernels are (:mod:`autoplace.predict.fusion`). The store keeps a tuned kernel's time
+under workload ``kernel:<hash of its TIR>`` and schedule ``tuned:<record id>``: a record replaced
+by a better one later is timed again, and per-op rows (``schedule = "default"``) are untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplace.backend import fused_kernels
+from autoplace.backend.tuned import KernelRecords, kernel_workload, record_id
+from autoplace.devices import Device
+from autoplace.graph import OpGraph
+from autoplace.graph.fusion import anchor, fused_groups
+from autoplace.profile.measure import (LocalRunner, OpFailed, TimingPolicy, fingerprint, op_failed,
+                                       time_adaptively)
+from autoplace.profile.store import Measurement, ProfileStore
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelWorkload:
+    """A fused kernel as a row of the store's ``workloads`` table (the attributes
+    :meth:`ProfileStore.add_workloads` reads from an op-graph node)."""
+
+    workload_key: str
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    op_type: str = "kernel"
+    param_bytes: int = 0
+
+
+def kernel_key(workload: tvm.IRModule) -> str:
+    """The store's workload key of a kernel (:func:`autoplace.backend.tuned.kernel_workload`)."""
+    return "kernel:" + hashlib.sha1(workload.script().encode()).hexdigest()[:16]
+
+
+def tuned_schedule(record) -> str:
+    """The ``schedule`` a measurement of the kernel built from ``record`` is stored under."""
+    return f"tuned:{record_id(record)}"
+
+
+def _arg_infos(func: tvm.tirx.PrimFunc):
+    from tvm.s_tir import meta_schedule as ms
+
+    return [(str(a.dtype), tuple(int(s) for s in a.shape))
+            for a in ms.arg_info.ArgInfo.from_prim_func(func)]
+
+
+def kernel_workload_row(workload: tvm.IRModule, flops: float) -> KernelWorkload:
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+             for dtype, shape in _arg_infos(workload["main"])]
+    # A kernel's last buffer parameter is its output (TIR's destination-passing style).
+    return KernelWorkload(kernel_key(workload), float(flops), int(sum(sizes[:-1])),
+                          int(sizes[-1]) if sizes else 0)
+
+
+def time_kernel(func: tvm.tirx.PrimFunc, target, device: Device,
+                policy: TimingPolicy = TimingPolicy(), rng: np.random.Generator | None = None):
+    """Build one kernel (a PrimFunc, scheduled or not) for ``target`` and time it on ``device``
+    with the profiler's policy; floats are random normals, integers zeros (valid indices).
+
+    Raises
+    ------
+    OpFailed
+        The kernel did not build or run.
+    """
+    import tvm
+
+    mod = kernel_workload(func)
+    try:
+        lib = tvm.compile(mod, target=target)
+    except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
+        raise op_failed("build failed", e) from None
+    dev = device.tvm_device()
+    rng = rng or np.random.default_rng(0)
+    try:
+        args = [tvm.runtime.tensor(
+                    rng.standard_normal(shape).astype(dtype) if dtype.startswith(("float",
+                                                                                  "bfloat"))
+                    else np.zeros(shape, dtype=dtype), dev)
+                for dtype, shape in _arg_infos(mod["main"])]
+
+        def timer(number, repeat):
+            return lib.mod.time_evaluator("main", dev, number=number, repeat=repeat)(*args).results
+
+        return time_adaptively(timer, policy)
+    except Exception as e:  # noqa: BLE001
+        raise op_failed("run failed", e) from None
+
+
+def time_tuned_kernels(kernels, device: Device, target, records: KernelRecords,
+                       store: ProfileStore, device_fingerprint: str,
+                       policy: TimingPolicy = TimingPolicy(), progress: bool = True) -> int:
+    """Time, into ``store``, each of ``kernels`` (``(name, workload, flops)``) whose best record
+    in ``records`` was not timed yet; returns how many were timed now. Each is committed as it
+    is measured, so an interrupted run loses nothing."""
+    from tqdm.auto import tqdm
+
+    todo = []
+    for name, workload, flops in kernels:
+        record = records.best(workload["main"], target)
+        if record is None or isinstance(record, str):
+            continue
+        schedule = tuned_schedule(record)
+        if store.measurement(device_fingerprint, kernel_key(workload), schedule) is None:
+            todo.append((name, workload, flops, schedule))
+    for name, workload, flops, schedule in tqdm(todo, desc=f"timing tuned kernels ({device.name})",
+                                                unit="kernel", disable=not progress or not todo):
+        row = kernel_workload_row(workload, flops)
+        store.add_workloads([row])
+        try:
+            t = time_kernel(records.scheduled(workload["main"], target), target, device, policy)
+            m = Measurement(row.workload_key, device_fingerprint, "ok", t.median_s, t.min_s,
+                            t.mean_s, t.cv, t.repeats, t.number, schedule=schedule)
+        except OpFailed as e:
+            log.warning("%s %s: the tuned kernel failed (%s); it keeps its default schedule's "
+                        "cost", device.name, name, e)
+            m = Measurement(row.workload_key, device_fingerprint, "unsupported",
+                            schedule=schedule, error=str(e))
+        store.put(m)
+    return len(todo)
+
+
+@dataclass(frozen=True)
+class TunedCosts:
+    """Node costs with tuned kernels charged (:func:`tuned_costs`).
+
+    ``cost``: seconds, nodes x devices; ``tuned``: which entries come from a timed tuned kernel;
+    ``untimed``: kernels with a record but no timing in the store (run ``autoplace tune`` again).
+    """
+
+    cost: np.ndarray
+    tuned: np.ndarray
+    untimed: int
+
+
+def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
+                db: str | Path, func_name: str = "main") -> TunedCosts:
+    """``cost`` (nodes x devices) with each fused kernel that has a timed tuned record in store
+    ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged."""
+    import tvm
+
+    from autoplace.tuning.records import open_records
+
+    out = np.array(cost, dtype=float)
+    tuned = np.zeros(out.shape, dtype=bool)
+    cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
+    if not cpus or not len(graph.nodes) or not Path(db).exists():
+        return TunedCosts(out, tuned, 0)
+    from autoplace.tuning.campaign import tuning_target
+
+    groups = [(name, nodes) for name, nodes in fused_groups(mod, func_name) if nodes]
+    untimed = 0
+    with ProfileStore(db) as store:
+        for k in cpus:
+            device = devices[k]
+            info = LocalRunner(device).info()
+            fp = fingerprint(info)
+            records, _ = open_records(db, [device], [fp])
+            if not records:
+                continue
+            target = tuning_target(device, info["threads"])
+            funcs = {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
+                     if isinstance(f, tvm.tirx.PrimFunc)}
+            for name, nodes in groups:
+                func = funcs.get(name)
+                record = records.best(func, target) if func is not None else None
+                if record is None or isinstance(record, str):
+                    continue
+                m = store.measurement(fp, kernel_key(kernel_workload(func)),
+                                      tuned_schedule(record))
+                if m is None or not m.ok:
+                    untimed += m is None
+                    continue
+                runnable = [i for i in nodes if np.isfinite(out[i, k])]
+                if len(runnable) < len(nodes):
+                    continue  # the device cannot run one of its ops: leave the group alone
+                keep = anchor(nodes, graph, out[:, k])
+                out[list(nodes), k] = 0.0
+                out[keep, k] = m.latency_s
+                tuned[list(nodes), k] = True
+    return TunedCosts(out, tuned, untimed)

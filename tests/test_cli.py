@@ -78,3 +78,13 @@ def test_optimize_throughput_runs_the_pipeline_and_reports_rates():
     assert rep["stages"] == len({s["device"] for s in rep["stage_details"]})  # one per device
     r = _run("optimize", "--model", "zoo:mlp", "--run", "8")
     assert r.returncode == 2 and "--objective throughput" in r.stderr
+
+
+def test_solve_help_example_runs_on_an_input_the_repository_carries():
+    import re
+    from pathlib import Path
+
+    r = _run("solve", "--help")
+    files = re.findall(r"autoplace solve (\S+\.json)", r.stdout)
+    repo = Path(__file__).resolve().parents[1]
+    assert files and all((repo / f).is_file() for f in files), files

@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
-    The profiles shipped under ``profiles/`` whose fingerprints are this machine's devices (with
-    the learned models shipped beside them for ops they lack), else :class:`RooflineCostModel`.
+    The profiles shipped in the package (:func:`autoplace.profile.shipped_dir`) whose fingerprints
+    are this machine's devices (with the learned models shipped beside them for ops they lack),
+    else :class:`RooflineCostModel`.
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model

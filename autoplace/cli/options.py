@@ -56,7 +56,7 @@ def add_run_options(p):
                    help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
     p.add_argument("--profile", action="append", default=[],
                    help="measured profile JSON (autoplace profile-export); each applies to the "
-                        "devices of its kind (repeatable). Default: the shipped profile under "
-                        "profiles/ if it was measured on this machine's CPU")
+                        "devices of its kind (repeatable). Default: the profiles shipped with "
+                        "autoplace, each for the devices of this machine it was measured on")
     p.add_argument("--no-profile", action="store_true",
                    help="ignore profiles: roofline estimates from device peaks")

@@ -1,5 +1,5 @@
-"""What a non-editable install gets: a wheel built from the source carries the shipped profiles
-and finds them from wherever it is installed."""
+"""What a non-editable install gets: a wheel built from the source carries the shipped profiles,
+finds them from wherever it is installed, and builds without setuptools' deprecation warnings."""
 
 import shutil
 import subprocess
@@ -52,3 +52,11 @@ def test_an_installed_wheel_finds_its_profiles_from_anywhere(wheel, tmp_path):
     assert r.returncode == 0, r.stderr
     where, kind = r.stdout.split()
     assert Path(where).is_relative_to(site) and kind == "cpu"
+
+
+@pytest.mark.slow
+def test_the_wheel_builds_without_deprecation_warnings_and_has_an_spdx_licence(wheel):
+    whl, log = wheel
+    metadata = zipfile.ZipFile(whl).read("autoplace-0.1.0.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert [l for l in log.splitlines() if "deprecat" in l.lower()] == []

@@ -66,6 +66,26 @@ def test_help_has_examples():
     assert r.returncode == 0 and "examples:" in r.stdout
 
 
+def test_top_level_help_has_examples_and_every_option_names_every_zoo_model():
+    from autoplace import zoo
+    from autoplace.cli import build_parser
+
+    r = _run("--help")
+    assert r.returncode == 0 and "examples:\n  autoplace demo" in r.stdout
+    names = zoo.names()
+    assert all(name in r.stdout for name in names)
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for command in ("demo", "optimize", "report", "profile", "tune"):
+        [model] = [a for a in commands[command]._actions if "--model" in a.option_strings]
+        assert all(name in model.help for name in names), (command, model.help)
+
+
+def test_no_profile_names_the_costs_as_the_fallback_does():
+    r = _run("optimize", "--model", "zoo:mlp", "--no-profile", "--time-limit", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cost_model"] == "roofline estimates"
+
+
 def test_optimize_throughput_runs_the_pipeline_and_reports_rates():
     r = _run("optimize", "--model", "zoo:branchy_cnn", "--objective", "throughput", "--run", "8",
              "--time-limit", "2", "--contiguous", "--json")

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from autoplace.cli import options
+
 EPILOG = """examples:
   autoplace profile --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db
   autoplace profile --model model.onnx --device cpu:0 --device rpc:pi4@127.0.0.1:9190 --db prof.db
@@ -110,8 +112,7 @@ def register_cli(sub) -> None:
 
     p = sub.add_parser("profile", help="measure ops and copies of models on devices into a store",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=[],
-                   help="zoo:NAME or a path to an .onnx file (repeatable)")
+    p.add_argument("--model", action="append", default=[], help=options.model_help(True))
     p.add_argument("--sweep", action="append", default=[],
                    help="OP[:N[:FAMILY]]: N shapes of one op type around real models' shapes; "
                         "FAMILY (default full): " + "; ".join(

@@ -33,11 +33,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: What ``OptimizeResult.cost_model`` calls roofline costs, whether asked for or fallen back on.
+ROOFLINE = "roofline estimates"
+
+
 def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
-    The profiles shipped under ``profiles/`` whose fingerprints are this machine's devices (with
-    the learned models shipped beside them for ops they lack), else :class:`RooflineCostModel`.
+    The profiles shipped in the package (:func:`autoplace.profile.shipped_dir`) whose fingerprints
+    are this machine's devices (with the learned models shipped beside them for ops they lack),
+    else :class:`RooflineCostModel`.
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
@@ -48,7 +53,7 @@ def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
 
     found = {path: prof for prof, path in filter(None, map(shipped_profile, fingerprints))}
     if not found:
-        return RooflineCostModel(), "roofline estimates (no profile of this machine)"
+        return RooflineCostModel(), f"{ROOFLINE} (no profile of this machine)"
     learned = [p.with_name(p.stem + ".xgb.json") for p in found]
     learned = [p for p in learned if p.exists()]
     names = ", ".join(p.name for p in found)
@@ -195,15 +200,26 @@ class OptimizeResult:
                                   records=self.records, **kwargs)
 
     def summary(self) -> str:
-        """Plan, predicted time, and the baselines beside it."""
+        """Plan, predicted time (a throughput plan's: per input, and inputs per second), and the
+        baselines beside it."""
         s = self.solution
+        rate = s.objective == "throughput"
+        what = "time per input" if rate else s.objective
         lines = [str(self.plan), f"costs: {self.cost_model}", *self.records_note,
-                 f"predicted {s.objective}: {s.value * 1e3:.4f} ms  (solver {s.solver}, "
-                 f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
+                 f"predicted {what}: {_ms(s.value, rate)}  (solver {s.solver}, {s.status}, "
+                 f"bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         for name, value in self.baselines.items():
             ratio = value / s.value if s.value > 0 else float("nan")
-            lines.append(f"  baseline {name:<10} {value * 1e3:.4f} ms  ({ratio:.2f}x the plan)")
+            lines.append(f"  baseline {name:<10} {_ms(value, rate)}  ({ratio:.2f}x the plan)")
         return "\n".join(lines)
+
+
+def _ms(seconds: float, rate: bool) -> str:
+    """``'6.9279 ms'``, or with ``rate`` ``'6.9279 ms per input, 144.3 inputs/s'``."""
+    if not rate:
+        return f"{seconds * 1e3:.4f} ms"
+    per_s = f"{1 / seconds:.1f}" if seconds > 0 else "inf"
+    return f"{seconds * 1e3:.4f} ms per input, {per_s} inputs/s"
 
 
 def optimize(
@@ -297,7 +313,8 @@ def optimize(
     if isinstance(cost_model, str) and cost_model == "auto":
         cost_model, described = auto_cost_model(devices)
     else:
-        described = type(cost_model).__name__ if cost_model is not None else "RooflineCostModel"
+        described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
+                     else type(cost_model).__name__)
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,6 +12,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
     import tvm
+
+_LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 def from_torch(model: torch.nn.Module, example_inputs: Sequence[np.ndarray]) -> tvm.IRModule:
@@ -22,9 +25,13 @@ def from_torch(model: torch.nn.Module, example_inputs: Sequence[np.ndarray]) -> 
     from tvm.relax.frontend.torch import from_exported_program
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in example_inputs)
-    with torch.no_grad():
-        exported = torch.export.export(model.eval(), args)
-    return from_exported_program(exported)
+    with warnings.catch_warnings():
+        # A deprecation inside torch.export (its decompositions, which the importer runs), not
+        # about anything the caller wrote: every model would print it.
+        warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
+        with torch.no_grad():
+            exported = torch.export.export(model.eval(), args)
+        return from_exported_program(exported)
 
 
 def from_onnx(path: str | Path) -> tvm.IRModule:

@@ -2,7 +2,7 @@
 and how well the per-op profile predicts each whole model.
 
 Run: .venv/bin/python benchmarks/profile_campaign.py [--db prof.db] [--models a,b]
-     [--sweep OP[:N[:FAMILY]]] [--passes K] [--export profiles/NAME.json]
+     [--sweep OP[:N[:FAMILY]]] [--passes K] [--export NAME.json]
 With an existing --db, only what is missing is measured (the campaign resumes).
 """
 

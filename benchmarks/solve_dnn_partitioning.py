@@ -29,7 +29,8 @@ from autoplace.solve.baselines import greedy, heft
 from autoplace.solve.coarsen import coarse_graph, coarsen
 from autoplace.dnn_partitioning.maxload import ideals
 
-ROOT = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "dnn-partitioning"
+#: The benchmark's inputs, with its licence and README, as the repository carries them.
+ROOT = Path(__file__).resolve().parent / "data" / "dnn-partitioning"
 
 #: (row key, printed header, format spec) of each table column, in order.
 THROUGHPUT_COLUMNS = [
@@ -63,7 +64,10 @@ def _baseline(rule, bench, objective, score):
 
 def inputs(kind, only=None, root=ROOT):
     """(name, :class:`dnn.Benchmark`) of each ``root/kind/*.json`` (kind: ``"throughput"`` or
-    ``"latency"``), by name; only those named in ``only`` when given."""
+    ``"latency"``), by name; only those named in ``only`` when given. A missing folder raises."""
+    if not Path(root, kind).is_dir():
+        raise FileNotFoundError(f"no benchmark inputs at {Path(root, kind)}: they ship in the "
+                                "repository under benchmarks/data/dnn-partitioning")
     for path in sorted(Path(root, kind).glob("*.json")):
         name = os.path.basename(path).removesuffix("_inference.json")
         if not only or name in only:

@@ -1,4 +1,3 @@
-import os
 from pathlib import Path
 
 import numpy as np
@@ -9,15 +8,8 @@ import autoplace
 
 @pytest.fixture
 def bench() -> Path:
-    """The public placement benchmark, read-only: ``$AUTOPLACE_SHARED`` or the ``shared`` folder
-    beside the repository (or this workplace's ``/work/shared`` for a clone made elsewhere)."""
-    roots = [os.environ.get("AUTOPLACE_SHARED"), Path(__file__).resolve().parents[2] / "shared",
-             "/work/shared"]
-    for root in filter(None, roots):
-        path = Path(root) / "benchmarks" / "dnn-partitioning"
-        if path.is_dir():
-            return path
-    pytest.skip("the shared benchmark folder is not beside the repo (set AUTOPLACE_SHARED)")
+    """The public placement benchmark's inputs, as the repository carries them."""
+    return Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "dnn-partitioning"
 
 
 @pytest.fixture

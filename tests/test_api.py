@@ -110,6 +110,30 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)
 
 
+def test_roofline_costs_have_one_name_whether_asked_for_or_fallen_back_on(devs, monkeypatch):
+    from autoplace.api import ROOFLINE, auto_cost_model
+
+    mod = zoo.load("mlp").mod
+    asked = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), time_limit=2)
+    assert asked.cost_model == ROOFLINE
+    monkeypatch.setattr("autoplace.profile.store.shipped_profile", lambda fingerprint: None)
+    model, described = auto_cost_model(devs)  # a machine no shipped profile matches
+    assert isinstance(model, autoplace.RooflineCostModel)
+    assert described == f"{ROOFLINE} (no profile of this machine)"
+
+
+def test_a_throughput_summary_says_time_per_input_and_inputs_per_second(devs):
+    res = autoplace.optimize(zoo.load("mlp").mod, devs, objective="throughput", time_limit=2)
+    [line] = [l for l in res.summary().splitlines() if l.startswith("predicted")]
+    per_input = res.predicted_latency_s
+    assert line.startswith(f"predicted time per input: {per_input * 1e3:.4f} ms per input, "
+                           f"{1 / per_input:.1f} inputs/s  (solver "), line
+    baselines = [l for l in res.summary().splitlines() if l.startswith("  baseline")]
+    assert baselines and all("ms per input" in l and "inputs/s" in l for l in baselines)
+    latency = autoplace.optimize(zoo.load("mlp").mod, devs, time_limit=2).summary()
+    assert "predicted latency: " in latency and "inputs/s" not in latency
+
+
 def test_pipeline_needs_a_throughput_plan(devs):
     res = autoplace.optimize(zoo.load("mlp").mod, devs, time_limit=2)
     with pytest.raises(ValueError, match="objective='throughput'"):

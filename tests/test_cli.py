@@ -66,6 +66,26 @@ def test_help_has_examples():
     assert r.returncode == 0 and "examples:" in r.stdout
 
 
+def test_top_level_help_has_examples_and_every_option_names_every_zoo_model():
+    from autoplace import zoo
+    from autoplace.cli import build_parser
+
+    r = _run("--help")
+    assert r.returncode == 0 and "examples:\n  autoplace demo" in r.stdout
+    names = zoo.names()
+    assert all(name in r.stdout for name in names)
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for command in ("demo", "optimize", "report", "profile", "tune"):
+        [model] = [a for a in commands[command]._actions if "--model" in a.option_strings]
+        assert all(name in model.help for name in names), (command, model.help)
+
+
+def test_no_profile_names_the_costs_as_the_fallback_does():
+    r = _run("optimize", "--model", "zoo:mlp", "--no-profile", "--time-limit", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cost_model"] == "roofline estimates"
+
+
 def test_optimize_throughput_runs_the_pipeline_and_reports_rates():
     r = _run("optimize", "--model", "zoo:branchy_cnn", "--objective", "throughput", "--run", "8",
              "--time-limit", "2", "--contiguous", "--json")
@@ -78,3 +98,13 @@ def test_optimize_throughput_runs_the_pipeline_and_reports_rates():
     assert rep["stages"] == len({s["device"] for s in rep["stage_details"]})  # one per device
     r = _run("optimize", "--model", "zoo:mlp", "--run", "8")
     assert r.returncode == 2 and "--objective throughput" in r.stderr
+
+
+def test_solve_help_example_runs_on_an_input_the_repository_carries():
+    import re
+    from pathlib import Path
+
+    r = _run("solve", "--help")
+    files = re.findall(r"autoplace solve (\S+\.json)", r.stdout)
+    repo = Path(__file__).resolve().parents[1]
+    assert files and all((repo / f).is_file() for f in files), files

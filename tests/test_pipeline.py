@@ -412,3 +412,10 @@ def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
         autoplace.optimize(m.mod, devs, stage_overhead_s=0.0)
     with pytest.raises(ValueError, match="unknown device"):
         autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s={"c": 1e-4})
+
+
+def test_pipeline_stats_print_with_units():
+    from autoplace.run.pipeline import PipelineStats
+
+    stats = PipelineStats(inputs=32, wall_s=0.4, busy_s=(0.3, 0.1))
+    assert str(stats) == "32 inputs in 0.4 s: 80.0 inputs/s; stages busy 0.3 s (75%), 0.1 s (25%)"

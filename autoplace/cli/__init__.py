@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 
 from autoplace.cli import optimize, predict, profile, report, tune
 from autoplace.dnn_partitioning import cli as dnn_partitioning_cli
@@ -12,9 +13,26 @@ from autoplace.dnn_partitioning import cli as dnn_partitioning_cli
 __all__ = ["build_parser", "main"]
 
 
+EPILOG = """examples:
+  autoplace demo                        # optimize a zoo model over two CPU devices, build, run it
+  autoplace optimize --model zoo:inception --device cpu:0 --device cpu:1
+  autoplace optimize --model model.onnx --objective throughput --run 64   # run the pipeline
+  autoplace report --model zoo:inception --out report/                   # plots of the plan
+  autoplace profile --model zoo:resnet --device cpu:0 --db prof.db       # measure the costs
+  autoplace solve benchmarks/data/dnn-partitioning/throughput/gnmt_inference.json --json
+
+{models}
+autoplace COMMAND --help shows a command's options and more examples."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from autoplace import zoo
+
     parser = argparse.ArgumentParser(
-        prog="autoplace", description="Automatic device placement for TVM Relax models.")
+        prog="autoplace", description="Automatic device placement for TVM Relax models.",
+        epilog=EPILOG.format(models=textwrap.fill(
+            f"MODEL is zoo:NAME ({', '.join(zoo.names())}) or a path to an .onnx file.", 79)),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = parser.add_subparsers(dest="command", required=True)
 

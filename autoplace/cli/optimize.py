@@ -100,7 +100,7 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     how long they take."""
     from autoplace.tuning.campaign import SECONDS_PER_TRIAL
 
-    profiled = not res.cost_model.startswith("roofline")
+    profiled = args.no_profile or not res.cost_model.startswith("roofline")  # asked for roofline
     tuned = kernels.get("tuned", 0) > 0
     if profiled and tuned:
         return None

@@ -32,6 +32,14 @@ def default_model() -> str:
     return "zoo:resnet"
 
 
+def model_help(repeatable: bool = False) -> str:
+    """The help of a ``--model`` option, naming every zoo model."""
+    from autoplace import zoo
+
+    return (f"zoo:NAME or a path to an .onnx file (zoo: {', '.join(zoo.names())})"
+            + (" (repeatable)" if repeatable else ""))
+
+
 def cost_model(args):
     """Profiles given with --profile, roofline with --no-profile, else optimize's "auto"."""
     from autoplace.predict import MeasuredCostModel, RooflineCostModel
@@ -43,8 +51,7 @@ def cost_model(args):
 
 
 def add_run_options(p):
-    p.add_argument("--model", help="zoo:NAME or a path to an .onnx file "
-                                   "(zoo: mlp, branchy_cnn, resnet, mobilenet, inception, transformer)")
+    p.add_argument("--model", help=model_help())
     p.add_argument("--device", action="append", help="cpu:N or cuda:N; repeat for each device")
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
@@ -56,7 +63,8 @@ def add_run_options(p):
                    help="pin ops: PATTERN=DEVICE, e.g. 'op:nn.softmax=cpu1' (repeatable)")
     p.add_argument("--profile", action="append", default=[],
                    help="measured profile JSON (autoplace profile-export); each applies to the "
-                        "devices of its kind (repeatable). Default: the shipped profile under "
-                        "profiles/ if it was measured on this machine's CPU")
+                        "devices of its kind (repeatable). Default: the profiles shipped with "
+                        "autoplace, each for the devices of this machine it was measured on")
     p.add_argument("--no-profile", action="store_true",
-                   help="ignore profiles: roofline estimates from device peaks")
+                   help="ignore profiles: roofline estimates from device peaks (what a machine "
+                        "without a matching profile gets)")

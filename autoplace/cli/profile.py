@@ -7,13 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from autoplace.cli import options
+
 EPILOG = """examples:
   autoplace profile --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db
   autoplace profile --model model.onnx --device cpu:0 --device rpc:pi4@127.0.0.1:9190 --db prof.db
   autoplace profile --sweep nn.conv2d:64 --device cpu:0 --db prof.db --dry-run --json
   autoplace profile --sweep nn.conv2d:64:small --sweep matmul:48:small --db prof.db
   autoplace profile --refine 3 --device cpu:0 --db prof.db
-  autoplace profile-export --db prof.db --device cpu:0 --out profiles/mycpu.json
+  autoplace profile-export --db prof.db --device cpu:0 --out mycpu.json
 
 A campaign stopped at any point (Ctrl-C, kill) resumes where it was when run again:
 what the store already holds is not measured again.
@@ -110,8 +112,7 @@ def register_cli(sub) -> None:
 
     p = sub.add_parser("profile", help="measure ops and copies of models on devices into a store",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=[],
-                   help="zoo:NAME or a path to an .onnx file (repeatable)")
+    p.add_argument("--model", action="append", default=[], help=options.model_help(True))
     p.add_argument("--sweep", action="append", default=[],
                    help="OP[:N[:FAMILY]]: N shapes of one op type around real models' shapes; "
                         "FAMILY (default full): " + "; ".join(
@@ -145,7 +146,7 @@ def register_cli(sub) -> None:
 
     p = sub.add_parser("profile-export", help="write one device's profile as a JSON file",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""example:
-  autoplace profile-export --db prof.db --device cuda:0 --out profiles/my-gpu.json
+  autoplace profile-export --db prof.db --device cuda:0 --out my-gpu.json
 
 The file format and how optimize uses it: docs/devices.md.""")
     p.add_argument("--db", required=True)
@@ -155,7 +156,7 @@ The file format and how optimize uses it: docs/devices.md.""")
 
     p = sub.add_parser("profile-import", help="merge a profile JSON file into a store",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""example:
-  autoplace profile-import profiles/nvidia-h100-sm90a.json --db prof.db   # then train/evaluate
+  autoplace profile-import autoplace/profile/shipped/nvidia-h100-sm90a.json --db prof.db
 
 Measurements already in the store are kept, never overwritten.""")
     p.add_argument("file")

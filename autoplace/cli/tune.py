@@ -50,8 +50,7 @@ def register_cli(sub) -> None:
     """Add the ``tune`` subcommand to an argparse subparsers object."""
     p = sub.add_parser("tune", help="tune the kernels of models for devices (MetaSchedule)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=[],
-                   help="zoo:NAME or a path to an .onnx file (repeatable)")
+    p.add_argument("--model", action="append", default=[], help=options.model_help(True))
     p.add_argument("--device", action="append", help="cpu:N (repeatable; default cpu:0)")
     p.add_argument("--db", required=True,
                    help="the profile store the records live beside (need not exist)")

@@ -3,7 +3,8 @@
 plan export. Nothing in autoplace's core imports it.
 
 >>> from autoplace import dnn_partitioning as dnn
->>> bench = dnn.load("latency/op_bert_l-12_inference.json")        # doctest: +SKIP
+>>> path = "benchmarks/data/dnn-partitioning/latency/op_bert_l-12_inference.json"  # in a clone
+>>> bench = dnn.load(path)                                          # doctest: +SKIP
 >>> split = dnn.solve_benchmark(bench, "latency", time_limit=10)    # doctest: +SKIP
 >>> dnn.latency(bench, split.assignment)                            # doctest: +SKIP
 """

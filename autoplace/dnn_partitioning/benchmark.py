@@ -68,7 +68,8 @@ def load(path) -> Benchmark:
     except (KeyError, TypeError, ValueError) as e:
         what = f"missing field {e}" if isinstance(e, KeyError) else e
         raise ValueError(f"{path}: not a dnn-partitioning input ({what}); the format is described "
-                         "in the benchmark's README (nodes, edges, maxFPGAs, maxSizePerFPGA)") from None
+                         "in benchmarks/data/dnn-partitioning/README.md (nodes, edges, maxFPGAs, "
+                         "maxSizePerFPGA)") from None
 
 
 def _from_json(raw: dict) -> Benchmark:

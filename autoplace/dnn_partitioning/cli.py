@@ -19,11 +19,12 @@ def register_cli(subparsers) -> None:
     cmd = subparsers.add_parser(
         "solve", help="place a benchmark input and print the plan",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
-  autoplace solve ../shared/benchmarks/dnn-partitioning/throughput/gnmt_inference.json --contiguous --json
+  autoplace solve benchmarks/data/dnn-partitioning/throughput/gnmt_inference.json --contiguous --json
   autoplace -v solve FILE --objective latency --time-limit 60   # -v logs the bound and status
 
-FILE is an input of the public dnn-partitioning benchmark (its README gives the format); the plan
-is printed in the benchmark's own output form ({"maxLoad" or "latency", "cpus", "fpgas"}).""")
+FILE is an input of the public dnn-partitioning benchmark: a clone of autoplace carries them
+all under benchmarks/data/dnn-partitioning, with the benchmark's README (the format) and licence.
+The plan is printed in the benchmark's own output form ({"maxLoad" or "latency", "cpus", "fpgas"}).""")
     cmd.add_argument("file")
     cmd.add_argument("--format", choices=["dnn-partitioning"], default="dnn-partitioning")
     cmd.add_argument("--objective", choices=["throughput", "latency"], default="throughput")

@@ -86,8 +86,9 @@ class XGBCostModel(_Learned):
     :func:`~autoplace.predict.features.cache_features`. Two boosters: one of squared error gives
     :meth:`predict` (the mean log ratio), one of XGBoost's ``reg:quantileerror`` gives
     :meth:`quantiles` (three in one model); the squared-error one is the more accurate point on
-    held-out shapes (profiles/README.md). The model records what it was trained on (devices,
-    op types, the range of every feature) and :meth:`extrapolated` flags predictions outside it.
+    held-out shapes (``autoplace/profile/shipped/README.md``). The model records what it was
+    trained on (devices, op types, the range of every feature) and :meth:`extrapolated` flags
+    predictions outside it.
 
     Parameters
     ----------

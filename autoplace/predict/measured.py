@@ -30,7 +30,7 @@ class MeasuredCostModel:
         else :class:`RooflineCostModel`. A learned model does not guess for a device it has
         never seen (a CPU-trained model for a GPU).
 
-    >>> model = MeasuredCostModel(DeviceProfile.load("profiles/cpu.json"))  # doctest: +SKIP
+    >>> model = MeasuredCostModel(DeviceProfile.load("mycpu.json"))         # doctest: +SKIP
     >>> model.sources(graph, Device.cpu(0))[:2]                            # doctest: +SKIP
     ['measured', 'measured']
     """

@@ -5,12 +5,12 @@ from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
                                        fingerprint)
 from autoplace.profile.store import (DeviceProfile, LinkFit, Measurement, ProfileStore,
-                                     ProfileStoreError)
+                                     ProfileStoreError, shipped_dir)
 from autoplace.profile.workload import single_op_modules
 
 __all__ = [
     "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit", "LocalRunner",
     "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy", "collect",
     "copy_times", "fingerprint", "fit_link", "run_campaign", "runner_from_spec",
-    "single_op_modules",
+    "shipped_dir", "single_op_modules",
 ]

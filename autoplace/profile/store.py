@@ -2,7 +2,8 @@
 
 Every measurement is committed on its own, so a campaign killed at any point keeps everything it
 measured; WAL mode and a busy timeout let several processes write to one store. A profile of one
-device can be exported to JSON (``profiles/``) and imported into another store.
+device can be exported to JSON and imported into another store; the package ships a few
+(:func:`shipped_dir`).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class Measurement:
         """The latency profiles report: the fastest repeat. Other load on the machine only ever
         slows a repeat down, so the fastest one is the most repeatable statistic: two campaigns
         back to back on a quiet 2-core machine agreed within +-10 % on 93 % of 104 workloads by
-        it, on 83 % by the median (``benchmarks/retest_noise.py``, profiles/README.md)."""
+        it, on 83 % by the median (``benchmarks/retest_noise.py``, ``shipped/README.md``)."""
         return self.min_s
 
     @property
@@ -488,13 +489,24 @@ class DeviceProfile:
         return next((f for f in self.links if f.src == self.fingerprint and f.dst == dst), None)
 
 
+def shipped_dir() -> Path:
+    """The folder of the profiles shipped with the package (``NAME.json``, each with the cost
+    model trained on it as ``NAME.xgb.json`` where there is one), wherever it is installed.
+
+    >>> DeviceProfile.load(shipped_dir() / "amd-epyc-cpu-1thread.json")  # doctest: +SKIP
+    """
+    from importlib.resources import files
+
+    return Path(str(files("autoplace.profile") / "shipped"))
+
+
 def shipped_profile(fingerprint_: str, dirs=None) -> tuple[DeviceProfile, Path] | None:
-    """The profile under ``profiles/`` (or ``dirs``) measured on a device with this fingerprint.
+    """The shipped profile (or one under ``dirs``) measured on a device with this fingerprint.
 
     A cost model trained on it, if shipped, sits beside it as ``<same name>.xgb.json``.
     """
     if dirs is None:
-        dirs = [Path(__file__).resolve().parents[2] / "profiles"]  # the source tree's profiles/
+        dirs = [shipped_dir()]
     for d in map(Path, dirs):
         paths = sorted(p for p in d.glob("*.json") if not p.name.endswith(".xgb.json"))
         for path in paths if d.is_dir() else ():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoplace.profile import (DeviceProfile, LinkFit, Measurement, ProfileStore,
-                               ProfileStoreError, fit_link)
+                               ProfileStoreError, fit_link, shipped_dir)
 from autoplace.profile.store import SCHEMA_VERSION
 
 
@@ -159,12 +159,10 @@ def test_fit_link_recovers_alpha_and_beta():
 
 
 def test_shipped_cpu_profile_covers_the_zoo():
-    from pathlib import Path
-
     import autoplace
     from autoplace.profile.store import shipped_profile
 
-    path = Path(__file__).resolve().parents[2] / "profiles" / "amd-epyc-cpu-1thread.json"
+    path = shipped_dir() / "amd-epyc-cpu-1thread.json"
     prof = DeviceProfile.load(path)
     assert prof.kind == "cpu" and prof.info["tvm"] == "0.27.0.post1"
     assert len(prof.latency_s) >= 400 and all(0 < t < 10 for t in prof.latency_s.values())
@@ -176,7 +174,19 @@ def test_shipped_cpu_profile_covers_the_zoo():
     assert shipped_profile("no-such-fingerprint") is None
 
 
-SHIPPED = Path(__file__).resolve().parents[2] / "profiles"
+SHIPPED = shipped_dir()
+
+
+def test_the_shipped_profiles_are_found_in_the_package_wherever_the_caller_is(tmp_path,
+                                                                              monkeypatch):
+    import autoplace.profile
+
+    monkeypatch.chdir(tmp_path)  # not the repository root: no relative path may matter
+    assert SHIPPED == Path(autoplace.profile.__file__).resolve().parent / "shipped"
+    names = {p.name for p in SHIPPED.iterdir()}
+    assert {"amd-epyc-cpu-1thread.json", "amd-epyc-cpu-1thread.xgb.json",
+            "nvidia-h100-sm90a.json", "README.md"} <= names
+    assert DeviceProfile.load(SHIPPED / "amd-epyc-cpu-1thread.json").kind == "cpu"
 
 
 @pytest.mark.parametrize("model_path", sorted(SHIPPED.glob("*.xgb.json")), ids=lambda p: p.name)

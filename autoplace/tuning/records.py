@@ -89,10 +89,12 @@ def open_records(store_path: str | Path, devices: Sequence[Device],
 
 
 def shipped_store(fingerprints: Sequence[str], dirs=None) -> Path | None:
-    """The shipped store (``profiles/*.db``, or in ``dirs``) with tuning records made on a device
-    with one of these ``fingerprints``; ``None`` if there is none."""
+    """The shipped store (``*.db`` in :func:`autoplace.profile.shipped_dir`, or in ``dirs``) with
+    tuning records made on a device with one of these ``fingerprints``; ``None`` if none."""
+    from autoplace.profile.store import shipped_dir
+
     if dirs is None:
-        dirs = [Path(__file__).resolve().parents[2] / "profiles"]  # the source tree's profiles/
+        dirs = [shipped_dir()]
     for d in map(Path, dirs):
         for store in sorted(d.glob("*.db")) if d.is_dir() else ():
             if any(read_device(device_folder(store, fp)) is not None for fp in fingerprints):

@@ -57,6 +57,36 @@ def test_stock_memory_planning_still_mixes_devices(devs, rng):
         vm["main"](x)
 
 
+# BERT's position ids: an op without tensor inputs (arange) plus a constant offset, then an
+# embedding lookup. The build folds arange + offset into a new constant, which the VM loads onto
+# the first device whatever kernel takes it.
+@I.ir_module
+class PositionIds:
+    @R.function
+    def main(x: R.Tensor((1, 8, 16), "float32"), table: R.Tensor((64, 16), "float32")):
+        with R.dataflow():
+            pos = R.arange(0, 8, 1, dtype="int64")
+            shifted = R.add(pos, R.const(2, "int64"))
+            emb = R.take(table, shifted, axis=0)
+            out = R.add(x, emb)
+            R.output(out)
+        return out
+
+
+def test_folded_constants_of_ops_without_inputs_reach_their_device(devs, rng):
+    """Every placement of the position-id pattern runs and gives the single-device result."""
+    import itertools
+
+    x = rng.standard_normal((1, 8, 16)).astype("float32")
+    table = rng.standard_normal((64, 16)).astype("float32")
+    expected = x + table[np.arange(8) + 2]
+    graph = autoplace.OpGraph.from_relax(PositionIds)
+    for bits in itertools.product(range(2), repeat=len(graph.nodes)):
+        plan = autoplace.Plan.from_assignment(graph, devs, [devs[b].name for b in bits])
+        [out] = autoplace.compile(PositionIds, plan)(x, table)
+        np.testing.assert_allclose(out, expected, rtol=1e-6, err_msg=str(bits))
+
+
 def test_wrong_number_of_inputs_is_a_clear_error(devs):
     g = autoplace.OpGraph.from_relax(Reuse)
     run = autoplace.compile(Reuse, autoplace.Plan.from_assignment(g, devs, ["a"] * 5))

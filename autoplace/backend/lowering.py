@@ -30,8 +30,11 @@ def lowering_pipeline(*, gpu: bool, multi_device: bool, records: KernelRecords |
     passes = [
         t.RealizeVDevice(),
         relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
-        _legalize_keeping_vdevices(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(), t.FuseTIR(),
+        _legalize_keeping_vdevices(), t.AnnotateTIROpPattern(), t.FoldConstant(),
     ]
+    if multi_device:
+        passes.append(_folded_constants_to_their_devices())
+    passes += [t.FuseOps(), t.FuseTIR()]
     passes.append(_attach_targets())
     if records or counts is not None:
         from autoplace.backend.tuned import KernelRecords, apply_records
@@ -123,6 +126,60 @@ def _legalize_keeping_vdevices():
             mod[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
                                      func.ret_ty, func.is_pure, func.attrs)
         return relax.transform.Normalize()(mod)
+
+    return _pass
+
+
+def _folded_constants_to_their_devices():
+    """Copy each constant that ``FoldConstant`` made to the device of the kernel that takes it.
+
+    The VM loads every constant onto the first device; a build lifts the module's constants into
+    parameters uploaded to their devices beforehand, but ops without tensor inputs (``arange``,
+    ``zeros``, ``full``) and what they feed are folded into new constants during the build. A
+    kernel on another device given one fails at run time ("Mismatched ...device_id"), so each
+    such argument goes through a ``to_vdevice`` to the kernel's device.
+    """
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    def vdevice_of(ty):
+        if isinstance(ty, relax.TupleType):
+            return vdevice_of(ty.fields[0]) if len(ty.fields) else None
+        return ty.vdevice if isinstance(ty, relax.TensorType) else None
+
+    @mutator
+    class _Mover(PyExprMutator):
+        def __init__(self, mod, first):
+            super().__init__(mod)
+            self.first = first
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name.startswith("relax.call_tir")
+                    and isinstance(call.args[1], relax.Tuple)):
+                return call
+            dev = vdevice_of(call.ty_args[0]) if len(call.ty_args) == 1 else None
+            fields = call.args[1].fields
+            if dev is None or tvm_ffi.structural_equal(dev, self.first) or not any(
+                    isinstance(f, tvm.ir.expr.Constant) for f in fields):
+                return call
+            moved = [self.builder_.emit(relax.op.to_vdevice(f, dev))
+                     if isinstance(f, tvm.ir.expr.Constant) else f for f in fields]
+            return relax.Call(call.op, [call.args[0], relax.Tuple(moved), *call.args[2:]],
+                              call.attrs, call.ty_args)
+
+    @tvm.transform.module_pass(opt_level=0, name="FoldedConstantsToTheirDevices")
+    def _pass(mod, _ctx):
+        vdevices = mod.global_infos.get("vdevice") if mod.global_infos else None
+        if not vdevices or len(vdevices) < 2:
+            return mod
+        mover = _Mover(mod, vdevices[0])
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = mover.visit_expr(func)
+        return mod
 
     return _pass
 

@@ -598,7 +598,7 @@ def _columns(db, table: str) -> list[str]:
 def _readable_rows(db, table: str, cols: list[str]):
     """``cols`` of every row of ``table`` that can still be read, in rowid order."""
     scan = f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? ORDER BY rowid"
-    after, retried = -(2**63), None
+    after, retried = 0, None  # SQLite numbers rows from 1
     while True:
         try:
             for rowid, *values in db.execute(scan, (after,)):

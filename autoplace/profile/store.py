@@ -218,7 +218,8 @@ class ProfileStore:
             self._db.execute("PRAGMA foreign_keys = ON")
 
     def _missing(self) -> str:
-        return f"no profile store at {self.path}: make one with 'autoplace profile --db {self.path}'"
+        return (f"no profile store at {self.path}: make one with "
+                f"'autoplace profile --db {self.path}'")
 
     def _damaged(self, problem: str) -> str:
         first = " ".join(problem.replace("*** in database main ***", "").split()[:12])
@@ -645,7 +646,7 @@ def _next_reachable(db, table: str, after: int) -> int | None:
 
 
 def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
-    """An autocommit connection (transactions are explicit); SQLite's ``mode=ro`` if ``readonly``."""
+    """An autocommit connection (transactions are explicit); ``mode=ro`` if ``readonly``."""
     if not readonly:
         return sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
     uri = path.resolve().as_uri() + "?mode=ro"

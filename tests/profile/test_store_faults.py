@@ -112,9 +112,10 @@ def _store_with_rows(path, n=300):
             "workloads": [{"key": k, "op_type": "nn.conv2d", "flops": 1e6 * i, "bytes_read": i,
                            "bytes_written": i, "param_bytes": i, "models": {"m": 1}}
                           for i, k in enumerate(keys)],
-            "measurements": [{"workload": k, "schedule": "default", "status": "ok", "median_s": 1e-5 * (i + 1),
-                              "min_s": 1e-5 * i, "mean_s": 1e-5 * (i + 1), "cv": 0.01,
-                              "repeats": 5, "number": 10, "measured_at": "2026-01-01T00:00:00"}
+            "measurements": [{"workload": k, "schedule": "default", "status": "ok",
+                              "median_s": 1e-5 * (i + 1), "min_s": 1e-5 * i,
+                              "mean_s": 1e-5 * (i + 1), "cv": 0.01, "repeats": 5, "number": 10,
+                              "measured_at": "2026-01-01T00:00:00"}
                              for i, k in enumerate(keys)]})
     with contextlib.closing(sqlite3.connect(path)) as db:  # every row, as SQLite holds it
         return {t: set(db.execute(f"SELECT * FROM {t}")) for t in
@@ -236,7 +237,8 @@ def test_a_read_only_store_file_is_one_line_under_profile(db, tmp_path):
     assert _run("profile-export", "--db", db, "--device", "cpu:0", "--out", export).returncode == 0
     with _read_only(db):
         before = _sha(db)
-        for args in ([*CAMPAIGN, "--passes", "2", "--db", db], ["profile-import", export, "--db", db]):
+        for args in ([*CAMPAIGN, "--passes", "2", "--db", db],
+                     ["profile-import", export, "--db", db]):
             _one_line_error(_run(*args), f"{db} is read-only", "pass another --db path")
         assert _run("train", "--db", db, "--out", tmp_path / "m.json").returncode == 0
         assert _sha(db) == before

@@ -259,10 +259,14 @@ class ProfileStore:
                 f"could not write to {self.path} ({e}): is the disk full? Nothing stored before "
                 "was lost (each write is committed on its own, and the one that failed was "
                 "rolled back): free some space and run the same command again to resume")
+        if code.startswith("SQLITE_CANTOPEN") and self.readonly:
+            return ProfileStoreError(
+                f"cannot read {self.path} ({e}): it must be readable, and while recent writes "
+                f"wait in {self.path.name}-wal, its directory writable (for SQLite's -shm file)")
         if code.startswith("SQLITE_CANTOPEN"):
-            where = "exist" if self.readonly else "exist and be writable (SQLite keeps -wal and " \
-                "-shm files beside the store)"
-            return ProfileStoreError(f"cannot open {self.path} ({e}): its directory must {where}")
+            return ProfileStoreError(
+                f"cannot open {self.path} ({e}): its directory must exist and be writable (SQLite "
+                "keeps -wal and -shm files beside the store)")
         return ProfileStoreError(f"{self.path}: {e}")
 
     # ------------------------------------------------------------------ schema
@@ -656,8 +660,10 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
         return db
     except sqlite3.OperationalError as e:
         db.close()
-        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
-            raise
+        wal = path.with_name(path.name + "-wal")
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or (
+                wal.exists() and wal.stat().st_size):
+            raise  # not that, or recent writes in the -wal file that only SQLite's -shm finds
     # A WAL store in a directory this process cannot write: there is no -shm file to share
     # with writers, and none can be made, so read the file as it is. (A campaign that another
     # user runs on it meanwhile would not be seen.)

@@ -213,6 +213,23 @@ def test_read_only_opens_create_migrate_and_write_nothing(tmp_path):
     assert _sha(path) == before
 
 
+def test_a_read_only_directory_never_hides_writes_waiting_in_the_wal(tmp_path):
+    path = tmp_path / "d" / "p.db"
+    path.parent.mkdir()
+    _store_with_rows(path, n=5)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as writer:
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("INSERT INTO devices VALUES ('fp1', 'cpu:1', '{}')")  # only in the -wal
+        alone = tmp_path / "alone"  # the -wal without its -shm, as a crash may leave them
+        alone.mkdir()
+        for name in ("p.db", "p.db-wal"):
+            shutil.copy(path.with_name(name), alone / name)
+        with _read_only(path.parent), ProfileStore(path, readonly=True) as store:
+            assert [d.name for d in store.devices()] == ["cpu:0", "cpu:1"]
+        with _read_only(alone), pytest.raises(ProfileStoreError, match="writes wait in p.db-wal"):
+            ProfileStore(alone / "p.db", readonly=True)
+
+
 @pytest.mark.slow
 def test_a_store_in_a_read_only_directory_is_read_and_never_written(db, tmp_path):
     with _read_only(db.parent):

@@ -18,7 +18,7 @@ def _cmd_train(args) -> int:
     from autoplace.predict.learned import XGBCostModel
     from autoplace.profile.store import ProfileStore
 
-    with ProfileStore(args.db) as store:
+    with ProfileStore(args.db, readonly=True) as store:
         rows = profile_rows(store, args.device)
     model = XGBCostModel().fit(rows)
     model.save(args.out)
@@ -32,7 +32,7 @@ def _cmd_evaluate(args) -> int:
     from autoplace.predict.evaluate import evaluate, format_table, to_json
     from autoplace.profile.store import ProfileStore
 
-    with ProfileStore(args.db) as store:
+    with ProfileStore(args.db, readonly=True) as store:
         result = evaluate(store, args.device)
     print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
     return 0

@@ -48,8 +48,11 @@ def _cmd_profile(args) -> int:
     policy = TimingPolicy(cv_target=args.cv, budget_s=args.budget)
     tolerance = None if args.allow_drift else DRIFT_TOLERANCE
     # A dry run writes nothing: it reads an existing store, or counts against an empty one.
-    db = ":memory:" if args.dry_run and not Path(args.db).exists() else args.db
-    with ProfileStore(db) as store:
+    if args.dry_run and Path(args.db).exists():
+        store = ProfileStore(args.db, readonly=True)
+    else:
+        store = ProfileStore(":memory:" if args.dry_run else args.db)
+    with store:
         try:
             report = run_campaign(
                 models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
@@ -89,7 +92,7 @@ def _refine(args, store, policy, tolerance):
 def _cmd_export(args) -> int:
     from autoplace.profile.store import ProfileStore
 
-    with ProfileStore(args.db) as store:
+    with ProfileStore(args.db, readonly=True) as store:
         data = store.export_profile(args.device)
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}: {len(data['measurements'])} measurements of "
@@ -104,6 +107,17 @@ def _cmd_import(args) -> int:
     with ProfileStore(args.db) as store:
         added = store.import_profile(data)
     print(f"imported {added} new measurements of {data['device']['name']} into {args.db}")
+    return 0
+
+
+def _cmd_recover(args) -> int:
+    from autoplace.profile.store import recover
+
+    copied = recover(args.db, args.out)
+    print(f"copied into {args.out} the rows of {args.db} still readable: "
+          + ", ".join(f"{n} {table.replace('_', ' ')}" for table, n in copied.items())
+          + f". {args.db} was not changed. Go on with --db {args.out}: a campaign run on it "
+          "measures again whatever was lost")
     return 0
 
 
@@ -162,3 +176,15 @@ Measurements already in the store are kept, never overwritten.""")
     p.add_argument("file")
     p.add_argument("--db", required=True)
     p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("profile-recover",
+                       help="copy what a damaged store still holds into a new store",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""example:
+  autoplace profile-recover --db prof.db --out recovered.db
+  autoplace profile --model zoo:resnet --device cpu:0 --db recovered.db   # measure what was lost
+
+The damaged store is only read. Rows on its damaged pages are lost; every other row is copied.""")
+    p.add_argument("--db", required=True, help="the damaged store (only read)")
+    p.add_argument("--out", required=True,
+                   help="the store to copy into (created if missing; its rows are kept)")
+    p.set_defaults(func=_cmd_recover)

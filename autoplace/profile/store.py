@@ -4,10 +4,18 @@ Every measurement is committed on its own, so a campaign killed at any point kee
 measured; WAL mode and a busy timeout let several processes write to one store. A profile of one
 device can be exported to JSON and imported into another store; the package ships a few
 (:func:`shipped_dir`).
+
+A store is checked (``PRAGMA quick_check``) whenever it is opened, so a damaged one is refused
+before anything reads or writes it; :func:`recover` copies the rows still readable into a new
+store. Commands that only read open it read-only (``readonly=True``), which also works in a
+directory this process cannot write. Any SQLite failure (damage, a read-only file, a full disk) is
+a :class:`ProfileStoreError` that says what is wrong and what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sqlite3
 import time
@@ -146,38 +154,121 @@ class DeviceRecord:
     info: dict
 
 
+def _guarded(method):
+    """A store method whose SQLite failures are :class:`ProfileStoreError` (``_failure``)."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        with self._guard():
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
 class ProfileStore:
-    """An SQLite profile store at ``path`` (created if missing).
+    """An SQLite profile store at ``path`` (created if missing, unless ``readonly``).
 
     >>> store = ProfileStore("profile.db")                     # doctest: +SKIP
     >>> store.pending(workload_keys, fingerprint)              # doctest: +SKIP
 
+    ``readonly=True`` opens an existing store for reading only (SQLite's ``mode=ro``): nothing
+    is created, migrated or written, and a store in a directory this process cannot write (where
+    SQLite cannot make its ``-shm`` file) is read as an immutable file.
+
     Raises
     ------
     ProfileStoreError
-        If ``path`` is not an SQLite file, is another program's database, or was written by a
-        newer schema; the file is left untouched.
+        If ``path`` is not an SQLite file, is another program's database, was written by a
+        newer schema or is damaged (its pages fail SQLite's ``quick_check``; :func:`recover`
+        copies what is readable); the file is left untouched. Later, if a read or write fails
+        (a read-only file, a full disk): nothing stored before is lost.
     """
 
-    def __init__(self, path: str | Path, *, timeout_s: float = 60.0):
+    def __init__(self, path: str | Path, *, timeout_s: float = 60.0, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
         if self.path.is_dir():
             raise ProfileStoreError(f"{self.path} is a directory; pass a file path for the store")
+        if readonly and not self.path.is_file():
+            raise ProfileStoreError(self._missing())
+        self._db = None
         try:
-            self._db = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-            self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            tables = {r[0] for r in self._db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.DatabaseError as e:
-            raise ProfileStoreError(
-                f"{self.path} is not an autoplace profile store ({e}); nothing was changed. "
-                "Pass a new --db path, or move the file away.") from None
+            with self._guard():
+                self._open(timeout_s)
+        except BaseException:
+            if self._db is not None:
+                self._db.close()
+            raise
+
+    def _open(self, timeout_s: float) -> None:
+        self._db = _connect(self.path, timeout_s, self.readonly)
+        self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        tables = {r[0] for r in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            raise ProfileStoreError(self._damaged(problem))
+        if not tables and self.readonly:
+            raise ProfileStoreError(self._missing())
         if not tables:
             self._create()
         else:
             self._check(tables)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA foreign_keys = ON")
+        if not self.readonly:
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+
+    def _missing(self) -> str:
+        return (f"no profile store at {self.path}: make one with "
+                f"'autoplace profile --db {self.path}'")
+
+    def _damaged(self, problem: str) -> str:
+        first = " ".join(problem.replace("*** in database main ***", "").split()[:12])
+        return (f"{self.path} is damaged ({first}); autoplace does not write to a damaged store. "
+                "Copy what is still readable into a new one with 'autoplace profile-recover "
+                f"--db {self.path} --out NEW.db' and go on with that")
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """SQLite failures inside are :class:`ProfileStoreError` that say what to do."""
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise  # rows that break the schema: the caller's data, not the store, is wrong
+        except sqlite3.Error as e:
+            raise self._failure(e) from None
+
+    def _failure(self, e: sqlite3.Error) -> ProfileStoreError:
+        """What an SQLite failure on this store means, and what to do about it, in one line."""
+        code = getattr(e, "sqlite_errorname", "")
+        if code.startswith("SQLITE_CORRUPT"):
+            return ProfileStoreError(self._damaged(str(e)))
+        if code == "SQLITE_NOTADB":
+            return ProfileStoreError(
+                f"{self.path} is not an autoplace profile store ({e}); nothing was changed. "
+                "Pass a new --db path, or move the file away.")
+        if code.startswith("SQLITE_READONLY"):
+            return ProfileStoreError(
+                f"{self.path} is read-only ({e}); nothing stored in it was changed. Make the file "
+                "and its directory writable, or pass another --db path (train, evaluate, "
+                "profile-export and profile --dry-run only read it)")
+        if code == "SQLITE_FULL" or code.startswith("SQLITE_IOERR"):
+            if self.readonly or code == "SQLITE_IOERR_READ":
+                return ProfileStoreError(f"could not read {self.path} ({e}): is the disk failing? "
+                                         "Nothing was changed")
+            return ProfileStoreError(
+                f"could not write to {self.path} ({e}): is the disk full? Nothing stored before "
+                "was lost (each write is committed on its own, and the one that failed was "
+                "rolled back): free some space and run the same command again to resume")
+        if code.startswith("SQLITE_CANTOPEN") and self.readonly:
+            return ProfileStoreError(
+                f"cannot read {self.path} ({e}): it must be readable, and while recent writes "
+                f"wait in {self.path.name}-wal, its directory writable (for SQLite's -shm file)")
+        if code.startswith("SQLITE_CANTOPEN"):
+            return ProfileStoreError(
+                f"cannot open {self.path} ({e}): its directory must exist and be writable (SQLite "
+                "keeps -wal and -shm files beside the store)")
+        return ProfileStoreError(f"{self.path}: {e}")
 
     # ------------------------------------------------------------------ schema
 
@@ -201,6 +292,10 @@ class ProfileStore:
                 f"{self.path} is an SQLite database but not an autoplace profile store "
                 f"(tables: {', '.join(sorted(tables))}); nothing was changed. Pass a new --db path.")
         version = int(meta.get("schema_version", -1))
+        if version == 1 and self.readonly:  # read it as version 2, changing nothing
+            self._db.execute("CREATE TEMP VIEW measurements AS SELECT *, 1 AS passes, "
+                             "NULL AS slowest_s FROM main.measurements")
+            return
         if version == 1:  # add the passes columns: every row so far is one pass
             with self._tx() as db:
                 if int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
@@ -226,7 +321,20 @@ class ProfileStore:
             return self.db
 
         def __exit__(self, exc_type, *_):
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type is not None:
+                self._rollback()
+                return
+            try:
+                self.db.execute("COMMIT")  # where a full disk or a read-only file fails
+            except sqlite3.Error:
+                self._rollback()
+                raise
+
+        def _rollback(self):
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.OperationalError:
+                pass  # SQLite rolled the failed transaction back already
 
     def _tx(self) -> ProfileStore._Tx:
         return ProfileStore._Tx(self._db)
@@ -242,11 +350,13 @@ class ProfileStore:
 
     # ------------------------------------------------------------------ devices and workloads
 
+    @_guarded
     def add_device(self, fingerprint: str, name: str, info: dict) -> None:
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO devices VALUES (?, ?, ?)",
                        (fingerprint, name, json.dumps(info, sort_keys=True)))
 
+    @_guarded
     def devices(self) -> list[DeviceRecord]:
         return [DeviceRecord(fp, name, json.loads(info)) for fp, name, info in
                 self._db.execute("SELECT fingerprint, name, info FROM devices ORDER BY rowid")]
@@ -260,6 +370,7 @@ class ProfileStore:
                                     f"profiled devices: {known}")
         return matches[-1]
 
+    @_guarded
     def add_workloads(self, nodes: Iterable, model: str | None = None) -> None:
         """Record the workloads of op-graph nodes (and, if given, that ``model`` uses them)."""
         counts: dict[str, int] = {}
@@ -274,11 +385,13 @@ class ProfileStore:
                 db.executemany("INSERT OR REPLACE INTO workload_models VALUES (?, ?, ?)",
                                [(k, model, c) for k, c in counts.items()])
 
+    @_guarded
     def workloads(self) -> list[dict]:
         cols = ("key", "op_type", "flops", "bytes_read", "bytes_written", "param_bytes")
         return [dict(zip(cols, r)) for r in
                 self._db.execute(f"SELECT {', '.join(cols)} FROM workloads ORDER BY rowid")]
 
+    @_guarded
     def workload_models(self) -> dict[str, dict[str, int]]:
         """``{workload key: {model: count}}``."""
         out: dict[str, dict[str, int]] = {}
@@ -301,11 +414,13 @@ class ProfileStore:
         cols = [c[0] for c in cur.description]
         return [Measurement(**dict(zip(cols, r))) for r in cur]
 
+    @_guarded
     def put(self, m: Measurement) -> None:
         """Store one measurement (replacing an older one of the same workload, device, schedule)."""
         with self._tx() as db:
             self._write(db, m)
 
+    @_guarded
     def add_pass(self, m: Measurement) -> Measurement:
         """Merge one more pass over a workload into the store (:func:`fastest`), atomically, and
         return the row now stored."""
@@ -317,6 +432,7 @@ class ProfileStore:
             self._write(db, merged)
         return merged
 
+    @_guarded
     def measurements(self, device: str | None = None,
                      schedule: str | None = "default") -> list[Measurement]:
         """The measurements of ``device`` (fingerprint; default all) with ``schedule``
@@ -325,12 +441,15 @@ class ProfileStore:
         return self._read(self._db, " AND ".join(f"{c} = ?" for c, _ in where) or "1",
                           [v for _, v in where])
 
-    def measurement(self, device: str, workload: str, schedule: str = "default") -> Measurement | None:
+    @_guarded
+    def measurement(self, device: str, workload: str,
+                    schedule: str = "default") -> Measurement | None:
         """The measurement of ``workload`` on ``device`` (fingerprint) with ``schedule``, if any."""
         rows = self._read(self._db, "device = ? AND workload = ? AND schedule = ?",
                           (device, workload, schedule))
         return rows[0] if rows else None
 
+    @_guarded
     def pending(self, keys: Iterable[str], device: str, schedule: str = "default",
                 passes: int = 1) -> list[str]:
         """``keys`` measured on ``device`` in fewer than ``passes`` passes, in the given order. A
@@ -348,12 +467,14 @@ class ProfileStore:
 
     # ------------------------------------------------------------------ links
 
+    @_guarded
     def put_link(self, fit: LinkFit) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO links VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (fit.src, fit.dst, fit.alpha_s, fit.beta_bps, fit.r2,
                         json.dumps(fit.points), fit.measured_at or _now()))
 
+    @_guarded
     def links(self) -> list[LinkFit]:
         return [LinkFit(s, d, a, b, r2, tuple(tuple(p) for p in json.loads(pts)), at)
                 for s, d, a, b, r2, pts, at in self._db.execute("SELECT * FROM links")]
@@ -378,6 +499,7 @@ class ProfileStore:
             "links": links,
         }
 
+    @_guarded
     def import_profile(self, data: dict) -> int:
         """Merge an exported profile; returns how many measurements were new. Existing
         measurements are kept (nothing is overwritten)."""
@@ -414,6 +536,7 @@ class ProfileStore:
                                     "nothing was imported") from None
         return added
 
+    @_guarded
     def counts(self) -> dict[str, Any]:
         q = lambda sql: self._db.execute(sql).fetchone()[0]  # noqa: E731
         return {"devices": q("SELECT count(*) FROM devices"),
@@ -433,6 +556,130 @@ def load_profile_json(path: str | Path) -> dict:
         raise ProfileStoreError(f"{path} is not an autoplace profile (no format "
                                 f"{PROFILE_FORMAT!r}); export one with 'autoplace profile-export'")
     return data
+
+
+_TABLES = ("devices", "workloads", "workload_models", "measurements", "links")  # referenced first
+
+
+def recover(damaged: str | Path, out: str | Path) -> dict[str, int]:
+    """Copy every row still readable from the damaged store ``damaged`` into the store ``out``.
+
+    ``damaged`` is only read. ``out`` is created if missing; rows it holds already are kept, as
+    by :meth:`ProfileStore.import_profile`. Each table is read in rowid order and, where a read
+    fails, from past the damaged pages on: the rows on those pages are lost, the others copied.
+    A measurement whose device's row was lost is kept; the next campaign on that device records
+    the device again.
+
+    Returns
+    -------
+    dict
+        How many rows were copied, per table.
+    """
+    damaged, out = Path(damaged), Path(out)
+    if not damaged.is_file():
+        raise ProfileStoreError(f"no file {damaged} to recover")
+    if out.exists() and out.resolve() == damaged.resolve():
+        raise ProfileStoreError(f"recover {damaged} into a new file, not into itself")
+    try:
+        src = _connect(damaged, 60.0, readonly=True)
+    except sqlite3.Error as e:
+        raise ProfileStoreError(f"cannot read {damaged} at all ({e}); nothing to recover") from None
+    copied = {}
+    try:
+        with ProfileStore(out) as store, store._guard():
+            store._db.execute("PRAGMA foreign_keys = OFF")  # outside a transaction, or a no-op
+            with store._tx() as db:
+                for table in _TABLES:
+                    have = _columns(src, table)
+                    cols = [c for c in _columns(db, table) if c in have or not have]
+                    insert = (f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
+                              f"VALUES ({', '.join('?' * len(cols))})")
+                    copied[table] = 0
+                    for row in _readable_rows(src, table, cols):
+                        try:
+                            copied[table] += db.execute(insert, row).rowcount
+                        except sqlite3.IntegrityError:
+                            pass  # a damaged row that the schema refuses
+    finally:
+        src.close()
+    return copied
+
+
+def _columns(db, table: str) -> list[str]:
+    try:
+        return [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+    except sqlite3.DatabaseError:
+        return []  # the schema itself is damaged
+
+
+def _readable_rows(db, table: str, cols: list[str]):
+    """``cols`` of every row of ``table`` that can still be read, in rowid order."""
+    scan = f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? ORDER BY rowid"
+    after, retried = 0, None  # SQLite numbers rows from 1
+    while True:
+        try:
+            for rowid, *values in db.execute(scan, (after,)):
+                after = rowid
+                yield values
+            return
+        except sqlite3.DatabaseError:
+            pass
+        nxt = _next_reachable(db, table, after)
+        if nxt is None:
+            return
+        # Go on from the next row a seek reaches; if that row itself cannot be read, past it.
+        after, retried = (nxt if nxt == retried else nxt - 1), nxt
+
+
+def _next_reachable(db, table: str, after: int) -> int | None:
+    """The first rowid above ``after`` that a seek past the damaged pages reaches, if any:
+    seek further and further until one succeeds, then bisect back to the damage's end."""
+    def seek(rowid):
+        try:
+            row = db.execute(f"SELECT rowid FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1",
+                             (rowid,)).fetchone()
+        except sqlite3.DatabaseError:
+            return False, None
+        return True, row and row[0]
+
+    failed, step = after, 1
+    while True:
+        if after + step >= 2**63:
+            return None
+        ok, found = seek(after + step)
+        if ok:
+            break
+        failed, step = after + step, step * 2
+    reached = after + step
+    while reached - failed > 1:
+        mid = (failed + reached) // 2
+        ok, at = seek(mid)
+        if ok:
+            reached, found = mid, at
+        else:
+            failed = mid
+    return found
+
+
+def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
+    """An autocommit connection (transactions are explicit); ``mode=ro`` if ``readonly``."""
+    if not readonly:
+        return sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
+    uri = path.resolve().as_uri() + "?mode=ro"
+    db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError as e:
+        db.close()
+        wal = path.with_name(path.name + "-wal")
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or (
+                wal.exists() and wal.stat().st_size):
+            raise  # not that, or recent writes in the -wal file that only SQLite's -shm finds
+    # A WAL store in a directory this process cannot write: there is no -shm file to share
+    # with writers, and none can be made, so read the file as it is. (A campaign that another
+    # user runs on it meanwhile would not be seen.)
+    return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=timeout_s, isolation_level=None)
 
 
 def _now() -> str:

@@ -170,7 +170,7 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
 
     groups = [(name, nodes) for name, nodes in fused_groups(mod, func_name) if nodes]
     untimed = 0
-    with ProfileStore(db) as store:
+    with ProfileStore(db, readonly=True) as store:
         for k in cpus:
             device = devices[k]
             info = LocalRunner(device).info()

@@ -171,31 +171,49 @@ def _record_lines(db) -> int:
     return sum(1 for f in files for line in f.read_text().splitlines() if line.strip())
 
 
+def _run_until(cmd, db, records: int, sig) -> subprocess.CompletedProcess:
+    """Run ``cmd`` until the store's records reach ``records`` lines, then send it ``sig``."""
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 300
+    try:
+        while (_record_lines(db) < records and child.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        child.send_signal(sig)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
 def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
     db = tmp_path / "prof.db"
     cmd = [sys.executable, "-m", "autoplace", "tune", "--model", "zoo:mlp", "--device", "cpu:0",
-           "--db", str(db), "--trials", "4", "--round", "2"]
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    deadline = time.monotonic() + 300
-    try:
-        while _record_lines(db) < 2 and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+           "--db", str(db), "--trials", "6", "--round", "2"]
+    _run_until(cmd, db, 2, signal.SIGKILL)
     kept = _record_lines(db)
-    assert 2 <= kept < 4, "killed after its first round, before its second"
+    assert 2 <= kept < 6, "killed after its first round, before its last"
     [records] = records_root(db).glob("*/database_tuning_record.json")
     with records.open("a") as f:
         f.write('[0, [[["a torn')  # what a kill in the middle of a write leaves
 
     status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
                                        text=True, check=True).stdout)
-    assert status["pending"] == 1 and status["pending_trials"] == 4 - kept
+    assert status["pending"] == 1 and status["pending_trials"] == 6 - kept
+
+    # Ctrl-C: a clean stop with one line, every finished round kept.
+    stopped = _run_until(cmd, db, kept + 2, signal.SIGINT)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    assert "interrupted" in stopped.stdout and "Traceback" not in stopped.stderr
+    assert _record_lines(db) >= kept + 2
+
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert _record_lines(db) >= 4
+    assert _record_lines(db) >= 6
     status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
                                        text=True, check=True).stdout)
     assert status["pending"] == 0

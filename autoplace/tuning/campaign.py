@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import kernel_workload
 from autoplace.devices import Device
-from autoplace.profile.measure import LocalRunner, fingerprint
+from autoplace.profile.measure import LocalRunner, fingerprint, interrupts_kept, op_failed
 from autoplace.tuning.records import device_folder, open_database, write_device
 
 if TYPE_CHECKING:
@@ -179,43 +179,51 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
                    for name, w, flops in device_kernels(mods, target)]
         tasks[fp] = _DeviceTasks(device, fp, info, target, database, folder, kernels)
 
-    def missing(recorded, valid):
-        return 0 if recorded and not valid else max(trials - recorded, 0)
-
-    pending = sum(missing(r, v) for t in tasks.values() for *_, r, v in t.kernels)
-    statuses = []
-    if not dry_run and pending:
-        from tqdm.auto import tqdm
-
-        with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
-            for t in tasks.values():
-                for name, workload, flops, recorded, valid in t.kernels:
-                    todo = missing(recorded, valid)
-                    if not todo:
-                        statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid))
-                        continue
-                    bar.set_postfix_str(f"{t.device.name} {name}")
-                    error = None
-                    try:
-                        _tune_one(workload, t.target, t.database, t.folder, name, todo,
-                                  trials_per_iter)
-                    except KeyboardInterrupt:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
-                        error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
-                        log.warning("%s %s: tuning failed, it keeps its default schedule: %s",
-                                    t.device.name, name, error)
-                    now_recorded, now_valid = _recorded(t.database, workload)
-                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, now_valid,
-                                                 now_recorded - recorded, error))
-                    bar.update(todo)
-        pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses
-                      if not s.failed)
-    else:
-        statuses = [KernelStatus(t.device.name, name, flops, r, v)
-                    for t in tasks.values() for name, _, flops, r, v in t.kernels]
-    timed = 0 if dry_run else _time_all(tasks.values(), db, progress)
+    with interrupts_kept():
+        statuses, pending = _tune_all(tasks, trials, dry_run=dry_run,
+                                      trials_per_iter=trials_per_iter, progress=progress)
+        timed = 0 if dry_run else _time_all(tasks.values(), db, progress)
     return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed)
+
+
+def _missing(trials: int, recorded: int, valid: int) -> int:
+    """Trials still to run for a kernel; none for one whose every trial failed."""
+    return 0 if recorded and not valid else max(trials - recorded, 0)
+
+
+def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
+              trials_per_iter: int, progress: bool) -> tuple[list[KernelStatus], int]:
+    """Tune what is missing (nothing with ``dry_run``): each kernel's status and the trials
+    still pending."""
+    pending = sum(_missing(trials, r, v) for t in tasks.values() for *_, r, v in t.kernels)
+    if dry_run or not pending:
+        return [KernelStatus(t.device.name, name, flops, r, v)
+                for t in tasks.values() for name, _, flops, r, v in t.kernels], pending
+    from tqdm.auto import tqdm
+
+    statuses = []
+    with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
+        for t in tasks.values():
+            for name, workload, flops, recorded, valid in t.kernels:
+                todo = _missing(trials, recorded, valid)
+                if not todo:
+                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid))
+                    continue
+                bar.set_postfix_str(f"{t.device.name} {name}")
+                error = None
+                try:
+                    _tune_one(workload, t.target, t.database, t.folder, name, todo,
+                              trials_per_iter)
+                except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
+                    error = str(op_failed("tuning failed", e))  # Ctrl-C raises here
+                    log.warning("%s %s: %s; it keeps its default schedule", t.device.name, name,
+                                error)
+                now_recorded, now_valid = _recorded(t.database, workload)
+                statuses.append(KernelStatus(t.device.name, name, flops, recorded, now_valid,
+                                             now_recorded - recorded, error))
+                bar.update(todo)
+    pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses if not s.failed)
+    return statuses, pending
 
 
 def _time_all(tasks, db, progress: bool) -> int:

@@ -157,45 +157,52 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
                 db: str | Path, func_name: str = "main") -> TunedCosts:
     """``cost`` (nodes x devices) with each fused kernel that has a timed tuned record in store
     ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged."""
-    import tvm
-
-    from autoplace.tuning.records import open_records
-
     out = np.array(cost, dtype=float)
     tuned = np.zeros(out.shape, dtype=bool)
     cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
     if not cpus or not len(graph.nodes) or not Path(db).exists():
         return TunedCosts(out, tuned, 0)
-    from autoplace.tuning.campaign import tuning_target
-
     groups = [(name, nodes) for name, nodes in fused_groups(mod, func_name) if nodes]
-    untimed = 0
+    timed: dict[str, tuple[list, int]] = {}  # fingerprint -> ([(nodes, seconds)], untimed)
     with ProfileStore(db, readonly=True) as store:
         for k in cpus:
-            device = devices[k]
-            info = LocalRunner(device).info()
+            info = LocalRunner(devices[k]).info()
             fp = fingerprint(info)
-            records, _ = open_records(db, [device], [fp])
-            if not records:
-                continue
-            target = tuning_target(device, info["threads"])
-            funcs = {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
-                     if isinstance(f, tvm.tirx.PrimFunc)}
-            for name, nodes in groups:
-                func = funcs.get(name)
-                record = records.best(func, target) if func is not None else None
-                if record is None or isinstance(record, str):
-                    continue
-                m = store.measurement(fp, kernel_key(kernel_workload(func)),
-                                      tuned_schedule(record))
-                if m is None or not m.ok:
-                    untimed += m is None
-                    continue
-                runnable = [i for i in nodes if np.isfinite(out[i, k])]
-                if len(runnable) < len(nodes):
+            if fp not in timed:
+                timed[fp] = _timed_groups(mod, groups, devices[k], info, fp, db, store)
+            for nodes, seconds in timed[fp][0]:
+                if not np.isfinite(out[list(nodes), k]).all():
                     continue  # the device cannot run one of its ops: leave the group alone
                 keep = anchor(nodes, graph, out[:, k])
                 out[list(nodes), k] = 0.0
-                out[keep, k] = m.latency_s
+                out[keep, k] = seconds
                 tuned[list(nodes), k] = True
-    return TunedCosts(out, tuned, untimed)
+    return TunedCosts(out, tuned, sum(untimed for _, untimed in timed.values()))
+
+
+def _timed_groups(mod, groups, device: Device, info: dict, fp: str, db, store: ProfileStore):
+    """The fused groups of ``mod`` whose kernel has a timed tuned record for this device, with
+    that time, and how many have a record but no time."""
+    import tvm
+
+    from autoplace.tuning.campaign import tuning_target
+    from autoplace.tuning.records import open_records
+
+    records, _ = open_records(db, [device], [fp])
+    if not records:
+        return [], 0
+    target = tuning_target(device, info["threads"])
+    funcs = {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)}
+    found, untimed = [], 0
+    for name, nodes in groups:
+        func = funcs.get(name)
+        record = records.best(func, target) if func is not None else None
+        if record is None or isinstance(record, str):
+            continue
+        m = store.measurement(fp, kernel_key(kernel_workload(func)), tuned_schedule(record))
+        if m is None:
+            untimed += 1
+        elif m.ok:
+            found.append((nodes, m.latency_s))
+    return found, untimed

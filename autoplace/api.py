@@ -20,7 +20,7 @@ from autoplace.predict.fusion import fused_gpu_costs
 from autoplace.predict.protocol import CostModel, ProfiledCostModel
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
-from autoplace.solve.problem import OBJECTIVES
+from autoplace.solve.problem import OBJECTIVES, check_time_limit
 from autoplace.solve.simulate import copies_needed
 
 if TYPE_CHECKING:
@@ -299,8 +299,7 @@ def optimize(
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
     if solver not in SOLVERS and not solver.startswith("single:"):
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
-    if time_limit <= 0:
-        raise ValueError(f"time_limit must be positive seconds, got {time_limit}")
+    check_time_limit(time_limit)
     if objective != "throughput" and (stage_overhead_s is not None or max_stages is not None):
         raise ValueError("stage_overhead_s and max_stages describe pipelines: pass them with "
                          "objective='throughput'")

@@ -65,6 +65,8 @@ def test_op_no_device_can_run_names_it():
     (dict(objective="energy"), ValueError, "objective 'energy'"),
     (dict(solver="magic"), ValueError, "unknown solver 'magic'"),
     (dict(time_limit=0), ValueError, "time_limit must be positive"),
+    (dict(time_limit=float("nan")), ValueError, "time_limit must be positive"),
+    (dict(time_limit=-5), ValueError, "time_limit must be positive"),
     (dict(pins=[("op:nn.relu", "gpu")]), autoplace.PlanError, "names device 'gpu'"),
     (dict(cost_model=object()), TypeError, "predict"),
 ])

@@ -108,3 +108,20 @@ def test_solve_help_example_runs_on_an_input_the_repository_carries():
     files = re.findall(r"autoplace solve (\S+\.json)", r.stdout)
     repo = Path(__file__).resolve().parents[1]
     assert files and all((repo / f).is_file() for f in files), files
+
+
+def test_solve_out_of_time_prints_the_plan_its_bound_and_gap(bench):
+    r = _run("solve", str(bench / "latency" / "op_bert_l-12_inference.json"), "--objective",
+             "latency", "--time-limit", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert 0 < plan["bound"] <= plan["latency"] and 0 <= plan["gap"] < 1
+    assert plan["status"] in ("OPTIMAL", "FEASIBLE") and plan["fpgas"]
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "nan"])
+def test_solve_refuses_a_time_limit_that_is_not_positive(bench, limit):
+    r = _run("solve", str(bench / "throughput" / "bert24_inference.json"), "--time-limit", limit)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"autoplace solve: error: time_limit must be positive seconds, "
+                                f"got {float(limit)!r}")

@@ -237,6 +237,7 @@ def optimize(
     max_stages: int | None = None,
     func_name: str = "main",
     db="auto",
+    check_devices: bool = True,
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -284,11 +285,20 @@ def optimize(
         chosen on charge each tuned kernel timed in the store (``autoplace tune`` times them)
         once, at the op with the most FLOPs among those fused into it; the other ops keep the
         cost model's costs, and ``plan.cost_sources`` says ``"tuned"`` where tuned times apply.
+    check_devices : bool
+        Check first that this machine has every device (a GPU TVM finds; ``cpu:N`` below the
+        count of cores this process may use). ``False`` plans for devices elsewhere: the result
+        builds here but runs only where they are.
 
     Returns
     -------
     OptimizeResult
         ``.plan``, ``.mod`` (annotated), ``.predicted_latency_s``, ``.baselines``, ``.compile()``.
+
+    Raises
+    ------
+    autoplace.profile.DeviceUnavailable
+        ``check_devices`` and this machine lacks a device: the message names it.
     """
     devices = list(devices)
     if not devices:
@@ -307,6 +317,11 @@ def optimize(
         from autoplace.solve.problem import STAGE_OVERHEAD_S
 
         stage_overhead_s = {d.name: STAGE_OVERHEAD_S[d.kind] for d in devices}
+    if check_devices:
+        from autoplace.profile import check_present
+
+        for d in devices:
+            check_present(d)
 
     graph = OpGraph.from_relax(mod, func_name)
     if isinstance(cost_model, str) and cost_model == "auto":

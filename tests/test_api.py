@@ -76,6 +76,27 @@ def test_bad_arguments(devs, kwargs, error, message):
         autoplace.optimize(zoo.load("mlp").mod, kwargs.pop("devices"), **kwargs)
 
 
+def test_devices_this_machine_lacks_are_refused_before_any_work(devs, monkeypatch):
+    # No machine has GPU 99, and CPU devices are numbered below this process's cores.
+    from autoplace.backend import process_cpus
+    from autoplace.profile import DeviceUnavailable
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("optimize read the model before checking its devices")
+
+    monkeypatch.setattr(autoplace.OpGraph, "from_relax", no_work)
+    cores = len(process_cpus())
+    for absent, spec in ((Device.cuda(99), "cuda:99"), (Device.cpu(cores), f"cpu:{cores}")):
+        with pytest.raises(DeviceUnavailable, match=f"^{spec}: no such device on this machine"):
+            autoplace.optimize(zoo.load("mlp").mod, [devs[0], absent])
+
+
+def test_planning_for_devices_elsewhere_needs_check_devices_false(devs):
+    res = autoplace.optimize(zoo.load("mlp").mod, [devs[0], Device.cuda(99)], time_limit=2,
+                             cost_model=autoplace.RooflineCostModel(), check_devices=False)
+    assert {d.name for d in res.plan.devices} == {devs[0].name, "cuda99"}
+
+
 def test_roofline_is_the_slower_of_compute_and_memory():
     g = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
     dev = Device.cpu(0, peak_flops=1e9, mem_bandwidth=1e9)
@@ -108,7 +129,8 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
         assert res.cost_model.startswith("measured") and set(res.plan.cost_sources) == {"measured"}
     # A GPU is never costed by a model trained on a CPU: it gets the roofline.
     gpu = Device.cuda(0, name="g")
-    mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2)
+    mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2,
+                               check_devices=False)
     assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)
 
 

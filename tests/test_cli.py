@@ -1,6 +1,7 @@
 """The command line as a user runs it: a real subprocess, its output and exit codes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -44,6 +45,20 @@ def test_errors_exit_2_with_a_message(args, message):
     r = _run(*args)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command, extra", [("optimize", []), ("report", ["--out", "OUT"])])
+def test_devices_this_machine_lacks_are_one_line_before_any_work(command, extra, tmp_path):
+    # cuda:99 is on no machine; cpu:<os.cpu_count()> is past the cores any process may use.
+    # The model zoo:nope is never read (that would be another error): devices come first.
+    extra = [str(tmp_path / "out") if a == "OUT" else a for a in extra]
+    for absent in ("cuda:99", f"cpu:{os.cpu_count()}"):
+        r = _run(command, "--model", "zoo:nope", "--device", "cpu:0", "--device", absent, *extra)
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"autoplace {command}: error: {absent}: no such device on this "
+                               "machine") and "; use cpu:0" in line
+    assert not (tmp_path / "out").exists()
 
 
 def test_solve_prints_the_benchmark_plan_json(bench):

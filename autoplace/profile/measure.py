@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import tvm_threads
+from autoplace.backend import process_cpus, tvm_threads
 from autoplace.devices import Device
 from autoplace.profile.workload import random_inputs
 
@@ -37,6 +37,26 @@ class DeviceUnavailable(RuntimeError):
 
 
 _interrupted = threading.Event()
+
+
+def check_present(device: Device, spec: str | None = None) -> None:
+    """Raise :class:`DeviceUnavailable` unless this machine has ``device`` (named ``spec``,
+    default ``"kind:index"``): a GPU that TVM finds, or a CPU device numbered below the count of
+    cores this process may use (CPU devices share those cores by index, a share each). Nothing
+    is built or run."""
+    spec = spec or f"{device.kind}:{device.index}"
+    cores = len(process_cpus())
+    if device.is_gpu:
+        if device.index >= 0 and device.tvm_device().exist:
+            return
+        why = f"TVM finds no CUDA GPU {device.index}"
+    else:
+        if 0 <= device.index < cores:
+            return
+        why = f"this process may use {cores} cores"
+    here = "cpu:0" + (f" to cpu:{cores - 1}" if cores > 1 else "")
+    raise DeviceUnavailable(f"{spec}: no such device on this machine ({why}); use {here}")
+
 
 
 @contextlib.contextmanager
@@ -185,9 +205,9 @@ class LocalRunner:
                 "host": platform.node(), "remote": None}
 
     def check(self) -> None:
-        """Raise :class:`DeviceUnavailable` unless the device exists and runs a trivial op."""
-        if not self.device.tvm_device().exist:
-            raise DeviceUnavailable(f"{self.spec}: no such device on this machine")
+        """Raise :class:`DeviceUnavailable` unless the device exists (:func:`check_present`) and
+        runs a trivial op."""
+        check_present(self.device, self.spec)
         try:
             self.measure(probe_module(), PROBE_POLICY)
         except OpFailed as e:

@@ -134,6 +134,17 @@ def test_unavailable_device_is_reported_and_others_go_on(tmp_path):
     assert cpu.error is None and cpu.measured == 3
 
 
+def test_a_cpu_device_past_this_process_cores_is_reported_absent(tmp_path):
+    from autoplace.backend import process_cpus
+
+    cores = len(process_cpus())
+    rep = run_campaign([("mlp", zoo.load("mlp").mod)], [f"cpu:{cores}"],
+                       ProfileStore(tmp_path / "p.db"), policy=FAST, progress=False)
+    (absent,) = rep.devices
+    assert absent.error.startswith(f"cpu:{cores}: no such device on this machine")
+    assert absent.measured == 0
+
+
 def test_dry_run_json_counts_pending_and_writes_nothing(tmp_path):
     db = tmp_path / "p.db"
     p = _cli("profile", "--model", "zoo:mlp", "--model", "zoo:branchy_cnn", "--device", "cpu:0",

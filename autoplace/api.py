@@ -117,7 +117,7 @@ def build_problem(
         [(e.src, e.dst) for e in graph.edges],
         [n.out_bytes for n in graph.nodes],
         alpha=alpha, beta=beta,
-        node_mem=[n.param_bytes + n.out_bytes for n in graph.nodes],
+        node_mem=[n.mem_bytes for n in graph.nodes],
         mem_cap=[dev.memory_bytes for dev in devices],
         pins=pin_arr,
         stage_overhead_s=stage_overhead_s,

@@ -142,6 +142,7 @@ class OptimizeResult:
     predictor: Any = None  # the cost model object itself (explain() reads its uncertainty)
     records: Any = None  # the tuning records builds apply (optimize(db=...)), or None
     records_note: tuple[str, ...] = ()  # per device, which records apply, in words
+    profiles_note: tuple[str, ...] = ()  # per device, which measured profile applies, in words
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -205,7 +206,8 @@ class OptimizeResult:
         s = self.solution
         rate = s.objective == "throughput"
         what = "time per input" if rate else s.objective
-        lines = [str(self.plan), f"costs: {self.cost_model}", *self.records_note,
+        lines = [str(self.plan), f"costs: {self.cost_model}", *self.profiles_note,
+                 *self.records_note,
                  f"predicted {what}: {_ms(s.value, rate)}  (solver {s.solver}, {s.status}, "
                  f"bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         for name, value in self.baselines.items():
@@ -329,6 +331,7 @@ def optimize(
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)
+    profiles_note = _profile_notes(cost_model, devices, check_devices)
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
@@ -349,7 +352,49 @@ def optimize(
         solver=solution.solver)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod, described,
-                          predictor=cost_model, records=records, records_note=note)
+                          predictor=cost_model, records=records, records_note=note,
+                          profiles_note=profiles_note)
+
+
+def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, ...]:
+    """For a :class:`MeasuredCostModel`: a line per device on the profile that gives its costs,
+    and a warning (logged too) per profile that gives no device its costs and, when the devices
+    are ``here`` on this machine, per device whose profile was measured on other hardware or
+    settings (another fingerprint)."""
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import LocalRunner, fingerprint
+
+    if not isinstance(model, MeasuredCostModel):
+        return ()
+    lines, warnings, used = [], [], set()
+
+    def label(prof) -> str:
+        return f"{prof.info.get('hardware', '?')} ({prof.name}, {prof.fingerprint})"
+
+    for d in devices:
+        prof = model.profile_for(d)
+        if prof is None:
+            lines.append(f"profile: {d.name} has none (fallback costs)")
+            continue
+        used.add(id(prof))
+        lines.append(f"profile: {d.name} <- {label(prof)}")
+        info = LocalRunner(d).info() if here else None
+        if info is not None and fingerprint(info) != prof.fingerprint:
+            differ = [f"{k} {prof.info.get(k)!r} there, {info.get(k)!r} here" if k != "target"
+                      else "target" for k in ("kind", "hardware", "threads", "tvm", "remote",
+                                              "target") if prof.info.get(k) != info.get(k)]
+            warnings.append(f"{d.name}'s profile {label(prof)} was measured on another device or "
+                            f"settings ({'; '.join(differ)}): its costs may not hold here "
+                            "(measure this device with 'autoplace profile')")
+    for prof in model.given():
+        if id(prof) not in used:
+            mine = [d.name for d in devices if d.kind == prof.kind]
+            why = (f"no device is of kind {prof.kind}" if not mine else
+                   f"several {prof.kind} profiles were given: pass {{device name: profile}}")
+            warnings.append(f"profile {label(prof)} gives no device its costs ({why})")
+    for w in warnings:
+        log.warning("%s", w)
+    return tuple(lines) + tuple(f"warning: {w}" for w in warnings)
 
 
 def _tuning_records(db, devices: Sequence[Device]):

@@ -97,6 +97,46 @@ def test_planning_for_devices_elsewhere_needs_check_devices_false(devs):
     assert {d.name for d in res.plan.devices} == {devs[0].name, "cuda99"}
 
 
+def _profile(info, latency_s=None):
+    from autoplace.profile import DeviceProfile, fingerprint
+
+    return DeviceProfile(f"{info['kind']}:0", fingerprint(info), info, latency_s or {}, {}, {})
+
+
+def test_which_profile_applies_to_which_device_is_said_and_mismatches_warned(devs, caplog):
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import LocalRunner
+
+    mod = zoo.load("mlp").mod
+    here = LocalRunner(devs[0]).info()
+    mine, other_cpu = _profile(here), _profile({**here, "hardware": "Other CPU", "threads": 64})
+    gpu = _profile({**here, "kind": "cuda", "hardware": "Some GPU"})
+
+    def notes(profiles, **kwargs):
+        caplog.clear()
+        res = autoplace.optimize(mod, devs, time_limit=2, **kwargs,
+                                 cost_model=MeasuredCostModel(profiles))
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert [f"warning: {w}" for w in warned] == [n for n in res.profiles_note
+                                                     if n.startswith("warning:")]
+        assert all(n in res.summary() for n in res.profiles_note)
+        return res.profiles_note
+
+    # This machine's own profile: said, no warning.
+    assert notes([mine]) == tuple(f"profile: {d.name} <- {here['hardware']} (cpu:0, "
+                                  f"{mine.fingerprint})" for d in devs)
+    # A GPU's profile on CPU devices gives nothing: said, not silently dropped.
+    gpu_notes = notes([gpu])
+    assert gpu_notes[:2] == ("profile: a has none (fallback costs)",
+                             "profile: b has none (fallback costs)")
+    assert "gives no device its costs (no device is of kind cuda)" in gpu_notes[2]
+    # Another CPU's profile is used, with a warning naming what differs.
+    other = notes([other_cpu])
+    assert len(other) == 4 and "'Other CPU' there" in other[2] and "threads 64 there" in other[2]
+    # Planning for devices elsewhere: nothing here to compare with.
+    assert len(notes([other_cpu], check_devices=False)) == 2
+
+
 def test_roofline_is_the_slower_of_compute_and_memory():
     g = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
     dev = Device.cpu(0, peak_flops=1e9, mem_bandwidth=1e9)

@@ -61,6 +61,21 @@ def test_devices_this_machine_lacks_are_one_line_before_any_work(command, extra,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_profile_of_an_unreadable_schema_is_refused_like_profile_import(tmp_path):
+    from autoplace.profile.store import PROFILE_FORMAT
+
+    path = tmp_path / "v99.json"
+    path.write_text(json.dumps({
+        "format": PROFILE_FORMAT, "schema_version": 99, "workloads": [], "measurements": [],
+        "device": {"name": "cpu:0", "fingerprint": "0" * 16, "info": {"kind": "cpu"}}}))
+    for args in (["optimize", "--model", "zoo:mlp", "--profile", str(path)],
+                 ["profile-import", str(path), "--db", str(tmp_path / "p.db")]):
+        r = _run(*args)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "is a profile of schema version 99; this autoplace reads" in r.stderr
+    assert not (tmp_path / "p.db").exists()
+
+
 def test_solve_prints_the_benchmark_plan_json(bench):
     r = _run("solve", str(bench / "throughput" / "bert24_inference.json"), "--objective",
              "throughput", "--contiguous", "--time-limit", "5", "--json")

@@ -80,6 +80,7 @@ def _optimize_and_run(args) -> dict:
             "copies": res.copies,
             "cost_model": res.cost_model,
             "cost_sources": sorted(set(res.plan.cost_sources)),
+            "profiles": list(res.profiles_note),
             "max_abs_err_vs_single_device": err,
             "kernels": dict(run.kernels),
             "optimize_s": t_opt,

@@ -76,6 +76,28 @@ def test_a_profile_of_an_unreadable_schema_is_refused_like_profile_import(tmp_pa
     assert not (tmp_path / "p.db").exists()
 
 
+def test_train_refuses_too_few_measurements_and_writes_nothing(tmp_path):
+    from autoplace.profile import Measurement, ProfileStore
+
+    class Node:  # a workload as the store records it
+        def __init__(self, key):
+            self.workload_key, self.op_type = key, "add"
+            self.flops, self.bytes_read, self.bytes_written, self.param_bytes = 10.0, 8, 4, 0
+
+    db, out = tmp_path / "p.db", tmp_path / "model.json"
+    with ProfileStore(db) as store:
+        store.add_device("fp0", "cpu:0", {"kind": "cpu", "hardware": "test"})
+        store.add_workloads([Node("k1"), Node("k2")], model="m")
+        for key in ("k1", "k2"):
+            store.put(Measurement(key, "fp0", "ok", 1e-5, 9e-6, 1.1e-5, 0.01, 5, 100))
+    before = db.read_bytes()
+    r = _run("train", "--db", str(db), "--out", str(out))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"autoplace train: error: only 2 measurements in {db}: profile more workloads (at least "
+        "10) before training a cost model; nothing was written"]
+    assert not out.exists() and db.read_bytes() == before
+
+
 def test_solve_prints_the_benchmark_plan_json(bench):
     r = _run("solve", str(bench / "throughput" / "bert24_inference.json"), "--objective",
              "throughput", "--contiguous", "--time-limit", "5", "--json")

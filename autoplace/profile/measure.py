@@ -11,11 +11,15 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import platform
 import signal
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -182,6 +186,49 @@ def probe_module() -> tvm.IRModule:
             out = bb.emit_output(bb.emit(relax.op.add(x, y)))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def timing_lock_name(device: Device) -> str:
+    """Which of this machine's timing locks ``device`` takes: the CPU devices share one (they
+    share the cores), each GPU has its own."""
+    return "cpu" if not device.is_gpu else f"{device.kind}{device.index}"
+
+
+@contextlib.contextmanager
+def timing_lock(device: Device, lock_dir: str | Path | None = None) -> Iterator[int | None]:
+    """Hold this machine's lock on timing ``device`` (:func:`timing_lock_name`) while the body
+    runs, so that a second process timing it at once can tell. The lock is a file in
+    ``lock_dir`` (default: the temporary folder) that the OS releases when the holder exits,
+    however it ends. One process takes each lock once (a second hold would fail).
+
+    Yields ``None`` when this process holds the lock, else the id of the process that does (or
+    0 if unknown): the body runs either way, and its timings may then be contended.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock to take
+        yield None
+        return
+    name = f"autoplace-timing-{timing_lock_name(device)}.lock"
+    path = Path(lock_dir or tempfile.gettempdir()) / name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield None  # cannot make the lock file (a read-only folder): time without one
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder = None
+        except OSError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = int(text) if text.isdigit() else 0
+        if holder is None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield holder
+    finally:
+        os.close(fd)  # releases the lock if this process held it
 
 
 class LocalRunner:

@@ -23,7 +23,7 @@ from autoplace.graph import OpGraph
 from autoplace.profile.drift import DriftError, measure_drift
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
-                                       fingerprint, interrupts_kept, timing_lock,
+                                       check_present, fingerprint, interrupts_kept, timing_lock,
                                        timing_lock_name)
 from autoplace.profile.store import LinkFit, Measurement, ProfileStore
 from autoplace.profile.workload import single_op_modules
@@ -180,6 +180,8 @@ def run_campaign(
         rep = DeviceReport(spec)
         reports.append(rep)
         try:
+            if isinstance(runner, LocalRunner):
+                check_present(runner.device, spec)  # an absent device is not added to the store
             info = runner.info()
         except (DeviceUnavailable, ValueError) as e:
             rep.error = str(e)

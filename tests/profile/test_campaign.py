@@ -138,11 +138,12 @@ def test_a_cpu_device_past_this_process_cores_is_reported_absent(tmp_path):
     from autoplace.backend import process_cpus
 
     cores = len(process_cpus())
-    rep = run_campaign([("mlp", zoo.load("mlp").mod)], [f"cpu:{cores}"],
-                       ProfileStore(tmp_path / "p.db"), policy=FAST, progress=False)
+    store = ProfileStore(tmp_path / "p.db")
+    rep = run_campaign([("mlp", zoo.load("mlp").mod)], [f"cpu:{cores}"], store, policy=FAST,
+                       progress=False)
     (absent,) = rep.devices
     assert absent.error.startswith(f"cpu:{cores}: no such device on this machine")
-    assert absent.measured == 0
+    assert absent.measured == 0 and store.devices() == []  # not recorded as a device
 
 
 def test_dry_run_json_counts_pending_and_writes_nothing(tmp_path):

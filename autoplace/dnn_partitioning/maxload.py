@@ -461,6 +461,8 @@ def _complete_hint(model, fixed: list, time_limit: float, workers: int) -> bool:
     solver.parameters.num_workers = workers
     solver.parameters.max_time_in_seconds = max(0.0, time_limit)
     code = solver.Solve(copy)
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"invalid CP-SAT model: {copy.Validate()}")
     if code == cp_model.INFEASIBLE:
         raise ValueError("the warm start breaks the model's constraints")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

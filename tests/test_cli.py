@@ -35,6 +35,8 @@ def test_optimize_json_report():
     (["optimize", "--model", "model.pt"], "expected 'zoo:NAME'"),
     (["optimize", "--model", "zoo:mlp", "--device", "tpu:0"], "expected 'cpu:N' or 'cuda:N'"),
     (["optimize", "--model", "zoo:mlp", "--rule", "op:nn.relu"], "expected PATTERN=DEVICE"),
+    (["optimize", "--model", "zoo:mlp", "--time-limit", "-5"],
+     "time_limit must be positive seconds, got -5.0"),
     (["profile", "--model", "zoo:mlp", "--device", "tpu:0", "--db", "/nonexistent/p.db",
       "--dry-run"], "expected cpu:N, cuda:N or rpc:KEY@HOST:PORT"),
     (["profile", "--db", "/nonexistent/p.db"], "nothing to profile"),

@@ -20,7 +20,7 @@ from autoplace.predict.fusion import fused_gpu_costs
 from autoplace.predict.protocol import CostModel, ProfiledCostModel
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
-from autoplace.solve.problem import OBJECTIVES
+from autoplace.solve.problem import OBJECTIVES, check_time_limit
 from autoplace.solve.simulate import copies_needed
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def build_problem(
         [(e.src, e.dst) for e in graph.edges],
         [n.out_bytes for n in graph.nodes],
         alpha=alpha, beta=beta,
-        node_mem=[n.param_bytes + n.out_bytes for n in graph.nodes],
+        node_mem=[n.mem_bytes for n in graph.nodes],
         mem_cap=[dev.memory_bytes for dev in devices],
         pins=pin_arr,
         stage_overhead_s=stage_overhead_s,
@@ -142,6 +142,7 @@ class OptimizeResult:
     predictor: Any = None  # the cost model object itself (explain() reads its uncertainty)
     records: Any = None  # the tuning records builds apply (optimize(db=...)), or None
     records_note: tuple[str, ...] = ()  # per device, which records apply, in words
+    profiles_note: tuple[str, ...] = ()  # per device, which measured profile applies, in words
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -205,7 +206,8 @@ class OptimizeResult:
         s = self.solution
         rate = s.objective == "throughput"
         what = "time per input" if rate else s.objective
-        lines = [str(self.plan), f"costs: {self.cost_model}", *self.records_note,
+        lines = [str(self.plan), f"costs: {self.cost_model}", *self.profiles_note,
+                 *self.records_note,
                  f"predicted {what}: {_ms(s.value, rate)}  (solver {s.solver}, {s.status}, "
                  f"bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         for name, value in self.baselines.items():
@@ -237,6 +239,7 @@ def optimize(
     max_stages: int | None = None,
     func_name: str = "main",
     db="auto",
+    check_devices: bool = True,
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -284,11 +287,20 @@ def optimize(
         chosen on charge each tuned kernel timed in the store (``autoplace tune`` times them)
         once, at the op with the most FLOPs among those fused into it; the other ops keep the
         cost model's costs, and ``plan.cost_sources`` says ``"tuned"`` where tuned times apply.
+    check_devices : bool
+        Check first that this machine has every device (a GPU TVM finds; ``cpu:N`` below the
+        count of cores this process may use). ``False`` plans for devices elsewhere: the result
+        builds here but runs only where they are.
 
     Returns
     -------
     OptimizeResult
         ``.plan``, ``.mod`` (annotated), ``.predicted_latency_s``, ``.baselines``, ``.compile()``.
+
+    Raises
+    ------
+    autoplace.profile.DeviceUnavailable
+        ``check_devices`` and this machine lacks a device: the message names it.
     """
     devices = list(devices)
     if not devices:
@@ -299,8 +311,7 @@ def optimize(
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
     if solver not in SOLVERS and not solver.startswith("single:"):
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
-    if time_limit <= 0:
-        raise ValueError(f"time_limit must be positive seconds, got {time_limit}")
+    check_time_limit(time_limit)
     if objective != "throughput" and (stage_overhead_s is not None or max_stages is not None):
         raise ValueError("stage_overhead_s and max_stages describe pipelines: pass them with "
                          "objective='throughput'")
@@ -308,6 +319,11 @@ def optimize(
         from autoplace.solve.problem import STAGE_OVERHEAD_S
 
         stage_overhead_s = {d.name: STAGE_OVERHEAD_S[d.kind] for d in devices}
+    if check_devices:
+        from autoplace.profile import check_present
+
+        for d in devices:
+            check_present(d)
 
     graph = OpGraph.from_relax(mod, func_name)
     if isinstance(cost_model, str) and cost_model == "auto":
@@ -315,6 +331,7 @@ def optimize(
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)
+    profiles_note = _profile_notes(cost_model, devices, check_devices)
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
@@ -335,7 +352,49 @@ def optimize(
         solver=solution.solver)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod, described,
-                          predictor=cost_model, records=records, records_note=note)
+                          predictor=cost_model, records=records, records_note=note,
+                          profiles_note=profiles_note)
+
+
+def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, ...]:
+    """For a :class:`MeasuredCostModel`: a line per device on the profile that gives its costs,
+    and a warning (logged too) per profile that gives no device its costs and, when the devices
+    are ``here`` on this machine, per device whose profile was measured on other hardware or
+    settings (another fingerprint)."""
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import LocalRunner, fingerprint
+
+    if not isinstance(model, MeasuredCostModel):
+        return ()
+    lines, warnings, used = [], [], set()
+
+    def label(prof) -> str:
+        return f"{prof.info.get('hardware', '?')} ({prof.name}, {prof.fingerprint})"
+
+    for d in devices:
+        prof = model.profile_for(d)
+        if prof is None:
+            lines.append(f"profile: {d.name} has none (fallback costs)")
+            continue
+        used.add(id(prof))
+        lines.append(f"profile: {d.name} <- {label(prof)}")
+        info = LocalRunner(d).info() if here else None
+        if info is not None and fingerprint(info) != prof.fingerprint:
+            differ = [f"{k} {prof.info.get(k)!r} there, {info.get(k)!r} here" if k != "target"
+                      else "target" for k in ("kind", "hardware", "threads", "tvm", "remote",
+                                              "target") if prof.info.get(k) != info.get(k)]
+            warnings.append(f"{d.name}'s profile {label(prof)} was measured on another device or "
+                            f"settings ({'; '.join(differ)}): its costs may not hold here "
+                            "(measure this device with 'autoplace profile')")
+    for prof in model.given():
+        if id(prof) not in used:
+            mine = [d.name for d in devices if d.kind == prof.kind]
+            why = (f"no device is of kind {prof.kind}" if not mine else
+                   f"several {prof.kind} profiles were given: pass {{device name: profile}}")
+            warnings.append(f"profile {label(prof)} gives no device its costs ({why})")
+    for w in warnings:
+        log.warning("%s", w)
+    return tuple(lines) + tuple(f"warning: {w}" for w in warnings)
 
 
 def _tuning_records(db, devices: Sequence[Device]):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,11 +39,12 @@ class Device:
         ``"native"``: LLVM for this host's CPU (``-mcpu`` of
         ``tvm.target.codegen.llvm_get_system_cpu()``, so AVX2/AVX-512 where the CPU has them).
     memory_bytes : float
-        Memory capacity available to the model; ``inf`` for unlimited.
+        Memory capacity available to the model (positive); ``inf`` for unlimited.
     peak_flops, mem_bandwidth : float
-        Used by the roofline estimate when nothing was measured.
+        Used by the roofline estimate when nothing was measured (positive).
     unsupported_ops : frozenset of str
-        Op types (``"nn.conv2d"``) this device cannot run.
+        Relax op types this device cannot run, ``"nn.conv2d"`` or ``"relax.nn.conv2d"`` (stored
+        without the ``"relax."``); a name Relax does not have is an error.
     """
 
     name: str
@@ -59,7 +62,18 @@ class Device:
                              f"use one of {sorted(_KINDS)}")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
             raise ValueError(f"device name {self.name!r}: use letters, digits, '_', '.', '-'")
-        object.__setattr__(self, "unsupported_ops", frozenset(self.unsupported_ops))
+        for attr in ("memory_bytes", "peak_flops", "mem_bandwidth"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+                raise ValueError(f"device {self.name!r}: {attr} must be a positive number, "
+                                 f"got {value!r}")
+        if isinstance(self.unsupported_ops, str):
+            raise ValueError(f"device {self.name!r}: unsupported_ops is a set of op names, got "
+                             f"the string {self.unsupported_ops!r}; write {{{self.unsupported_ops!r}}}")
+        ops = frozenset(op.removeprefix("relax.") for op in self.unsupported_ops)
+        if ops:
+            _check_op_types(self.name, ops)
+        object.__setattr__(self, "unsupported_ops", ops)
 
     @classmethod
     def cpu(cls, index: int = 0, *, name: str | None = None, target: str = "llvm",
@@ -127,6 +141,20 @@ class Device:
         memory = d.get("memory_bytes")
         return cls(**{**d, "memory_bytes": math.inf if memory is None else float(memory),
                       "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
+
+
+def _check_op_types(device: str, ops: frozenset[str]) -> None:
+    """Raise ``ValueError`` for the first of ``ops`` that is not a Relax op type, with the
+    nearest names."""
+    import tvm
+
+    known = {n.removeprefix("relax.") for n in tvm.ir.Op.list_op_names() if n.startswith("relax.")}
+    for op in sorted(ops - known):
+        near = difflib.get_close_matches(op, known, n=3)
+        hint = f"did you mean {' or '.join(map(repr, near))}?" if near else (
+            "op types are Relax's, e.g. 'matmul', 'nn.conv2d'")
+        raise ValueError(f"device {device!r}: unsupported_ops names {op!r}, which is no Relax "
+                         f"op; {hint}")
 
 
 @dataclass(frozen=True)

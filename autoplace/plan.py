@@ -123,7 +123,8 @@ class Plan:
         return tuple(d for d in self.devices if d.name in used)
 
     def validate(self, graph: OpGraph) -> None:
-        """Check the plan against ``graph``: same nodes, every op on a device that can run it."""
+        """Check the plan against ``graph``: same nodes, every op on a device that can run it,
+        no device holding more than its ``memory_bytes`` (:attr:`OpNode.mem_bytes` summed)."""
         if tuple(n.name for n in graph.nodes) != self.nodes:
             raise PlanError("the plan was made for another graph: its node names differ "
                             f"({len(self.nodes)} in the plan, {len(graph.nodes)} in the graph)")
@@ -132,6 +133,15 @@ class Plan:
             if not dev.can_run(node.op_type):
                 raise PlanError(f"node {node.name!r} ({node.op_type}) is placed on {dev.name!r}, "
                                 f"which cannot run {node.op_type}; place it on another device")
+        held = dict.fromkeys(self.assignment, 0)
+        for node, dev_name in zip(graph.nodes, self.assignment):
+            held[dev_name] += node.mem_bytes
+        for dev_name, used in held.items():
+            cap = self.device(dev_name).memory_bytes
+            if used > cap * (1 + 1e-12):
+                raise PlanError(f"device {dev_name!r} holds {used:.6g} bytes of parameters and "
+                                f"outputs, over its memory_bytes of {cap:.6g}; place some of its "
+                                "nodes on another device")
 
     # ------------------------------------------------------------------ text forms
 

@@ -65,6 +65,8 @@ def test_op_no_device_can_run_names_it():
     (dict(objective="energy"), ValueError, "objective 'energy'"),
     (dict(solver="magic"), ValueError, "unknown solver 'magic'"),
     (dict(time_limit=0), ValueError, "time_limit must be positive"),
+    (dict(time_limit=float("nan")), ValueError, "time_limit must be positive"),
+    (dict(time_limit=-5), ValueError, "time_limit must be positive"),
     (dict(pins=[("op:nn.relu", "gpu")]), autoplace.PlanError, "names device 'gpu'"),
     (dict(cost_model=object()), TypeError, "predict"),
 ])
@@ -72,6 +74,67 @@ def test_bad_arguments(devs, kwargs, error, message):
     kwargs = {"devices": devs, **kwargs}
     with pytest.raises(error, match=message):
         autoplace.optimize(zoo.load("mlp").mod, kwargs.pop("devices"), **kwargs)
+
+
+def test_devices_this_machine_lacks_are_refused_before_any_work(devs, monkeypatch):
+    # No machine has GPU 99, and CPU devices are numbered below this process's cores.
+    from autoplace.backend import process_cpus
+    from autoplace.profile import DeviceUnavailable
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("optimize read the model before checking its devices")
+
+    monkeypatch.setattr(autoplace.OpGraph, "from_relax", no_work)
+    cores = len(process_cpus())
+    for absent, spec in ((Device.cuda(99), "cuda:99"), (Device.cpu(cores), f"cpu:{cores}")):
+        with pytest.raises(DeviceUnavailable, match=f"^{spec}: no such device on this machine"):
+            autoplace.optimize(zoo.load("mlp").mod, [devs[0], absent])
+
+
+def test_planning_for_devices_elsewhere_needs_check_devices_false(devs):
+    res = autoplace.optimize(zoo.load("mlp").mod, [devs[0], Device.cuda(99)], time_limit=2,
+                             cost_model=autoplace.RooflineCostModel(), check_devices=False)
+    assert {d.name for d in res.plan.devices} == {devs[0].name, "cuda99"}
+
+
+def _profile(info, latency_s=None):
+    from autoplace.profile import DeviceProfile, fingerprint
+
+    return DeviceProfile(f"{info['kind']}:0", fingerprint(info), info, latency_s or {}, {}, {})
+
+
+def test_which_profile_applies_to_which_device_is_said_and_mismatches_warned(devs, caplog):
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import LocalRunner
+
+    mod = zoo.load("mlp").mod
+    here = LocalRunner(devs[0]).info()
+    mine, other_cpu = _profile(here), _profile({**here, "hardware": "Other CPU", "threads": 64})
+    gpu = _profile({**here, "kind": "cuda", "hardware": "Some GPU"})
+
+    def notes(profiles, **kwargs):
+        caplog.clear()
+        res = autoplace.optimize(mod, devs, time_limit=2, **kwargs,
+                                 cost_model=MeasuredCostModel(profiles))
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert [f"warning: {w}" for w in warned] == [n for n in res.profiles_note
+                                                     if n.startswith("warning:")]
+        assert all(n in res.summary() for n in res.profiles_note)
+        return res.profiles_note
+
+    # This machine's own profile: said, no warning.
+    assert notes([mine]) == tuple(f"profile: {d.name} <- {here['hardware']} (cpu:0, "
+                                  f"{mine.fingerprint})" for d in devs)
+    # A GPU's profile on CPU devices gives nothing: said, not silently dropped.
+    gpu_notes = notes([gpu])
+    assert gpu_notes[:2] == ("profile: a has none (fallback costs)",
+                             "profile: b has none (fallback costs)")
+    assert "gives no device its costs (no device is of kind cuda)" in gpu_notes[2]
+    # Another CPU's profile is used, with a warning naming what differs.
+    other = notes([other_cpu])
+    assert len(other) == 4 and "'Other CPU' there" in other[2] and "threads 64 there" in other[2]
+    # Planning for devices elsewhere: nothing here to compare with.
+    assert len(notes([other_cpu], check_devices=False)) == 2
 
 
 def test_roofline_is_the_slower_of_compute_and_memory():
@@ -106,7 +169,8 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
         assert res.cost_model.startswith("measured") and set(res.plan.cost_sources) == {"measured"}
     # A GPU is never costed by a model trained on a CPU: it gets the roofline.
     gpu = Device.cuda(0, name="g")
-    mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2)
+    mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2,
+                               check_devices=False)
     assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)
 
 

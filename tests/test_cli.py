@@ -1,6 +1,7 @@
 """The command line as a user runs it: a real subprocess, its output and exit codes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -34,6 +35,8 @@ def test_optimize_json_report():
     (["optimize", "--model", "model.pt"], "expected 'zoo:NAME'"),
     (["optimize", "--model", "zoo:mlp", "--device", "tpu:0"], "expected 'cpu:N' or 'cuda:N'"),
     (["optimize", "--model", "zoo:mlp", "--rule", "op:nn.relu"], "expected PATTERN=DEVICE"),
+    (["optimize", "--model", "zoo:mlp", "--time-limit", "-5"],
+     "time_limit must be positive seconds, got -5.0"),
     (["profile", "--model", "zoo:mlp", "--device", "tpu:0", "--db", "/nonexistent/p.db",
       "--dry-run"], "expected cpu:N, cuda:N or rpc:KEY@HOST:PORT"),
     (["profile", "--db", "/nonexistent/p.db"], "nothing to profile"),
@@ -44,6 +47,57 @@ def test_errors_exit_2_with_a_message(args, message):
     r = _run(*args)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command, extra", [("optimize", []), ("report", ["--out", "OUT"])])
+def test_devices_this_machine_lacks_are_one_line_before_any_work(command, extra, tmp_path):
+    # cuda:99 is on no machine; cpu:<os.cpu_count()> is past the cores any process may use.
+    # The model zoo:nope is never read (that would be another error): devices come first.
+    extra = [str(tmp_path / "out") if a == "OUT" else a for a in extra]
+    for absent in ("cuda:99", f"cpu:{os.cpu_count()}"):
+        r = _run(command, "--model", "zoo:nope", "--device", "cpu:0", "--device", absent, *extra)
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"autoplace {command}: error: {absent}: no such device on this "
+                               "machine") and "; use cpu:0" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_profile_of_an_unreadable_schema_is_refused_like_profile_import(tmp_path):
+    from autoplace.profile.store import PROFILE_FORMAT
+
+    path = tmp_path / "v99.json"
+    path.write_text(json.dumps({
+        "format": PROFILE_FORMAT, "schema_version": 99, "workloads": [], "measurements": [],
+        "device": {"name": "cpu:0", "fingerprint": "0" * 16, "info": {"kind": "cpu"}}}))
+    for args in (["optimize", "--model", "zoo:mlp", "--profile", str(path)],
+                 ["profile-import", str(path), "--db", str(tmp_path / "p.db")]):
+        r = _run(*args)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "is a profile of schema version 99; this autoplace reads" in r.stderr
+    assert not (tmp_path / "p.db").exists()
+
+
+def test_train_refuses_too_few_measurements_and_writes_nothing(tmp_path):
+    from autoplace.profile import Measurement, ProfileStore
+
+    class Node:  # a workload as the store records it
+        def __init__(self, key):
+            self.workload_key, self.op_type = key, "add"
+            self.flops, self.bytes_read, self.bytes_written, self.param_bytes = 10.0, 8, 4, 0
+
+    db, out = tmp_path / "p.db", tmp_path / "model.json"
+    with ProfileStore(db) as store:
+        store.add_device("fp0", "cpu:0", {"kind": "cpu", "hardware": "test"})
+        store.add_workloads([Node("k1"), Node("k2")], model="m")
+        for key in ("k1", "k2"):
+            store.put(Measurement(key, "fp0", "ok", 1e-5, 9e-6, 1.1e-5, 0.01, 5, 100))
+    before = db.read_bytes()
+    r = _run("train", "--db", str(db), "--out", str(out))
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"autoplace train: error: only 2 measurements in {db}: profile more workloads (at least "
+        "10) before training a cost model; nothing was written"]
+    assert not out.exists() and db.read_bytes() == before
 
 
 def test_solve_prints_the_benchmark_plan_json(bench):
@@ -108,3 +162,20 @@ def test_solve_help_example_runs_on_an_input_the_repository_carries():
     files = re.findall(r"autoplace solve (\S+\.json)", r.stdout)
     repo = Path(__file__).resolve().parents[1]
     assert files and all((repo / f).is_file() for f in files), files
+
+
+def test_solve_out_of_time_prints_the_plan_its_bound_and_gap(bench):
+    r = _run("solve", str(bench / "latency" / "op_bert_l-12_inference.json"), "--objective",
+             "latency", "--time-limit", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert 0 < plan["bound"] <= plan["latency"] and 0 <= plan["gap"] < 1
+    assert plan["status"] in ("OPTIMAL", "FEASIBLE") and plan["fpgas"]
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "nan"])
+def test_solve_refuses_a_time_limit_that_is_not_positive(bench, limit):
+    r = _run("solve", str(bench / "throughput" / "bert24_inference.json"), "--time-limit", limit)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"autoplace solve: error: time_limit must be positive seconds, "
+                                f"got {float(limit)!r}")

@@ -93,6 +93,39 @@ def test_device_specs_and_errors():
     assert Device.from_dict(Device.cuda(1).to_dict()) == Device.cuda(1)
 
 
+def test_unsupported_ops_take_either_spelling_and_refuse_unknown_names(graph):
+    # The workload keys' spelling "relax.matmul" and the op type "matmul" are the same op.
+    for spelling in ("relax.matmul", "matmul"):
+        npu = Device.cpu(1, name="npu", unsupported_ops={spelling})
+        assert npu.unsupported_ops == {"matmul"} and not npu.can_run("matmul")
+        with pytest.raises(PlanError, match="'c0' \\(matmul\\) is placed on 'npu'"):
+            Plan.from_assignment(graph, [Device.cpu(0, name="a"), npu], ["npu"] + ["a"] * 4)
+    assert Device.from_dict(npu.to_dict()) == npu
+    for typo, near in (("matmull", "'matmul'"), ("softmax", "'nn.softmax'")):
+        with pytest.raises(ValueError, match=f"names '{typo}', which is no Relax op; did you "
+                                             f"mean {near}"):
+            Device.cpu(0, unsupported_ops={typo})
+    with pytest.raises(ValueError, match="a set of op names, got the string 'matmul'"):
+        Device.cpu(0, unsupported_ops="matmul")
+
+
+@pytest.mark.parametrize("field", ["memory_bytes", "peak_flops", "mem_bandwidth"])
+@pytest.mark.parametrize("value", [float("nan"), 0, -1.0, "8e9", None])
+def test_device_numbers_must_be_positive(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a positive number"):
+        Device.cpu(0, **{field: value})
+
+
+def test_place_checks_device_memory(graph):
+    # Each node holds its output: 2x4 float32 = 32 bytes (matmul's weight is an input, not a
+    # parameter), so five nodes need 160 bytes; a fits four (128 bytes), not five.
+    devs = [Device.cpu(0, name="a", memory_bytes=128), Device.cpu(1, name="b")]
+    assert [n.mem_bytes for n in graph.nodes] == [32] * 5
+    with pytest.raises(PlanError, match="'a' holds 160 bytes .* over its memory_bytes of 128"):
+        autoplace.place(graph, devs, [("*", "a")])
+    assert autoplace.place(graph, devs, [("op:nn.softmax", "b"), ("*", "a")]).assignment[-1] == "b"
+
+
 def test_link_time_is_alpha_plus_bytes_over_beta():
     link = autoplace.Link("a", "b", alpha=1e-5, beta=1e9)
     assert link.time(2e6) == pytest.approx(1e-5 + 2e-3)

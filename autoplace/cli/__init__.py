@@ -54,12 +54,13 @@ def main(argv=None) -> int:
     if args.command in ("demo", "optimize") and args.device is None:
         args.device = ["cpu:0", "cpu:1"]
     from autoplace import InfeasibleError, PlanError, UnsupportedModelError
+    from autoplace.profile import DeviceUnavailable
     from autoplace.profile.store import ProfileStoreError
 
     try:
         return args.func(args)
     except (InfeasibleError, PlanError, UnsupportedModelError, ProfileStoreError, ValueError,
-            KeyError, OSError) as e:
+            KeyError, OSError, DeviceUnavailable) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e  # no repr quotes
         print(f"autoplace {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -53,8 +53,8 @@ def _optimize_and_run(args) -> dict:
     if getattr(args, "run", 0) and args.objective != "throughput":
         raise ValueError("--run N measures a pipeline: use it with --objective throughput")
     t0 = time.perf_counter()
-    model = zoo.from_spec(args.model or options.default_model())
     devices = options.devices(args.device)
+    model = zoo.from_spec(args.model or options.default_model())
     cost_model = options.cost_model(args)
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
@@ -80,6 +80,7 @@ def _optimize_and_run(args) -> dict:
             "copies": res.copies,
             "cost_model": res.cost_model,
             "cost_sources": sorted(set(res.plan.cost_sources)),
+            "profiles": list(res.profiles_note),
             "max_abs_err_vs_single_device": err,
             "kernels": dict(run.kernels),
             "optimize_s": t_opt,

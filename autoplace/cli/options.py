@@ -6,11 +6,15 @@ import argparse
 
 
 def devices(specs):
+    """The devices of ``--device`` specs, each checked to be on this machine."""
     from autoplace import Device
+    from autoplace.profile import check_present
 
     devs = [Device.from_spec(s) for s in specs]
     if len({d.name for d in devs}) != len(devs):
         raise ValueError(f"devices must differ, got {specs}")
+    for spec, dev in zip(specs, devs):
+        check_present(dev, spec)
     return devs
 
 

@@ -14,12 +14,13 @@ In Python: autoplace.load_cost_model("cpu_model.json").predict(graph, device)
 
 
 def _cmd_train(args) -> int:
-    from autoplace.predict.rows import profile_rows
+    from autoplace.predict.rows import check_enough_rows, profile_rows
     from autoplace.predict.learned import XGBCostModel
     from autoplace.profile.store import ProfileStore
 
     with ProfileStore(args.db, readonly=True) as store:
         rows = profile_rows(store, args.device)
+    check_enough_rows(rows, args.db, "training a cost model; nothing was written")
     model = XGBCostModel().fit(rows)
     model.save(args.out)
     print(f"wrote {args.out}: XGBoost cost model (a point prediction and P10/P50/P90) trained on "

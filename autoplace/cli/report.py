@@ -39,8 +39,8 @@ def _cmd_report(args) -> int:
         raise ValueError(f"--out {out}: exists and is not a folder")
     if args.dpi <= 0:
         raise ValueError(f"--dpi must be positive, got {args.dpi}")
-    model = zoo.from_spec(args.model or options.default_model())
     devices = options.devices(args.device or ["cpu:0", "cpu:1"])
+    model = zoo.from_spec(args.model or options.default_model())
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
                              cost_model=options.cost_model(args), contiguous=args.contiguous)

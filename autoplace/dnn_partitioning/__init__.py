@@ -12,9 +12,9 @@ plan export. Nothing in autoplace's core imports it.
 from autoplace.dnn_partitioning.benchmark import (PAPER_GREEDY_LATENCY, Benchmark, check, latency,
                                                   load, max_load, plan_json, units)
 from autoplace.dnn_partitioning.cli import register_cli, run_cli
-from autoplace.dnn_partitioning.solvers import (IDEAL_CAP, cpsat_latency, interval_dp, path_bound,
-                                                solve_benchmark)
+from autoplace.dnn_partitioning.solvers import (IDEAL_CAP, cpsat_latency, interval_dp, load_bound,
+                                                path_bound, solve_benchmark)
 
 __all__ = ["IDEAL_CAP", "PAPER_GREEDY_LATENCY", "Benchmark", "check", "cpsat_latency",
-           "interval_dp", "latency", "load", "max_load", "path_bound", "plan_json",
+           "interval_dp", "latency", "load", "load_bound", "max_load", "path_bound", "plan_json",
            "register_cli", "run_cli", "solve_benchmark", "units"]

@@ -38,6 +38,11 @@ class Split(NamedTuple):
     bound: float
     status: str
 
+    @property
+    def gap(self) -> float:
+        """``(value - bound) / value``: how far from optimal the split may be (0 when proven)."""
+        return max(0.0, (self.value - self.bound) / self.value) if self.value > 0 else 0.0
+
 
 class Ticks:
     """Times as integer ticks for a CP-SAT model: a known plan's ``upper`` value is about
@@ -283,18 +288,21 @@ def ideal_dp(bench: Benchmark, upper: float = math.inf, *, cap: int = 200_000,
 
 def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
                 workers: int = 2) -> Split:
-    """The best contiguous split CP-SAT finds in ``time_limit`` s from the contiguous ``warm``
-    assignment, with its proven lower bound.
+    """The best contiguous split CP-SAT finds in ``time_limit`` s (building the model included)
+    from the contiguous ``warm`` assignment, with its proven lower bound; ``warm`` with the
+    bound 0 when it finds nothing better in time.
 
     Loads are in :class:`Ticks` of the warm start's max-load: the bound holds for the real loads.
     """
     from ortools.sat.python import cp_model
 
-
+    deadline = time.perf_counter() + time_limit
     p, k = bench.problem, bench.k
     rep = coarsen(p)
     q, positions = int(rep.max()) + 1, k + 1
     upper = max_load(bench, warm)
+    if time_limit <= 0:
+        return _unproven(warm, upper)
     ticks = Ticks(upper)
     fpga = np.bincount(rep, weights=np.where(np.isfinite(p.cost[:, 0]), p.cost[:, 0], 0.0),
                        minlength=q)
@@ -360,13 +368,13 @@ def cpsat_split(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
 
     # --- Solve -----------------------------------------------------------------------------
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_time_in_seconds = max(0.0, deadline - time.perf_counter())
     solver.parameters.num_workers = workers
     code = solver.Solve(model)
     bound = solver.BestObjectiveBound() / ticks.per_unit
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         log.info("CP-SAT found no split in %.1f s; keeping the warm start", time_limit)
-        return Split(np.asarray(warm), upper, 0.0, "FEASIBLE")
+        return _unproven(warm, upper)
     a = np.empty(p.num_nodes, dtype=np.int64)
     accelerators = iter(range(k))
     for s in range(positions):
@@ -430,34 +438,59 @@ def placement_model(model, bench: Benchmark, unit: np.ndarray, ticks: Ticks):
     return x, _copy_terms(model, p.edges, unit, [ticks(c) for c in bench.comm], x, k)
 
 
-def _hint_all(model, solver, cp_model, fixed: list) -> bool:
-    """Solve with the literals ``fixed`` assumed, then hint every variable with that solution;
-    False when no solution was found."""
-    model.AddAssumptions(fixed)
-    ok = solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    model.ClearAssumptions()
-    if ok:
-        for i in range(len(model.Proto().variables)):
-            var = model.GetIntVarFromProtoIndex(i)
-            model.AddHint(var, solver.Value(var))
-    return ok
+def _complete_hint(model, fixed: list, time_limit: float, workers: int) -> bool:
+    """Hint every variable of ``model`` with a solution in which the literals ``fixed`` hold.
+
+    Any completion will do, so the search runs on a copy with the literals fixed and no
+    objective, where presolve can use them (with assumptions instead, CP-SAT searches on one
+    thread and presolves weakly, which takes seconds on the op-level inputs). Returns False
+    when ``time_limit`` s found none.
+
+    Raises
+    ------
+    ValueError
+        No completion exists: the literals break the model's constraints.
+    """
+    from ortools.sat.python import cp_model
+
+    copy = model.Clone()
+    for lit in fixed:
+        copy.Add(copy.GetBoolVarFromProtoIndex(lit.Index()) == 1)
+    copy.ClearObjective()
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_time_in_seconds = max(0.0, time_limit)
+    code = solver.Solve(copy)
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"invalid CP-SAT model: {copy.Validate()}")
+    if code == cp_model.INFEASIBLE:
+        raise ValueError("the warm start breaks the model's constraints")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return False
+    for i in range(len(model.Proto().variables)):
+        model.AddHint(model.GetIntVarFromProtoIndex(i),
+                      solver.Value(copy.GetIntVarFromProtoIndex(i)))
+    return True
 
 
 def cpsat_general(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
                   workers: int = 2) -> Split:
     """The best split of any shape (stages need not be convex nor ordered) CP-SAT finds for the
-    max-load model in ``time_limit`` s from the feasible ``warm`` assignment, with a proven lower
-    bound on every split's max-load.
+    max-load model in ``time_limit`` s (building the model included) from the feasible ``warm``
+    assignment, with a proven lower bound on every split's max-load; ``warm`` with the bound 0
+    when it finds nothing better in time.
 
     Loads are in :class:`Ticks` of the warm start's max-load: the bound holds for the real loads.
     """
     from ortools.sat.python import cp_model
 
-
+    deadline = time.perf_counter() + time_limit
     p, k = bench.problem, bench.k
     unit = units(p)
     g_count = int(unit.max(initial=-1)) + 1
     upper = max_load(bench, warm)
+    if time_limit <= 0:
+        return _unproven(warm, upper)
     ticks = Ticks(upper)
     model = cp_model.CpModel()
     x, copies = placement_model(model, bench, unit, ticks)
@@ -471,27 +504,33 @@ def cpsat_general(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.
                   <= period)
     model.Add(sum(ticks(cpu[g]) * x[g][bench.cpu] for g in range(g_count)) <= period)
     model.Minimize(period)
-    return _solve(model, bench, unit, x, warm, upper, ticks, max_load, time_limit, workers)
+    return _solve(model, bench, unit, x, warm, upper, ticks, max_load, deadline, workers)
 
 
-def _solve(model, bench, unit, x, warm, upper, ticks, score, time_limit, workers) -> Split:
-    """Hint ``warm`` in full, solve, read and rescore the split; keep ``warm`` unless the split
-    scores better."""
+def _unproven(warm, upper: float) -> Split:
+    """``warm`` (of value ``upper``) kept as the split, with nothing proven."""
+    return Split(np.asarray(warm), upper, 0.0, "FEASIBLE")
+
+
+def _solve(model, bench, unit, x, warm, upper, ticks, score, deadline, workers) -> Split:
+    """Hint ``warm`` in full, solve until ``deadline`` (a ``time.perf_counter()`` value), read
+    and rescore the split; keep ``warm`` unless the split scores better, or when CP-SAT finds
+    nothing in time."""
     from ortools.sat.python import cp_model
 
-    t0 = time.perf_counter()
     warm = _canonical(bench, unit, warm)
     first = {int(g): int(warm[np.flatnonzero(unit == g)[0]]) for g in range(len(x))}
+    if not _complete_hint(model, [x[g][d] for g, d in first.items()],
+                          deadline - time.perf_counter(), workers):
+        log.info("CP-SAT had no time to complete the warm start; keeping it")
+        return _unproven(warm, upper)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers
-    solver.parameters.max_time_in_seconds = float(time_limit)
-    if not _hint_all(model, solver, cp_model, [x[g][d] for g, d in first.items()]):
-        raise ValueError("the warm start breaks the model's constraints")
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
+    solver.parameters.max_time_in_seconds = max(0.0, deadline - time.perf_counter())
     code = solver.Solve(model)
     bound = solver.BestObjectiveBound() / ticks.per_unit
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Split(warm, upper, 0.0, "FEASIBLE")
+        return _unproven(warm, upper)
     a = np.array([next(d for d in range(bench.k + 1) if solver.Value(x[g][d])) for g in unit],
                  dtype=np.int64)
     value = score(bench, a)

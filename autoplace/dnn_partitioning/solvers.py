@@ -9,10 +9,10 @@ import time
 import numpy as np
 
 from autoplace.dnn_partitioning.benchmark import Benchmark, reordered, latency, max_load, units
-from autoplace.dnn_partitioning.maxload import (Split, Ticks, _solve, cpsat_general, cpsat_split,
-                                                ideal_dp, placement_model)
+from autoplace.dnn_partitioning.maxload import (Split, Ticks, _solve, _unproven, cpsat_general,
+                                                cpsat_split, ideal_dp, placement_model)
 from autoplace.solve.coarsen import coarsen
-from autoplace.solve.problem import InfeasibleError
+from autoplace.solve.problem import InfeasibleError, check_time_limit
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,12 @@ def _interval_dp(bench: Benchmark, objective: str, cuts: np.ndarray) -> np.ndarr
 
 def solve_benchmark(bench: Benchmark, objective: str, contiguous: bool = True,
                     time_limit: float = 10.0) -> Split:
-    """A split of a benchmark input under its own model, with a lower bound.
+    """A split of a benchmark input under its own model, with a lower bound, in about
+    ``time_limit`` s: the first split below is always made (it takes well under a second on the
+    benchmark's inputs), every later step stops at the limit and the best split so far is
+    returned, its bound no less than :func:`path_bound` (latency) or :func:`load_bound`
+    (throughput). ``status`` is ``"OPTIMAL"`` when the bound is proven tight, else
+    ``"FEASIBLE"``.
 
     Throughput, contiguous: :func:`interval_dp` gives a first split; :func:`maxload.ideal_dp`
     finds the optimum when the coarse DAG has at most ``IDEAL_CAP`` ideals and it finishes in
@@ -127,46 +132,63 @@ def solve_benchmark(bench: Benchmark, objective: str, contiguous: bool = True,
     time left and proves a bound. Throughput, any shape (``contiguous=False``): the contiguous
     split in half the time, then :func:`maxload.cpsat_general`, its bound over all splits.
     Latency (the model's splits are convex already; ``contiguous`` is ignored): :func:`interval_dp`,
-    then :func:`cpsat_latency`; the bound is the larger of its bound and :func:`path_bound`.
-    Values are scored by :func:`max_load` / :func:`latency`.
+    then :func:`cpsat_latency`. Values are scored by :func:`max_load` / :func:`latency`.
     """
+    check_time_limit(time_limit)
     t0 = time.perf_counter()
-    a = interval_dp(bench, objective)
+    deadline = t0 + time_limit
     if objective == "latency":
-        left = max(1.0, time_limit - (time.perf_counter() - t0))
-        split, score = cpsat_latency(bench, a, time_limit=left), latency
-        split = split._replace(bound=max(split.bound, path_bound(bench)))
+        a = interval_dp(bench, objective)
+        split = cpsat_latency(bench, a, time_limit=deadline - time.perf_counter())
+        score, floor = latency, path_bound(bench)
     elif contiguous:
+        a = interval_dp(bench, objective)
         first = max_load(bench, a)
         split = ideal_dp(bench, first, cap=IDEAL_CAP, time_limit=0.75 * time_limit)
         if split is None:
-            left = max(1.0, time_limit - (time.perf_counter() - t0))
-            split = cpsat_split(bench, a, time_limit=left)
-        score = max_load
+            split = cpsat_split(bench, a, time_limit=deadline - time.perf_counter())
+        score, floor = max_load, load_bound(bench)
     else:
-        warm = solve_benchmark(bench, objective, True, time_limit / 2).assignment
-        left = max(1.0, time_limit - (time.perf_counter() - t0))
-        split, score = cpsat_general(bench, warm, time_limit=left), max_load
+        warm = solve_benchmark(bench, objective, True, time_limit / 2)
+        split = cpsat_general(bench, warm.assignment, time_limit=deadline - time.perf_counter())
+        score, floor = max_load, load_bound(bench)
     value = score(bench, split.assignment)
+    bound = min(max(split.bound, floor), value)
+    status = "OPTIMAL" if bound >= value * (1 - 1e-9) else split.status
     log.info("%s: %.6g (solver said %.6g), bound %.6g, %s in %.2f s", objective, value,
-             split.value, split.bound, split.status, time.perf_counter() - t0)
-    return split._replace(value=value, bound=min(split.bound, value))
+             split.value, bound, status, time.perf_counter() - t0)
+    return Split(split.assignment, value, bound, status)
 
 
 #: Most ideals :func:`solve_benchmark` lets the exact DP enumerate before it turns to CP-SAT.
 IDEAL_CAP = 20_000
 
 
+def _cheapest(bench: Benchmark) -> np.ndarray:
+    """Each node's cheaper latency, accelerator or CPU (the CPU's where no accelerator runs
+    it)."""
+    p = bench.problem
+    return np.where(np.isfinite(p.cost[:, 0]), np.minimum(p.cost[:, 0], p.cost[:, bench.cpu]),
+                    p.cost[:, bench.cpu])
+
+
 def path_bound(bench: Benchmark) -> float:
     """A lower bound on the latency model: the longest path with each node at the cheaper of
     its latencies, copies free (a stage finishes no earlier than its start plus its nodes)."""
     p = bench.problem
-    best = np.where(np.isfinite(p.cost[:, 0]), np.minimum(p.cost[:, 0], p.cost[:, bench.cpu]),
-                    p.cost[:, bench.cpu])
+    best = _cheapest(bench)
     path = best.copy()
     for u, v in p.edges[np.argsort(p.edges[:, 1], kind="stable")].tolist():
         path[v] = max(path[v], path[u] + best[v])
     return float(path.max(initial=0.0))
+
+
+def load_bound(bench: Benchmark) -> float:
+    """A lower bound on the max-load model: every node adds at least its cheaper latency to one
+    of the ``k + 1`` devices, so the largest load is at least their mean and at least the
+    dearest node's."""
+    best = _cheapest(bench)
+    return float(max(best.sum() / (bench.k + 1), best.max(initial=0.0)))
 
 
 def _windows(bench: Benchmark, unit: np.ndarray) -> list[list[tuple[int, int]]]:
@@ -175,8 +197,7 @@ def _windows(bench: Benchmark, unit: np.ndarray) -> list[list[tuple[int, int]]]:
     p = bench.problem
     size = np.bincount(unit, weights=p.node_mem)
     cap = p.mem_cap[0] * (1 + 1e-12)
-    best = np.where(np.isfinite(p.cost[:, 0]), np.minimum(p.cost[:, 0], p.cost[:, bench.cpu]),
-                    p.cost[:, bench.cpu])
+    best = _cheapest(bench)
     path, prev = best.copy(), np.full(p.num_nodes, -1)
     for u, v in p.edges[np.argsort(p.edges[:, 1], kind="stable")].tolist():
         if path[u] + best[v] > path[v]:
@@ -203,17 +224,21 @@ def _windows(bench: Benchmark, unit: np.ndarray) -> list[list[tuple[int, int]]]:
 
 def cpsat_latency(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.0,
                   workers: int = 2) -> Split:
-    """The best split CP-SAT finds for the latency model in ``time_limit`` s from the feasible
-    ``warm`` assignment, with a proven lower bound on every split's latency.
+    """The best split CP-SAT finds for the latency model in ``time_limit`` s (building the model
+    included) from the feasible ``warm`` assignment, with a proven lower bound on every split's
+    latency; ``warm`` with the bound 0 when it finds nothing better in time.
 
     Times are in :class:`maxload.Ticks` of the warm start's latency: the bound holds for the
     real latency.
     """
     from ortools.sat.python import cp_model
 
+    deadline = time.perf_counter() + time_limit
     p, k, n = bench.problem, bench.k, bench.problem.num_nodes
     unit = units(p)
     upper = latency(bench, warm)
+    if time_limit <= 0:
+        return _unproven(warm, upper)
     ticks = Ticks(upper)
     horizon = ticks.horizon
     model = cp_model.CpModel()
@@ -290,4 +315,4 @@ def cpsat_latency(bench: Benchmark, warm: np.ndarray, *, time_limit: float = 10.
 
     # --- Objective and solve ---------------------------------------------------------------
     model.Minimize(makespan)
-    return _solve(model, bench, unit, x, warm, upper, ticks, latency, time_limit, workers)
+    return _solve(model, bench, unit, x, warm, upper, ticks, latency, deadline, workers)

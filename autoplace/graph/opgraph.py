@@ -89,6 +89,12 @@ class OpNode:
         return self.bytes_written
 
     @property
+    def mem_bytes(self) -> int:
+        """Bytes the node holds on its device (against ``Device.memory_bytes``): its parameters
+        and its outputs."""
+        return self.param_bytes + self.out_bytes
+
+    @property
     def workload_key(self) -> str:
         """Identical for ops that compute the same thing on the same shapes (values aside)."""
         return json.dumps(

@@ -9,7 +9,7 @@ import numpy as np
 
 from autoplace.predict.features import parse_key
 from autoplace.predict.kernels import KernelAnalysis
-from autoplace.predict.rows import profile_rows
+from autoplace.predict.rows import check_enough_rows, profile_rows
 from autoplace.predict.learned import NearestNeighborCostModel, XGBCostModel
 from autoplace.predict.roofline import RooflineCostModel
 
@@ -72,9 +72,7 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
         ``measured_s``, ``predicted_s``, ``roofline_s``, ``error``).
     """
     rows = profile_rows(store, device)
-    if len(rows) < 10:
-        raise ValueError(f"only {len(rows)} measurements in {store.path}: profile more workloads "
-                         "(at least 10) before evaluating a cost model")
+    check_enough_rows(rows, store.path, "evaluating a cost model")
     if learned is None:
         shared = KernelAnalysis()
 

@@ -44,13 +44,17 @@ class MeasuredCostModel:
     def fit(self, *_args, **_kwargs) -> MeasuredCostModel:
         return self
 
-    def profile_for(self, device: Device) -> DeviceProfile | None:
+    def given(self) -> list[DeviceProfile]:
+        """Every profile the model holds, whether or not it applies to a device."""
         p = self.profiles
         if isinstance(p, Mapping):
-            return p.get(device.name)
-        if not isinstance(p, Sequence):
-            p = [p]
-        same_kind = [x for x in p if x.kind == device.kind]
+            return list(p.values())
+        return list(p) if isinstance(p, Sequence) else [p]
+
+    def profile_for(self, device: Device) -> DeviceProfile | None:
+        if isinstance(self.profiles, Mapping):
+            return self.profiles.get(device.name)
+        same_kind = [x for x in self.given() if x.kind == device.kind]
         return same_kind[0] if len(same_kind) == 1 else None
 
     def _fallback(self, device: Device):

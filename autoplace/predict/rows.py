@@ -38,6 +38,19 @@ def profile_rows(store, device: str | None = None) -> list[dict]:
     return rows
 
 
+#: Fewest measurements a learned cost model is trained or evaluated on: fewer say nothing
+#: about the ops it has to predict.
+MIN_ROWS = 10
+
+
+def check_enough_rows(rows: list, where, what: str) -> None:
+    """Raise ``ValueError`` if ``rows`` (of the store at ``where``) are fewer than
+    :data:`MIN_ROWS`; ``what`` is the work refused ("training a cost model")."""
+    if len(rows) < MIN_ROWS:
+        raise ValueError(f"only {len(rows)} measurements in {where}: profile more workloads (at "
+                         f"least {MIN_ROWS}) before {what}")
+
+
 def match_device(device, known: Mapping[str, Mapping]) -> str | None:
     """The fingerprint in ``known`` (fingerprint -> ``{"name", "kind", ...}``) that ``device`` is.
 

@@ -3,14 +3,14 @@
 from autoplace.profile.campaign import CampaignReport, collect, run_campaign, runner_from_spec
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
-                                       fingerprint)
+                                       check_present, fingerprint)
 from autoplace.profile.store import (DeviceProfile, LinkFit, Measurement, ProfileStore,
                                      ProfileStoreError, shipped_dir)
 from autoplace.profile.workload import single_op_modules
 
 __all__ = [
     "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit", "LocalRunner",
-    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy", "collect",
-    "copy_times", "fingerprint", "fit_link", "run_campaign", "runner_from_spec",
-    "shipped_dir", "single_op_modules",
+    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy",
+    "check_present", "collect", "copy_times", "fingerprint", "fit_link", "run_campaign",
+    "runner_from_spec", "shipped_dir", "single_op_modules",
 ]

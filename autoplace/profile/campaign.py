@@ -8,6 +8,7 @@ go on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -22,7 +23,8 @@ from autoplace.graph import OpGraph
 from autoplace.profile.drift import DriftError, measure_drift
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
-                                       fingerprint, interrupts_kept)
+                                       check_present, fingerprint, interrupts_kept, timing_lock,
+                                       timing_lock_name)
 from autoplace.profile.store import LinkFit, Measurement, ProfileStore
 from autoplace.profile.workload import single_op_modules
 
@@ -92,6 +94,7 @@ class DeviceReport:
     seconds: float = 0.0
     error: str | None = None
     drift: float | None = None  # median now / stored of re-timed workloads, if it was checked
+    contended: str | None = None  # another process was timing the device meanwhile, in words
     pending_ops: dict[str, int] = field(default_factory=dict)  # op type -> pending workloads
     link_fits: list[dict] = field(default_factory=list)
 
@@ -136,7 +139,8 @@ class CampaignReport:
                 for d in self.devices if self.dry_run and d.pending_ops]
         drifts = [f"  {d.spec}: the store's workloads of an earlier occasion, timed again, take a "
                   f"median {d.drift:.2f}x as long" for d in self.devices if d.drift is not None]
-        return "\n".join([head, *lines, *todo, *drifts, *links]).rstrip()
+        contended = [f"  {d.contended}" for d in self.devices if d.contended]
+        return "\n".join([head, *lines, *todo, *drifts, *contended, *links]).rstrip()
 
 
 def run_campaign(
@@ -176,6 +180,8 @@ def run_campaign(
         rep = DeviceReport(spec)
         reports.append(rep)
         try:
+            if isinstance(runner, LocalRunner):
+                check_present(runner.device, spec)  # an absent device is not added to the store
             info = runner.info()
         except (DeviceUnavailable, ValueError) as e:
             rep.error = str(e)
@@ -235,7 +241,7 @@ def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: b
         jobs += [(p, r, k) for p in range(1, passes + 1) for k in todo if done.get(k, 0) < p]
     jobs.sort(key=lambda j: j[:2])
     checked = set()
-    with interrupts_kept(), \
+    with interrupts_kept(), _timing_locks(runners), \
             tqdm(total=len(jobs), disable=not progress, unit="op", desc="profiling") as bar:
         for p, r, key in jobs:
             runner, rep, _ = runners[r]
@@ -253,6 +259,30 @@ def _measure_all(runners, wl: Workloads, store, policy, passes: int, progress: b
             elif rep.error is None and p == 1:
                 rep.skipped += 1
             bar.update(1)
+
+
+@contextlib.contextmanager
+def _timing_locks(runners):
+    """Hold the timing lock (:func:`measure.timing_lock`) of every local device with work to do;
+    where another process holds one, say so on the device's report and as a warning."""
+    with contextlib.ExitStack() as stack:
+        held = {}  # lock name -> None (ours) or the holder's process id
+        for runner, rep, todo in runners:
+            if not isinstance(runner, LocalRunner) or rep.error is not None or not todo:
+                continue
+            name = timing_lock_name(runner.device)
+            if name not in held:
+                held[name] = stack.enter_context(timing_lock(runner.device))
+            holder = held[name]
+            if holder is not None:
+                who = f"process {holder}" if holder else "another process"
+                rep.contended = (f"{rep.spec}: {who} was timing this machine's "
+                                 f"{'CPU' if not runner.device.is_gpu else rep.spec} at the same "
+                                 "time: these timings may be slowed by it; time one campaign at a "
+                                 "time, or run this one again with one more --passes once it is "
+                                 "alone (each workload keeps its fastest pass)")
+                log.warning("%s", rep.contended)
+        yield
 
 
 def _measure_pass(runner, rep, store, wl: Workloads, key: str, p: int, policy, rng) -> None:

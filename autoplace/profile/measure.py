@@ -11,16 +11,20 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import platform
 import signal
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import tvm_threads
+from autoplace.backend import process_cpus, tvm_threads
 from autoplace.devices import Device
 from autoplace.profile.workload import random_inputs
 
@@ -37,6 +41,26 @@ class DeviceUnavailable(RuntimeError):
 
 
 _interrupted = threading.Event()
+
+
+def check_present(device: Device, spec: str | None = None) -> None:
+    """Raise :class:`DeviceUnavailable` unless this machine has ``device`` (named ``spec``,
+    default ``"kind:index"``): a GPU that TVM finds, or a CPU device numbered below the count of
+    cores this process may use (CPU devices share those cores by index, a share each). Nothing
+    is built or run."""
+    spec = spec or f"{device.kind}:{device.index}"
+    cores = len(process_cpus())
+    if device.is_gpu:
+        if device.index >= 0 and device.tvm_device().exist:
+            return
+        why = f"TVM finds no CUDA GPU {device.index}"
+    else:
+        if 0 <= device.index < cores:
+            return
+        why = f"this process may use {cores} cores"
+    here = "cpu:0" + (f" to cpu:{cores - 1}" if cores > 1 else "")
+    raise DeviceUnavailable(f"{spec}: no such device on this machine ({why}); use {here}")
+
 
 
 @contextlib.contextmanager
@@ -164,6 +188,49 @@ def probe_module() -> tvm.IRModule:
     return bb.get()
 
 
+def timing_lock_name(device: Device) -> str:
+    """Which of this machine's timing locks ``device`` takes: the CPU devices share one (they
+    share the cores), each GPU has its own."""
+    return "cpu" if not device.is_gpu else f"{device.kind}{device.index}"
+
+
+@contextlib.contextmanager
+def timing_lock(device: Device, lock_dir: str | Path | None = None) -> Iterator[int | None]:
+    """Hold this machine's lock on timing ``device`` (:func:`timing_lock_name`) while the body
+    runs, so that a second process timing it at once can tell. The lock is a file in
+    ``lock_dir`` (default: the temporary folder) that the OS releases when the holder exits,
+    however it ends. One process takes each lock once (a second hold would fail).
+
+    Yields ``None`` when this process holds the lock, else the id of the process that does (or
+    0 if unknown): the body runs either way, and its timings may then be contended.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock to take
+        yield None
+        return
+    name = f"autoplace-timing-{timing_lock_name(device)}.lock"
+    path = Path(lock_dir or tempfile.gettempdir()) / name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield None  # cannot make the lock file (a read-only folder): time without one
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder = None
+        except OSError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = int(text) if text.isdigit() else 0
+        if holder is None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield holder
+    finally:
+        os.close(fd)  # releases the lock if this process held it
+
+
 class LocalRunner:
     """A device of this process (``cpu:N`` or ``cuda:N``)."""
 
@@ -185,9 +252,9 @@ class LocalRunner:
                 "host": platform.node(), "remote": None}
 
     def check(self) -> None:
-        """Raise :class:`DeviceUnavailable` unless the device exists and runs a trivial op."""
-        if not self.device.tvm_device().exist:
-            raise DeviceUnavailable(f"{self.spec}: no such device on this machine")
+        """Raise :class:`DeviceUnavailable` unless the device exists (:func:`check_present`) and
+        runs a trivial op."""
+        check_present(self.device, self.spec)
         try:
             self.measure(probe_module(), PROBE_POLICY)
         except OpFailed as e:

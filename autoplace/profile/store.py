@@ -555,6 +555,11 @@ def load_profile_json(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise ProfileStoreError(f"{path} is not an autoplace profile (no format "
                                 f"{PROFILE_FORMAT!r}); export one with 'autoplace profile-export'")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise ProfileStoreError(f"{path} is a profile of schema version {version!r}; this autoplace "
+                                f"reads {' or '.join(map(str, READABLE_VERSIONS))}: export it "
+                                "again with this autoplace's 'autoplace profile-export'")
     return data
 
 

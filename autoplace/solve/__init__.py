@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from . import baselines
-from .problem import OBJECTIVES, InfeasibleError, Problem, Solution
+from .problem import OBJECTIVES, InfeasibleError, Problem, Solution, check_time_limit
 from .simulate import check_feasible, precheck, simulate_latency, simulate_throughput
 
 __all__ = ["Problem", "Solution", "InfeasibleError", "solve", "SOLVERS", "simulate_latency",
@@ -125,7 +125,7 @@ def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
     InfeasibleError
         No placement exists (the message names the cause), or the solver's rule found none.
     ValueError
-        Unknown objective or solver.
+        Unknown objective or solver, or ``time_limit`` not positive.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
@@ -135,6 +135,7 @@ def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} "
                          "or 'single:<k>'")
+    check_time_limit(time_limit)
     precheck(problem)
     t0 = time.perf_counter()
     sol = SOLVERS[solver](problem, objective, time_limit, **options)

@@ -14,6 +14,17 @@ OBJECTIVES = ("latency", "throughput")
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
 
 
+def check_time_limit(time_limit) -> None:
+    """Raise ``ValueError`` unless ``time_limit`` is a positive number of seconds (``inf``: no
+    limit)."""
+    try:
+        ok = float(time_limit) > 0  # False for nan
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"time_limit must be positive seconds, got {time_limit!r}")
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """A device-placement problem over ``n`` nodes (in topological order) and ``d`` devices.

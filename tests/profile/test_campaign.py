@@ -134,6 +134,18 @@ def test_unavailable_device_is_reported_and_others_go_on(tmp_path):
     assert cpu.error is None and cpu.measured == 3
 
 
+def test_a_cpu_device_past_this_process_cores_is_reported_absent(tmp_path):
+    from autoplace.backend import process_cpus
+
+    cores = len(process_cpus())
+    store = ProfileStore(tmp_path / "p.db")
+    rep = run_campaign([("mlp", zoo.load("mlp").mod)], [f"cpu:{cores}"], store, policy=FAST,
+                       progress=False)
+    (absent,) = rep.devices
+    assert absent.error.startswith(f"cpu:{cores}: no such device on this machine")
+    assert absent.measured == 0 and store.devices() == []  # not recorded as a device
+
+
 def test_dry_run_json_counts_pending_and_writes_nothing(tmp_path):
     db = tmp_path / "p.db"
     p = _cli("profile", "--model", "zoo:mlp", "--model", "zoo:branchy_cnn", "--device", "cpu:0",
@@ -263,3 +275,30 @@ def test_fingerprinting_a_cpu_leaves_the_callers_cores_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert int(out[0]) >= 2 and out[1] == "True"
+
+
+def test_a_campaign_timing_a_device_another_process_times_warns(tmp_path, caplog):
+    # Another process holds this machine's CPU timing lock: the campaign measures anyway, and
+    # its report and a warning say that the timings may be contended.
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from autoplace import Device\n"
+        "from autoplace.profile.measure import timing_lock\n"
+        "with timing_lock(Device.cpu(0)) as h:\n"
+        "    print('held' if h is None else 'busy', flush=True)\n"
+        "    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout.readline().strip() != "held":
+            pytest.skip("another campaign on this machine is timing its CPU right now")
+        rep = run_campaign([("mlp", zoo.load("mlp").mod)], ["cpu:0", "cpu:1"],
+                           ProfileStore(tmp_path / "p.db"), policy=FAST, progress=False,
+                           links=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    first, second = rep.devices
+    assert first.measured == 3 and first.contended.startswith(
+        f"cpu:0: process {holder.pid} was timing this machine's CPU at the same time")
+    assert second.contended is None  # its workloads were all measured already, by cpu:0
+    assert any(r.levelname == "WARNING" and "process" in r.getMessage() for r in caplog.records)
+    assert "these timings may be slowed" in rep.table()

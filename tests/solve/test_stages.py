@@ -220,3 +220,40 @@ def test_general_max_load_beats_every_pipeline():
     assert split.status == "OPTIMAL" and split.value == pytest.approx(10.0)
     assert split.assignment.tolist() == [0, 1, 0]
     assert split.bound == pytest.approx(10.0, rel=1e-5)
+
+
+def test_solvers_out_of_time_keep_the_warm_start_with_a_bound():
+    # Fork 0 -> {1, 2} -> 3 (as above): the warm start, everything on the CPU, is feasible.
+    # With no time CP-SAT cannot even complete its hint: each solver keeps the warm start (or
+    # a better split) and never says "the warm start breaks the model's constraints".
+    b = _bench([0, 5, 5, 0], [0, 10, 10, 0], [(0, 1), (0, 2), (1, 3), (2, 3)], [0] * 4, k=2)
+    warm = np.full(4, b.cpu)
+    for solver, score in ((dnn.cpsat_latency, dnn.latency), (cpsat_general, dnn.max_load),
+                          (cpsat_split, dnn.max_load)):
+        for limit in (0, 1e-9):
+            split = solver(b, warm, time_limit=limit)
+            assert split.value == pytest.approx(score(b, split.assignment))
+            assert split.value <= score(b, warm) and split.bound <= split.value
+
+
+def test_solve_benchmark_out_of_time_returns_the_first_split_and_its_gap():
+    # 0 -> 1 -> 2 on one accelerator: fpga 1, 100, 1; cpu 5, 10, 5; copies free (as below). With
+    # no time for CP-SAT the interval DP's split stands; the bound is at least load_bound: the
+    # cheaper latencies 1 + 10 + 1 over two devices, 6, and at least the dearest node, 10.
+    b = _bench([1, 100, 1], [5, 10, 5], [(0, 1), (1, 2)], [0] * 3, k=1)
+    assert dnn.load_bound(b) == pytest.approx(10.0)
+    for objective, contiguous in (("throughput", True), ("throughput", False), ("latency", True)):
+        split = dnn.solve_benchmark(b, objective, contiguous, time_limit=1e-9)
+        assert split.bound <= split.value and 0 <= split.gap < 1
+        assert split.status in ("OPTIMAL", "FEASIBLE")
+    with pytest.raises(ValueError, match="time_limit must be positive"):
+        dnn.solve_benchmark(b, "latency", time_limit=float("nan"))
+
+
+def test_large_latency_input_short_of_time_returns_a_plan(bench):
+    # op_bert_l-12 (783 nodes): completing the warm start used to take CP-SAT over a second
+    # (assumptions: one thread, weak presolve) and a time-out read as a broken warm start.
+    b = dnn.load(f"{bench}/latency/op_bert_l-12_inference.json")
+    split = dnn.solve_benchmark(b, "latency", time_limit=1)
+    assert split.value == pytest.approx(dnn.latency(b, split.assignment))
+    assert dnn.path_bound(b) <= split.bound <= split.value and 0 <= split.gap < 1

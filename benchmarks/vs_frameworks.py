@@ -2,7 +2,8 @@
 thread count: medians, ratios, relative errors, and the kernels that hold the tuned build back.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/vs_frameworks.py [--models zoo:resnet resnet18 ...]
-     [--trials 64] [--minutes 20] [--db vs_frameworks.db] [--threads 1] [--repeats 20] [--json]
+     [--trials 64] [--minutes 20] [--db vs_frameworks.db] [--device cpu:0:native]
+     [--threads 1] [--repeats 20] [--json] [--work DIR]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: torchvision 0.28.0, onnxruntime,
 transformers). Without onnxruntime its column says so; without transformers the BERT encoder is
@@ -22,7 +23,7 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
    call costs every kernel a fixed setup (the evolutionary search's first population), which is
    why there are only two. A second run with the same ``--db`` and ``--trials`` finds nothing
    pending and tunes nothing.
-4. TVM: ``autoplace.compile`` of the model on one CPU device, without records (default
+4. TVM: ``autoplace.compile`` of the model on one CPU (``--device``), without records (default
    schedules) and with them (tuned); latencies, relative errors against PyTorch, and, for the
    tuned build, each kernel's share of the run (timed with the VM's instrument hook).
 
@@ -140,10 +141,10 @@ def _worker_ort(cfg: dict) -> dict:
             "version": ort.__version__}
 
 
-def _device():
+def _device(cfg: dict):
     import autoplace
 
-    return autoplace.Device.cpu(0, target="native")
+    return autoplace.Device.from_spec(cfg["device"])
 
 
 def _worker_tune(cfg: dict) -> dict:
@@ -158,7 +159,7 @@ def _worker_tune(cfg: dict) -> dict:
     done = []
     for trials in rungs:
         t0 = time.perf_counter()
-        report = autoplace.tune(mod, [_device()], cfg["db"], trials=trials, trials_per_iter=16,
+        report = autoplace.tune(mod, [_device(cfg)], cfg["db"], trials=trials, trials_per_iter=16,
                                 progress=False)
         done.append({"trials": trials, "wall_s": time.perf_counter() - t0,
                      "tuned_now": sum(k.tuned_now for k in report.kernels),
@@ -178,7 +179,7 @@ def _worker_tvm(cfg: dict) -> dict:
     work = Path(cfg["work"])
     inputs = _load_arrays(work / "inputs.npz")
     ref = _load_arrays(work / "torch.npz")
-    dev = _device()
+    dev = _device(cfg)
     plan = autoplace.place(autoplace.OpGraph.from_relax(mod), [dev], [("*", dev.name)])
     records, notes = open_records(cfg["db"], [dev], [fingerprint(LocalRunner(dev).info())])
     out = {"target": str(dev.tvm_target()), "records": notes}
@@ -229,7 +230,8 @@ def _kernel_records(run, records, dev) -> dict:
 
 def _kernel_times(run, inputs, dev, rounds: int = 3) -> dict:
     """Per kernel of a built model: calls and median seconds per run, timed around each VM call
-    with the VM's instrument hook (``"(vm builtins)"``: allocations, reshapes and the like)."""
+    with the VM's instrument hook (``"(vm builtins)"``: allocations, reshapes and the like). The
+    hook costs about a microsecond a call, which shows mostly in the builtins' share."""
     import tvm
     from tvm import relax
 
@@ -333,7 +335,7 @@ def bench_model(name: str, args, work: Path, say) -> dict:
     """Every framework's numbers for one model (errors in their place, never raised)."""
     work.mkdir(parents=True, exist_ok=True)
     cfg = {"model": name, "seed": 0, "threads": args.threads, "repeats": args.repeats,
-           "trials": args.trials, "db": str(args.db), "work": str(work)}
+           "trials": args.trials, "db": str(args.db), "device": args.device, "work": str(work)}
     row: dict = {"model": name}
     with open(work / "log.txt", "w") as log:
         say(f"{name}: PyTorch eager ...")
@@ -400,8 +402,10 @@ def summarize(row: dict) -> dict:
         "tuned/ort": tuned / ort if tuned and ort else None,
         "default/tuned": default / tuned if default and tuned else None,
         "kernels": _get(row, "tvm", "tuned", "kernels"),
-        "trials_per_kernel": (min(trials), statistics.median(trials), max(trials)) if trials else None,
+        "trials_per_kernel": ((min(trials), statistics.median_low(trials), max(trials))
+                              if trials else None),
         "tune_s": _get(row, "tune", "wall_s"),
+        "trials_run": _get(row, "tune", "trials_run"),
         "rel_error": {k: _get(row, *p) for k, p in (("default", ("tvm", "default", "rel_error")),
                                                      ("tuned", ("tvm", "tuned", "rel_error")),
                                                      ("ort", ("ort", "rel_error")))},
@@ -449,7 +453,7 @@ def _bottlenecks(row: dict) -> list[str]:
 
 def render(rows: list[dict], args) -> str:
     head = ["model", "TVM default", "TVM tuned", "PyTorch", "ORT", "tuned/eager", "tuned/ORT",
-            "default/tuned", "kernels t/d", "trials/kernel", "tuning", "rel.err def/tuned/ORT"]
+            "default/tuned", "kernels t/d", "trials/kernel", "tuning (this run)", "rel.err def/tuned/ORT"]
     table = [head]
     notes = []
     for row in rows:
@@ -460,8 +464,9 @@ def render(rows: list[dict], args) -> str:
             _ms(s["ort_ms"]), _ratio(s["tuned_ms"], s["eager_ms"]),
             _ratio(s["tuned_ms"], s["ort_ms"]), _ratio(s["default_ms"], s["tuned_ms"]),
             f"{k['tuned']}/{k['default']}" if k else "-",
-            (f"{tr[1]:g} ({tr[0]}-{tr[2]})" if tr[0] != tr[2] else f"{tr[0]}") if tr else "-",
-            f"{s['tune_s']:.0f} s" if s["tune_s"] is not None else "-",
+            (f"{tr[1]} ({tr[0]}-{tr[2]})" if tr[0] != tr[2] else f"{tr[0]}") if tr else "-",
+            (f"{s['tune_s']:.0f} s, {s['trials_run']} trials" if s["tune_s"] is not None
+             else "-"),
             " / ".join(f"{v:.0e}" if v is not None else "-" for v in err.values()),
         ])
         notes.append(f"{row['model']}: {_get(row, 'torch', 'description') or ''}")
@@ -483,9 +488,9 @@ def render(rows: list[dict], args) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:4]))
+                                 epilog="\n".join(__doc__.splitlines()[3:6]))
     ap.add_argument("--models", nargs="+", default=list(_models.NAMES), metavar="NAME",
                     help=f"any of {', '.join(_models.NAMES)} (default: all)")
     ap.add_argument("--trials", type=int, default=64,
@@ -494,6 +499,9 @@ def main(argv=None) -> int:
                     help="tuning budget per model; 0: tune nothing, use the records as they are")
     ap.add_argument("--db", type=Path, default=Path("vs_frameworks.db"),
                     help="profile store whose tuning records (<db>.tuning/) are used and extended")
+    ap.add_argument("--device", default="cpu:0:native",
+                    help="the CPU TVM builds and tunes for: cpu:N:native (LLVM for this host's "
+                         "CPU, the default) or cpu:N (generic x86-64); records are per target")
     ap.add_argument("--threads", type=int, default=1, help="threads of every framework (default 1)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per framework")
     ap.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
@@ -504,6 +512,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(_models.NAMES)}")
     if args.trials < 1 or args.threads < 1 or args.repeats < 1:
         ap.error("--trials, --threads and --repeats must be at least 1")
+    if not args.device.startswith("cpu"):
+        ap.error(f"--device {args.device}: the benchmark compares CPU builds (cpu:N[:native])")
     args.db = args.db.resolve()
 
     def say(msg):
@@ -511,8 +521,8 @@ def main(argv=None) -> int:
 
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     say(f"uptime: {uptime}")
-    say(f"threads {args.threads}, up to {args.trials} trials per kernel, {args.minutes:g} min of "
-        f"tuning per model, records in {args.db}.tuning")
+    say(f"device {args.device}, threads {args.threads}, up to {args.trials} trials per kernel, "
+        f"{args.minutes:g} min of tuning per model, records in {args.db}.tuning")
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs_frameworks-") as tmp:
         root = args.work.resolve() if args.work else Path(tmp)
@@ -526,7 +536,7 @@ def main(argv=None) -> int:
             say(f"{name}: done in {row['wall_s']:.0f} s")
             rows.append(row)
     if args.json:
-        print(json.dumps({"uptime": uptime, "threads": args.threads, "trials": args.trials,
+        print(json.dumps({"uptime": uptime, "device": args.device, "threads": args.threads, "trials": args.trials,
                           "minutes": args.minutes, "db": str(args.db),
                           "rows": [{**r, "summary": summarize(r)} for r in rows]}, indent=1))
     else:

@@ -28,7 +28,8 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
    tuned build, each kernel's share of the run (timed with the VM's instrument hook).
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
-calls pass 30 s, never under 3). Relative error: ||out - torch|| / ||torch|| over all outputs.
+calls pass 30 s, never under 3); TVM's call is ``CompiledModel``'s, on numpy arrays, as a user
+calls it. Relative error: ||out - torch|| / ||torch|| over all outputs.
 Weights are random and re-initialised so that outputs are O(1) (``_models.py``).
 """
 
@@ -350,10 +351,11 @@ def bench_model(name: str, args, work: Path, say) -> dict:
         if args.minutes > 0:
             say(f"{name}: tuning, {args.trials} trials per kernel, at most {args.minutes:g} min ...")
             before = _records(args.db)
+            progress = work / "tune_progress.json"
+            progress.unlink(missing_ok=True)
             row["tune"] = _spawn("tune", cfg, log, timeout_s=WORKER_TIMEOUT_S,
                                  tvm_threads=args.threads, soft_deadline_s=args.minutes * 60)
             row["tune"]["trials_run"] = _records(args.db) - before
-            progress = work / "tune_progress.json"
             if "rungs" not in row["tune"] and progress.exists():
                 row["tune"]["rungs"] = json.loads(progress.read_text())
         say(f"{name}: TVM default and tuned builds ...")

@@ -8,7 +8,7 @@ Runtime, tuning, TVM) builds the same weights; the benchmark checks that by comp
   ``autoplace.zoo.load(NAME).mod``).
 - ``resnet18``, ``mobilenet_v3_small``: torchvision (``torchvision==0.28.0``), batch 1, 224x224.
 - ``bert``: a BERT encoder, 4 layers, hidden 256, 4 heads, sequence 128, batch 1, from
-  ``transformers``' ``BertConfig``; without ``transformers``, an equivalent encoder written in torch.
+  ``transformers``' ``BertConfig``; without ``transformers``, an equivalent encoder in plain torch.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def _TorchEncoder():
             super().__init__()
             self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
             self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
-            self.ffn = nn.Sequential(nn.Linear(d, BERT["ffn"]), nn.GELU(), nn.Linear(BERT["ffn"], d))
+            ffn = BERT["ffn"]
+            self.ffn = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
 
         def forward(self, x):
             b, s, _ = x.shape

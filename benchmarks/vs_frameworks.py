@@ -342,14 +342,13 @@ def bench_model(name: str, args, work: Path, say) -> dict:
         say(f"{name}: PyTorch eager ...")
         row["torch"] = _spawn("torch", cfg, log, timeout_s=WORKER_TIMEOUT_S)
         if "error" in row["torch"]:
-            row["error"] = f"PyTorch: {row['torch']['error']}"
-            return row
+            return row  # nothing to compare with
         say(f"{name}: ONNX Runtime ...")
         row["ort"] = _spawn("ort", cfg, log, timeout_s=WORKER_TIMEOUT_S)
         if row["torch"].get("onnx_error"):
             row["ort"]["error"] = f"ONNX export failed: {row['torch']['onnx_error']}"
         if args.minutes > 0:
-            say(f"{name}: tuning, {args.trials} trials per kernel, at most {args.minutes:g} min ...")
+            say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
             before = _records(args.db)
             progress = work / "tune_progress.json"
             progress.unlink(missing_ok=True)
@@ -455,7 +454,8 @@ def _bottlenecks(row: dict) -> list[str]:
 
 def render(rows: list[dict], args) -> str:
     head = ["model", "TVM default", "TVM tuned", "PyTorch", "ORT", "tuned/eager", "tuned/ORT",
-            "default/tuned", "kernels t/d", "trials/kernel", "tuning (this run)", "rel.err def/tuned/ORT"]
+            "default/tuned", "kernels t/d", "trials/kernel", "tuning (this run)",
+            "rel.err def/tuned/ORT"]
     table = [head]
     notes = []
     for row in rows:
@@ -471,22 +471,26 @@ def render(rows: list[dict], args) -> str:
              else "-"),
             " / ".join(f"{v:.0e}" if v is not None else "-" for v in err.values()),
         ])
-        notes.append(f"{row['model']}: {_get(row, 'torch', 'description') or ''}")
-        for part in ("error", ("torch", "error"), ("ort", "error"), ("tvm", "error")):
-            msg = _get(row, *part) if isinstance(part, tuple) else row.get(part)
+        description = _get(row, "torch", "description")
+        notes.append(f"{row['model']}: {description}" if description else row["model"])
+        for label, msg in (("failed", row.get("error")), ("PyTorch", _get(row, "torch", "error")),
+                           ("ONNX Runtime", _get(row, "ort", "error")),
+                           ("TVM", _get(row, "tvm", "error"))):
             if msg:
-                label = part[0] if isinstance(part, tuple) else "row"
                 notes.append(f"  {label}: {msg}")
-        if row.get("tvm") and not _get(row, "tvm", "error"):
+        if "tvm" in row:
             notes.append(f"  tuning: {_tuning_note(row, args)}")
-            lines = _bottlenecks(row)
-            if lines:
-                notes.append(f"  slowest kernels of the tuned build (share of the kernel time, "
-                             f"time per run, calls, rate, tuning):")
-                notes += lines
+        lines = _bottlenecks(row)
+        if lines:
+            notes.append("  slowest kernels of the tuned build (share of the instrumented run, "
+                         "time per run, calls, rate, tuning):")
+            notes += lines
     widths = [max(len(r[c]) for r in table) for c in range(len(head))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
-    return "\n".join(text + [""] + notes)
+    legend = (f"{args.threads} thread(s), device {args.device}; medians; a/b > 1: a is slower. "
+              "kernels t/d: the tuned build's kernels with a record / with the default schedule; "
+              "trials/kernel: median (min-max) over them; rel.err: against PyTorch.")
+    return "\n".join(text + [legend, ""] + notes)
 
 
 def main(argv=None) -> int:
@@ -538,8 +542,8 @@ def main(argv=None) -> int:
             say(f"{name}: done in {row['wall_s']:.0f} s")
             rows.append(row)
     if args.json:
-        print(json.dumps({"uptime": uptime, "device": args.device, "threads": args.threads, "trials": args.trials,
-                          "minutes": args.minutes, "db": str(args.db),
+        print(json.dumps({"uptime": uptime, "device": args.device, "threads": args.threads,
+                          "trials": args.trials, "minutes": args.minutes, "db": str(args.db),
                           "rows": [{**r, "summary": summarize(r)} for r in rows]}, indent=1))
     else:
         print()

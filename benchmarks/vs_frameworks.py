@@ -2,7 +2,7 @@
 thread count: medians, ratios, relative errors, and the kernels that hold the tuned build back.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/vs_frameworks.py [--models zoo:resnet resnet18 ...]
-     [--trials 64] [--minutes 20] [--db vs_frameworks.db] [--device cpu:0:native]
+     [--trials 64] [--minutes 20] [--db out/vs_frameworks.db] [--device cpu:0:native]
      [--threads 1] [--repeats 20] [--json] [--work DIR]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: torchvision 0.28.0, onnxruntime,
@@ -503,8 +503,9 @@ def main(argv=None) -> int:
                     help="trials per kernel to tune up to (default 64)")
     ap.add_argument("--minutes", type=float, default=20.0,
                     help="tuning budget per model; 0: tune nothing, use the records as they are")
-    ap.add_argument("--db", type=Path, default=Path("vs_frameworks.db"),
-                    help="profile store whose tuning records (<db>.tuning/) are used and extended")
+    ap.add_argument("--db", type=Path, default=Path("out/vs_frameworks.db"),
+                    help="profile store whose tuning records (<db>.tuning/) are used and extended "
+                         "(default out/vs_frameworks.db)")
     ap.add_argument("--device", default="cpu:0:native",
                     help="the CPU TVM builds and tunes for: cpu:N:native (LLVM for this host's "
                          "CPU, the default) or cpu:N (generic x86-64); records are per target")
@@ -518,8 +519,13 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(_models.NAMES)}")
     if args.trials < 1 or args.threads < 1 or args.repeats < 1:
         ap.error("--trials, --threads and --repeats must be at least 1")
-    if not args.device.startswith("cpu"):
-        ap.error(f"--device {args.device}: the benchmark compares CPU builds (cpu:N[:native])")
+    from autoplace import Device
+
+    try:
+        if Device.from_spec(args.device).is_gpu:
+            ap.error(f"--device {args.device}: the benchmark compares CPU builds (cpu:N[:native])")
+    except ValueError as e:
+        ap.error(str(e))
     args.db = args.db.resolve()
 
     def say(msg):

@@ -229,7 +229,7 @@ def _kernel_records(run, records, dev) -> dict:
     return out
 
 
-def _kernel_times(run, inputs, dev, rounds: int = 3) -> dict:
+def _kernel_times(run, inputs, dev, rounds: int = 7) -> dict:
     """Per kernel of a built model: calls and median seconds per run, timed around each VM call
     with the VM's instrument hook (``"(vm builtins)"``: allocations, reshapes and the like). The
     hook costs about a microsecond a call, which shows mostly in the builtins' share."""
@@ -482,8 +482,9 @@ def render(rows: list[dict], args) -> str:
             notes.append(f"  tuning: {_tuning_note(row, args)}")
         lines = _bottlenecks(row)
         if lines:
-            notes.append("  slowest kernels of the tuned build (share of the instrumented run, "
-                         "time per run, calls, rate, tuning):")
+            total = sum(v["s"] for v in row["tvm"]["breakdown"].values())
+            notes.append(f"  slowest kernels of the tuned build (instrumented run "
+                         f"{total * 1e3:.3g} ms; share, time per run, calls, rate, tuning):")
             notes += lines
     widths = [max(len(r[c]) for r in table) for c in range(len(head))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]

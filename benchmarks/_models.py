@@ -1,0 +1,223 @@
+"""The models ``vs_frameworks.py`` compares: PyTorch modules with random weights whose outputs
+are O(1), their example inputs, and the Relax module TVM builds from each.
+
+``load(name)`` is deterministic for a seed, so every process of the benchmark (PyTorch, ONNX
+Runtime, tuning, TVM) builds the same weights; the benchmark checks that by comparing outputs.
+
+- ``zoo:NAME``: a torch-backed model of ``autoplace.zoo`` (its Relax module is
+  ``autoplace.zoo.load(NAME).mod``).
+- ``resnet18``, ``mobilenet_v3_small``: torchvision (``torchvision==0.28.0``), batch 1, 224x224.
+- ``bert``: a BERT encoder, 4 layers, hidden 256, 4 heads, sequence 128, batch 1, from
+  ``transformers``' ``BertConfig``; without ``transformers``, an equivalent encoder in plain torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+INSTALL_HINT = "pip install -e '.[bench]'"
+
+TORCHVISION = {"resnet18": "torchvision resnet18, 224x224",
+               "mobilenet_v3_small": "torchvision mobilenet_v3_small, 224x224"}
+ZOO = ("zoo:resnet", "zoo:transformer")
+NAMES = (*ZOO, *TORCHVISION, "bert")
+
+# The BERT-style encoder: layers, hidden size, heads, feed-forward size, sequence length.
+BERT = dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30522)
+
+
+@dataclass(frozen=True, eq=False)
+class BenchModel:
+    """A model as every framework gets it: ``module`` (eval mode) called with ``inputs``."""
+
+    name: str
+    module: Any
+    inputs: list[np.ndarray]
+    description: str
+
+
+def load(name: str, seed: int = 0) -> BenchModel:
+    """Build model ``name`` (one of :data:`NAMES`) with weights and inputs drawn from ``seed``.
+
+    Raises ``ImportError`` (with the install command) when the package it needs is missing.
+    """
+    import torch
+
+    if name in ZOO:
+        from autoplace import zoo
+        from autoplace.zoo import torch_models
+
+        short = name.removeprefix("zoo:")
+        module, shapes = getattr(torch_models, short)(seed)
+        inputs = torch_models.example_inputs(shapes, np.random.default_rng(seed))
+        return BenchModel(name, module.eval(), inputs, f"autoplace zoo: {zoo.describe(short)}")
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    if name in TORCHVISION:
+        models = import_torchvision().models
+        module = getattr(models, name)(weights=None)
+        x = rng.standard_normal((1, 3, 224, 224)).astype("float32")
+        calibration = torch.from_numpy(rng.standard_normal((2, 3, 224, 224)).astype("float32"))
+        return BenchModel(name, _reinit(module, seed, calibration), [x], TORCHVISION[name])
+    if name == "bert":
+        module, description = _bert()
+        ids = rng.integers(0, BERT["vocab"], (1, BERT["seq"])).astype("int64")
+        return BenchModel(name, _reinit(module, seed), [ids], description)
+    raise KeyError(f"no benchmark model {name!r}; available: {', '.join(NAMES)}")
+
+
+def relax_module(model: BenchModel, seed: int = 0):
+    """The Relax module TVM builds for ``model`` (weights as constants)."""
+    if model.name in ZOO:
+        from autoplace import zoo
+
+        return zoo.load(model.name.removeprefix("zoo:"), seed).mod
+    from autoplace.frontends import from_torch
+
+    return from_torch(model.module, model.inputs)
+
+
+def import_torchvision():
+    """``import torchvision`` on a CPU-only torch.
+
+    torchvision 0.28's compiled operators link the CUDA build of torch, so its import fails with
+    "operator torchvision::nms does not exist"; defining the two operator schemas it looks up
+    first lets the pure-Python model definitions load (TVM_NOTES.md). Detection ops stay unusable.
+    Raises ``ImportError`` with the install command when torchvision is not installed.
+    """
+    import importlib.util
+    import sys
+
+    import torch
+
+    if importlib.util.find_spec("torchvision") is None:
+        raise ImportError(f"torchvision is not installed: {INSTALL_HINT}")
+    try:
+        import torchvision
+        return torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
+        del sys.modules[name]  # the failed import's half-initialised modules
+    global _SHIM
+    _SHIM = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        _SHIM.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import torchvision
+    return torchvision
+
+
+_SHIM = None  # the operator schemas live as long as this library object
+
+
+def _bert():
+    """(module taking token ids, returning the last hidden state; description)."""
+    import torch
+
+    try:
+        import_torchvision()  # transformers imports torchvision when it is installed
+    except ImportError:
+        pass
+    try:
+        from transformers import BertConfig, BertModel
+    except ImportError:
+        return (_TorchEncoder(),
+                f"BERT-style encoder written in torch (transformers not installed: {INSTALL_HINT})")
+    config = BertConfig(vocab_size=BERT["vocab"], hidden_size=BERT["hidden"],
+                        num_hidden_layers=BERT["layers"], num_attention_heads=BERT["heads"],
+                        intermediate_size=BERT["ffn"], max_position_embeddings=512)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(config, add_pooling_layer=False)
+
+        def forward(self, ids):
+            return self.bert(input_ids=ids).last_hidden_state
+
+    return Encoder(), (f"transformers BertModel, {BERT['layers']} layers, hidden {BERT['hidden']}, "
+                       f"sequence {BERT['seq']}")
+
+
+def _TorchEncoder():
+    """BERT's encoder in plain torch: word + position embeddings, LayerNorm, and post-norm layers
+    of 4-head self-attention and a GELU feed-forward."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    d, heads = BERT["hidden"], BERT["heads"]
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+            ffn = BERT["ffn"]
+            self.ffn = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).reshape(b, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
+            x = self.ln1(x + self.out(att))
+            return self.ln2(x + self.ffn(x))
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(BERT["vocab"], d)
+            self.positions = nn.Embedding(512, d)
+            self.ln = nn.LayerNorm(d, eps=1e-12)
+            self.layers = nn.ModuleList(Layer() for _ in range(BERT["layers"]))
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1]).unsqueeze(0)
+            x = self.ln(self.words(ids) + self.positions(pos))
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Encoder()
+
+
+def _reinit(module, seed: int, calibration=None):
+    """Weights that keep activations O(1), so relative errors mean something (torchvision's and
+    BERT's defaults give near-zero outputs or near-uniform attention): fan-in normal convs and
+    linears, small random biases and norm affines, unit-normal embeddings. With ``calibration``
+    (a batch of inputs), BatchNorms get random scales and shifts and the statistics of that batch
+    (one forward pass in training mode)."""
+    import torch
+    from torch import nn
+
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(t, std):
+        t.copy_(torch.randn(t.shape, generator=g) * std)
+
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                normal(m.weight, m.weight[0].numel() ** -0.5)
+                if m.bias is not None:
+                    normal(m.bias, 0.1)
+            elif isinstance(m, nn.Embedding):
+                normal(m.weight, 1.0)
+            elif isinstance(m, nn.LayerNorm):
+                m.weight.copy_(1 + torch.randn(m.weight.shape, generator=g) * 0.1)
+                normal(m.bias, 0.1)
+            elif isinstance(m, nn.BatchNorm2d):
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                normal(m.bias, 0.1)
+        if calibration is not None:
+            norms = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
+            for m in norms:
+                m.reset_running_stats()
+                m.momentum = None  # a cumulative average: one batch gives its own statistics
+            module.train()
+            module(calibration)
+    return module.eval()

@@ -17,7 +17,7 @@ import autoplace
 from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import KernelRecords, apply_records, target_key
 from autoplace.profile import LocalRunner, ProfileStore, fingerprint
-from autoplace.tuning import open_records, records_root
+from autoplace.tuning import describe, open_records, records_root
 from autoplace.tuning.records import open_database
 
 TRIALS = 2
@@ -104,6 +104,27 @@ def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tune
     assert plain.problem.cost[relu, 0] > 0
 
 
+def test_a_kernel_with_no_more_schedules_to_try_is_not_pending(tmp_path):
+    """An elementwise kernel has one or two schedules: MetaSchedule runs out of candidates long
+    before the trials asked for, and the campaign counts it done instead of retrying forever."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(x)))
+        bb.emit_func_output(out)
+    db = tmp_path / "prof.db"
+    report = autoplace.tune(bb.get(), [CPU], db, trials=64, trials_per_iter=64, progress=False)
+    [kernel] = report.kernels
+    assert kernel.exhausted and 0 < kernel.tuned_now < 64
+    assert report.pending == 0 and report.pending_kernels == 0
+    again = autoplace.tune(bb.get(), [CPU], db, trials=64, dry_run=True)
+    assert again.pending == 0 and again.kernels[0].exhausted
+    assert "every schedule MetaSchedule has" in describe(again)
+
+
 def test_a_kernel_shared_by_two_models_is_tuned_once(tuned):
     db, _ = tuned
     plan = autoplace.tune([_model(False), _model(True)], [CPU], db, trials=TRIALS, dry_run=True)
@@ -172,7 +193,8 @@ def _record_lines(db) -> int:
 
 
 def _run_until(cmd, db, records: int, sig) -> subprocess.CompletedProcess:
-    """Run ``cmd`` until the store's records reach ``records`` lines, then send it ``sig``."""
+    """Run ``cmd`` until the store's records reach ``records`` lines, then send ``sig`` to its
+    process group (as Ctrl-C in a terminal does: MetaSchedule's workers get it too)."""
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -181,7 +203,7 @@ def _run_until(cmd, db, records: int, sig) -> subprocess.CompletedProcess:
         while (_record_lines(db) < records and child.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.2)
-        child.send_signal(sig)
+        os.killpg(child.pid, sig)
         out, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:

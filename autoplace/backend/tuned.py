@@ -56,6 +56,12 @@ def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func})
 
 
+def kernel_key(workload: tvm.IRModule) -> str:
+    """A kernel's name in the profile store and in a campaign's bookkeeping: a hash of its TIR
+    (:func:`kernel_workload`)."""
+    return "kernel:" + hashlib.sha1(workload.script().encode()).hexdigest()[:16]
+
+
 class KernelRecords:
     """Tuning databases by :func:`target_key`: what a build looks its kernels up in.
 

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autoplace.backend import fused_kernels
-from autoplace.backend.tuned import kernel_workload
+from autoplace.backend.tuned import kernel_key, kernel_workload
 from autoplace.devices import Device
 from autoplace.profile.measure import LocalRunner, fingerprint, interrupts_kept, op_failed
-from autoplace.tuning.records import device_folder, open_database, write_device
+from autoplace.tuning.records import (device_folder, exhausted, mark_exhausted, open_database,
+                                      write_device)
 
 if TYPE_CHECKING:
     import tvm
@@ -34,7 +35,8 @@ SECONDS_PER_TRIAL = 3.0
 
 @dataclass(frozen=True)
 class KernelStatus:
-    """One kernel of one device: its trials recorded (successful or not) and whether any ran."""
+    """One kernel of one device: its trials recorded (successful or not), whether any ran, and
+    whether its search space is exhausted (no more trials to run, whatever ``trials`` asks)."""
 
     device: str
     name: str
@@ -43,10 +45,14 @@ class KernelStatus:
     valid: int
     tuned_now: int = 0
     error: str | None = None
+    exhausted: bool = False
 
     @property
     def failed(self) -> bool:
         return self.error is not None or (self.recorded > 0 and self.valid == 0)
+
+    def done(self, trials: int) -> bool:
+        return self.exhausted or self.recorded + self.tuned_now >= trials
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,7 @@ class TuneReport:
 
     @property
     def pending_kernels(self) -> int:
-        return sum(1 for k in self.kernels if k.recorded + k.tuned_now < self.trials
-                   and not k.failed)
+        return sum(1 for k in self.kernels if not k.done(self.trials) and not k.failed)
 
     def estimate_s(self) -> float:
         return self.pending * SECONDS_PER_TRIAL
@@ -175,7 +180,8 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
         database = open_database(folder, create=not dry_run)
         if not dry_run:
             write_device(folder, device, info, target)
-        kernels = [(name, w, flops, *_recorded(database, w))
+        spent = exhausted(folder)
+        kernels = [(name, w, flops, *_recorded(database, w), kernel_key(w) in spent)
                    for name, w, flops in device_kernels(mods, target)]
         tasks[fp] = _DeviceTasks(device, fp, info, target, database, folder, kernels)
 
@@ -186,28 +192,30 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
     return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed)
 
 
-def _missing(trials: int, recorded: int, valid: int) -> int:
-    """Trials still to run for a kernel; none for one whose every trial failed."""
-    return 0 if recorded and not valid else max(trials - recorded, 0)
+def _missing(trials: int, recorded: int, valid: int, spent: bool) -> int:
+    """Trials still to run for a kernel; none for one whose every trial failed or whose search
+    space is exhausted."""
+    return 0 if spent or (recorded and not valid) else max(trials - recorded, 0)
 
 
 def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
               trials_per_iter: int, progress: bool) -> tuple[list[KernelStatus], int]:
     """Tune what is missing (nothing with ``dry_run``): each kernel's status and the trials
     still pending."""
-    pending = sum(_missing(trials, r, v) for t in tasks.values() for *_, r, v in t.kernels)
+    pending = sum(_missing(trials, *k[3:]) for t in tasks.values() for k in t.kernels)
     if dry_run or not pending:
-        return [KernelStatus(t.device.name, name, flops, r, v)
-                for t in tasks.values() for name, _, flops, r, v in t.kernels], pending
+        return [KernelStatus(t.device.name, name, flops, r, v, exhausted=spent)
+                for t in tasks.values() for name, _, flops, r, v, spent in t.kernels], pending
     from tqdm.auto import tqdm
 
     statuses = []
     with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
         for t in tasks.values():
-            for name, workload, flops, recorded, valid in t.kernels:
-                todo = _missing(trials, recorded, valid)
+            for name, workload, flops, recorded, valid, spent in t.kernels:
+                todo = _missing(trials, recorded, valid, spent)
                 if not todo:
-                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid))
+                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid,
+                                                 exhausted=spent))
                     continue
                 bar.set_postfix_str(f"{t.device.name} {name}")
                 error = None
@@ -219,10 +227,14 @@ def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
                     log.warning("%s %s: %s; it keeps its default schedule", t.device.name, name,
                                 error)
                 now_recorded, now_valid = _recorded(t.database, workload)
+                spent = error is None and now_recorded < recorded + todo
+                if spent:  # MetaSchedule ran out of new candidates: more trials find nothing
+                    mark_exhausted(t.folder, kernel_key(workload))
                 statuses.append(KernelStatus(t.device.name, name, flops, recorded, now_valid,
-                                             now_recorded - recorded, error))
+                                             now_recorded - recorded, error, spent))
                 bar.update(todo)
-    pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses if not s.failed)
+    pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses
+                  if not s.failed and not s.exhausted)
     return statuses, pending
 
 
@@ -286,9 +298,11 @@ def describe(report: TuneReport) -> str:
     for device, folder in report.databases.items():
         mine = [k for k in report.kernels if k.device == device]
         done = sum(1 for k in mine if k.recorded + k.tuned_now >= report.trials)
+        spent = sum(1 for k in mine if k.exhausted and k.recorded + k.tuned_now < report.trials)
         failed = sum(k.failed for k in mine)
         lines.append(f"{device}: {len(mine)} kernels, {done} tuned to {report.trials} trials, "
-                     f"{failed} failed; records in {folder}")
+                     f"{spent} with every schedule MetaSchedule has for them, {failed} failed; "
+                     f"records in {folder}")
     if report.pending:
         lines.append(f"{report.pending_kernels} kernel(s) still to tune: {report.pending} trials, "
                      f"about {report.estimate_s() / 60:.0f} min")

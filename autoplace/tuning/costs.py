@@ -11,7 +11,6 @@ by a better one later is timed again, and per-op rows (``schedule = "default"``)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.backend import fused_kernels
-from autoplace.backend.tuned import KernelRecords, kernel_workload, record_id
+from autoplace.backend.tuned import KernelRecords, kernel_key, kernel_workload, record_id
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
@@ -46,11 +45,6 @@ class KernelWorkload:
     bytes_written: int
     op_type: str = "kernel"
     param_bytes: int = 0
-
-
-def kernel_key(workload: tvm.IRModule) -> str:
-    """The store's workload key of a kernel (:func:`autoplace.backend.tuned.kernel_workload`)."""
-    return "kernel:" + hashlib.sha1(workload.script().encode()).hexdigest()[:16]
 
 
 def tuned_schedule(record) -> str:

@@ -50,6 +50,24 @@ def open_database(folder: Path, *, create: bool = False):
                                     module_equality="structural")
 
 
+_EXHAUSTED = "exhausted.txt"
+
+
+def exhausted(folder: Path) -> set[str]:
+    """Kernels (:func:`autoplace.backend.tuned.kernel_key`) whose search space a campaign
+    exhausted: MetaSchedule found no new candidate before their trials were done (an
+    elementwise kernel has one or two schedules), so more trials would find nothing."""
+    try:
+        return set((folder / _EXHAUSTED).read_text().split())
+    except OSError:
+        return set()
+
+
+def mark_exhausted(folder: Path, key: str) -> None:
+    with (folder / _EXHAUSTED).open("a") as f:
+        f.write(key + "\n")
+
+
 def write_device(folder: Path, device: Device, info: dict[str, Any], target: tvm.target.Target):
     folder.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"device": device.to_dict(), "info": info, "target": str(target),

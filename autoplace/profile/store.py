@@ -523,7 +523,7 @@ class ProfileStore:
                                    [(w["key"], m, c) for m, c in w.get("models", {}).items()])
                 before = db.total_changes
                 for m in data["measurements"]:
-                    row = {**m, "device": fp}
+                    row = {"schedule": "default", **m, "device": fp}  # files before schedule
                     db.execute(f"INSERT OR IGNORE INTO measurements ({', '.join(row)}) "
                                f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
                 added = db.total_changes - before

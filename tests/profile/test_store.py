@@ -54,6 +54,15 @@ def test_export_import_round_trip(tmp_path):
     assert prof.link().beta_bps == 1e10 and prof.kind == "cpu"
 
 
+def test_a_measurement_without_schedule_is_imported_as_default(tmp_path):
+    data = _filled(tmp_path / "a.db").export_profile("cpu:0")
+    for m in data["measurements"]:
+        m.pop("schedule", None)
+    other = ProfileStore(tmp_path / "b.db")
+    assert other.import_profile(data) == 2
+    assert {m.schedule for m in other.measurements(schedule=None)} == {"default"}
+
+
 def test_import_keeps_existing_measurements(tmp_path):
     store = _filled(tmp_path / "a.db")
     data = store.export_profile("cpu:0")

@@ -20,3 +20,19 @@ def devs():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """An RPC tracker with one server, key ``main``, on loopback (:mod:`rpc_cluster`), for the
+    tests of one module."""
+    pytest.importorskip("cloudpickle", reason="tvm.exec.rpc_tracker/rpc_server need cloudpickle")
+    from rpc_cluster import Cluster
+
+    c = Cluster(tmp_path_factory.mktemp("rpc"))
+    try:
+        c.start_servers("main")
+        yield c
+    finally:
+        for name in list(c.procs):
+            c.kill(name)

@@ -1,6 +1,7 @@
 """Profiling: time single-op workloads and device-to-device copies on real devices, into a store."""
 
-from autoplace.profile.campaign import CampaignReport, collect, run_campaign, runner_from_spec
+from autoplace.profile.campaign import (CampaignReport, as_runner, collect, run_campaign,
+                                        runner_from_spec)
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
                                        check_present, fingerprint)
@@ -10,7 +11,7 @@ from autoplace.profile.workload import single_op_modules
 
 __all__ = [
     "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit", "LocalRunner",
-    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy",
+    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy", "as_runner",
     "check_present", "collect", "copy_times", "fingerprint", "fit_link", "run_campaign",
     "runner_from_spec", "shipped_dir", "single_op_modules",
 ]

@@ -50,6 +50,16 @@ def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: floa
         raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N or rpc:KEY@HOST:PORT") from None
 
 
+def as_runner(device, **rpc_options):
+    """How to reach ``device``: a :class:`Device` (this process), a spec (:func:`runner_from_spec`,
+    with ``rpc_options``) or a runner (``LocalRunner``, ``RPCRunner``), returned as it is."""
+    if isinstance(device, Device):
+        return LocalRunner(device)
+    if isinstance(device, str):
+        return runner_from_spec(device, **rpc_options)
+    return device
+
+
 @dataclass(frozen=True)
 class Workloads:
     """The distinct workloads of a set of models: one-op modules and which model uses what."""

@@ -148,6 +148,15 @@ def time_adaptively(timer, policy: TimingPolicy) -> Timing:
                   number)
 
 
+def kernel_timer(rt_mod, dev, args):
+    """A ``timer(number, repeat)`` for :func:`time_adaptively` of a compiled kernel's ``main``
+    (a runtime module, here or loaded on a remote) called on ``args``."""
+    def timer(number, repeat):
+        return rt_mod.time_evaluator("main", dev, number=number, repeat=repeat)(*args).results
+
+    return timer
+
+
 def fingerprint(info: dict[str, Any]) -> str:
     """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads)."""
     keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
@@ -238,6 +247,17 @@ class LocalRunner:
         self.device = device
         self.spec = spec or f"{device.kind}:{device.index}"
 
+    @property
+    def name(self) -> str:
+        """The device's name (``cpu0``)."""
+        return self.device.name
+
+    def tvm_target(self) -> tvm.target.Target:
+        return self.device.tvm_target()
+
+    def close(self) -> None:
+        """Nothing to release (the same call as a remote runner's)."""
+
     def info(self) -> dict[str, Any]:
         import tvm
 
@@ -281,5 +301,29 @@ class LocalRunner:
                 return vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args).results
 
             return time_adaptively(timer, policy)
+        except Exception as e:  # noqa: BLE001
+            raise op_failed("run failed", e) from None
+
+    def measure_kernel(self, mod: tvm.IRModule, target, policy: TimingPolicy = TimingPolicy(),
+                       rng: np.random.Generator | None = None) -> Timing:
+        """Median time of a kernel: ``mod["main"]`` a PrimFunc (scheduled or not), compiled for
+        ``target``, on random inputs (:func:`~autoplace.profile.workload.random_inputs`).
+
+        Raises
+        ------
+        OpFailed
+            The kernel did not build or run.
+        """
+        import tvm
+
+        try:
+            lib = tvm.compile(mod, target=target)
+        except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
+            raise op_failed("build failed", e) from None
+        dev = self.device.tvm_device()
+        try:
+            args = [tvm.runtime.tensor(a, dev)
+                    for a in random_inputs(mod["main"], rng or np.random.default_rng(0))]
+            return time_adaptively(kernel_timer(lib.mod, dev, args), policy)
         except Exception as e:  # noqa: BLE001
             raise op_failed("run failed", e) from None

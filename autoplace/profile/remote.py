@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.profile.measure import (PROBE_POLICY, DeviceUnavailable, OpFailed, Timing,
-                                       TimingPolicy, error_summary, op_failed, probe_module,
-                                       time_adaptively)
+                                       TimingPolicy, error_summary, kernel_timer, op_failed,
+                                       probe_module, time_adaptively)
 from autoplace.profile.workload import random_inputs
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ class RPCRunner:
         self.key, self.host, self.port = key, host, int(port)
         self.target, self.timeout_s = target, float(timeout_s)
         self.spec = f"rpc:{key}@{host}:{port}"
+        self.name = self.spec  # what reports call the device
         self._sess = None
         self._uploads = 0
 
@@ -138,18 +139,35 @@ class RPCRunner:
         """
         from autoplace.backend import build_single
 
+        def build():
+            return build_single(mod, self.tvm_target(), gpu=self.kind != "cpu")
+
+        return self._time_remotely(mod, build, _vm_timer, policy, rng)
+
+    def measure_kernel(self, mod: tvm.IRModule, target, policy: TimingPolicy = TimingPolicy(),
+                       rng: np.random.Generator | None = None) -> Timing:
+        """Median time on the remote of a kernel: ``mod["main"]`` a PrimFunc (scheduled or
+        not), compiled here for ``target``; raises as :meth:`measure`."""
+        import tvm
+
+        return self._time_remotely(mod, lambda: tvm.compile(mod, target=target), kernel_timer,
+                                   policy, rng)
+
+    def _time_remotely(self, mod, build, make_timer, policy, rng) -> Timing:
+        """Build with ``build()`` here, upload the library and time it on the remote with the
+        timer ``make_timer(loaded module, device, args)`` makes; reconnects once if the session
+        died."""
         inputs = random_inputs(mod["main"], rng or np.random.default_rng(0))
         with tempfile.TemporaryDirectory(prefix="autoplace-rpc-") as tmp:
             lib = Path(tmp) / "op.so"
             try:
-                ex = build_single(mod, self.tvm_target(), gpu=self.kind != "cpu")
-                ex.export_library(str(lib))
+                build().export_library(str(lib))
             except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
                 raise op_failed("build failed", e) from None
             for attempt in (1, 2):
                 sess = self._session()
                 try:
-                    return self._run(sess, lib, inputs, policy)
+                    return self._run(sess, lib, inputs, policy, make_timer)
                 except Exception as e:  # noqa: BLE001 - the op's fault or the session's?
                     if _alive(sess):
                         raise op_failed("run failed", e) from None
@@ -160,25 +178,18 @@ class RPCRunner:
                                 self.spec, error_summary(e))
         raise AssertionError("unreachable")
 
-    def _run(self, sess, lib: Path, inputs: list[np.ndarray], policy: TimingPolicy) -> Timing:
+    def _run(self, sess, lib: Path, inputs: list[np.ndarray], policy: TimingPolicy,
+             make_timer) -> Timing:
         import tvm
-        from tvm import relax
 
         self._uploads += 1
         name = f"autoplace_op{self._uploads}.so"
         sess.upload(str(lib), target=name)
-        rexec = sess.load_module(name)
+        loaded = sess.load_module(name)
         sess.remove(name)
         dev = self._device(sess)
-        vm = relax.VirtualMachine(rexec, dev)
         args = [tvm.runtime.tensor(a, dev) for a in inputs]
-        # A saved closure returns nothing: works for tuple outputs and sends no result back.
-        vm.save_function("main", _TIMED, *args, include_return=False)
-
-        def timer(number, repeat):
-            return vm.time_evaluator(_TIMED, dev, number=number, repeat=repeat)().results
-
-        return time_adaptively(timer, policy)
+        return time_adaptively(make_timer(loaded, dev, args), policy)
 
     # ------------------------------------------------------------------ session
 
@@ -267,3 +278,17 @@ def _remote_call(sess, name: str):
     except AttributeError:
         return None
     return f()
+
+
+def _vm_timer(rexec, dev, args):
+    """A timer of a Relax executable's ``main`` on ``args``, saved as a closure that returns
+    nothing: works for tuple outputs and sends no result back."""
+    from tvm import relax
+
+    vm = relax.VirtualMachine(rexec, dev)
+    vm.save_function("main", _TIMED, *args, include_return=False)
+
+    def timer(number, repeat):
+        return vm.time_evaluator(_TIMED, dev, number=number, repeat=repeat)().results
+
+    return timer

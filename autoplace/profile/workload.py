@@ -65,11 +65,13 @@ def module_from_key(key: str) -> tvm.IRModule:
 
 
 def random_inputs(func, rng: np.random.Generator) -> list[np.ndarray]:
-    """Arrays for ``func``'s parameters: floats in [0.5, 1.5) (valid variances, logs and
-    divisors, no NaN to time), zero integers (valid indices)."""
+    """Arrays for the parameters of ``func`` (a Relax function, or a PrimFunc's buffers): floats
+    in [0.5, 1.5) (valid variances, logs and divisors, no NaN to time), zero integers (valid
+    indices)."""
     arrays = []
     for p in func.params:
-        shape = [int(d) for d in p.ty.shape.values]
+        shape = p.ty.shape  # a Relax tensor's shape expression, or a PrimFunc buffer's dims
+        shape = [int(d) for d in getattr(shape, "values", shape)]
         dtype = str(p.ty.dtype)
         if dtype.startswith(("float", "bfloat")):
             arrays.append(rng.uniform(0.5, 1.5, shape).astype(dtype))

@@ -24,8 +24,8 @@ from autoplace.backend.tuned import KernelRecords, kernel_key, kernel_workload, 
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
-from autoplace.profile.measure import (LocalRunner, OpFailed, TimingPolicy, fingerprint, op_failed,
-                                       time_adaptively)
+from autoplace.profile.campaign import as_runner
+from autoplace.profile.measure import LocalRunner, OpFailed, TimingPolicy, fingerprint
 from autoplace.profile.store import Measurement, ProfileStore
 
 if TYPE_CHECKING:
@@ -67,47 +67,32 @@ def kernel_workload_row(workload: tvm.IRModule, flops: float) -> KernelWorkload:
                           int(sizes[-1]) if sizes else 0)
 
 
-def time_kernel(func: tvm.tirx.PrimFunc, target, device: Device,
-                policy: TimingPolicy = TimingPolicy(), rng: np.random.Generator | None = None):
+def time_kernel(func: tvm.tirx.PrimFunc, target, device, policy: TimingPolicy = TimingPolicy(),
+                rng: np.random.Generator | None = None):
     """Build one kernel (a PrimFunc, scheduled or not) for ``target`` and time it on ``device``
-    with the profiler's policy; floats are random normals, integers zeros (valid indices).
+    (a :class:`Device`, a spec such as ``rpc:KEY@HOST:PORT`` or a runner:
+    :func:`autoplace.profile.as_runner`) with the profiler's policy, on random inputs.
 
     Raises
     ------
     OpFailed
         The kernel did not build or run.
+    DeviceUnavailable
+        A remote device could not be reached.
     """
-    import tvm
-
-    mod = kernel_workload(func)
-    try:
-        lib = tvm.compile(mod, target=target)
-    except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
-        raise op_failed("build failed", e) from None
-    dev = device.tvm_device()
-    rng = rng or np.random.default_rng(0)
-    try:
-        args = [tvm.runtime.tensor(
-                    rng.standard_normal(shape).astype(dtype) if dtype.startswith(("float",
-                                                                                  "bfloat"))
-                    else np.zeros(shape, dtype=dtype), dev)
-                for dtype, shape in _arg_infos(mod["main"])]
-
-        def timer(number, repeat):
-            return lib.mod.time_evaluator("main", dev, number=number, repeat=repeat)(*args).results
-
-        return time_adaptively(timer, policy)
-    except Exception as e:  # noqa: BLE001
-        raise op_failed("run failed", e) from None
+    return as_runner(device).measure_kernel(kernel_workload(func), target, policy, rng)
 
 
-def time_tuned_kernels(kernels, device: Device, target, records: KernelRecords,
+def time_tuned_kernels(kernels, device, target, records: KernelRecords,
                        store: ProfileStore, device_fingerprint: str,
                        policy: TimingPolicy = TimingPolicy(), progress: bool = True) -> int:
     """Time, into ``store``, each of ``kernels`` (``(name, workload, flops)``) whose best record
-    in ``records`` was not timed yet; returns how many were timed now. Each is committed as it
-    is measured, so an interrupted run loses nothing."""
+    in ``records`` was not timed yet, on ``device`` (as :func:`time_kernel` takes it); returns
+    how many were timed now. Each is committed as it is measured, so an interrupted run loses
+    nothing."""
     from tqdm.auto import tqdm
+
+    device = as_runner(device)
 
     todo = []
     for name, workload, flops in kernels:

@@ -18,6 +18,18 @@ def devices(specs):
     return devs
 
 
+def add_rpc_options(p) -> None:
+    """``--rpc-target`` and ``--rpc-timeout``: how ``rpc:KEY@HOST:PORT`` devices are reached."""
+    p.add_argument("--rpc-target", default="llvm", help="TVM target of rpc: devices (default llvm)")
+    p.add_argument("--rpc-timeout", type=float, default=30.0,
+                   help="seconds to wait for an rpc: device (default 30)")
+
+
+def rpc_options(args) -> dict:
+    """The keyword arguments of :func:`autoplace.profile.runner_from_spec` the options give."""
+    return {"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout}
+
+
 def rules(specs):
     rules = []
     for s in specs:

@@ -58,7 +58,7 @@ def _cmd_profile(args) -> int:
                 models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
                 links=not args.no_links, progress=not args.json, passes=args.passes,
                 drift_tolerance=tolerance,
-                runner_kwargs={"rpc_target": args.rpc_target, "rpc_timeout_s": args.rpc_timeout})
+                runner_kwargs=options.rpc_options(args))
             rounds = (_refine(args, store, policy, tolerance) if args.refine and not args.dry_run
                       else [])
         except KeyboardInterrupt:
@@ -153,9 +153,7 @@ def register_cli(sub) -> None:
                    help="add new workloads to a store measured on an earlier occasion even if the "
                         "device now runs a few of its workloads (timed again first) a median "
                         "more than 15%% slower or faster")
-    p.add_argument("--rpc-target", default="llvm", help="TVM target of rpc: devices (default llvm)")
-    p.add_argument("--rpc-timeout", type=float, default=30.0,
-                   help="seconds to wait for an rpc: device (default 30)")
+    options.add_rpc_options(p)
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("profile-export", help="write one device's profile as a JSON file",

@@ -10,23 +10,32 @@ from autoplace.cli import options
 EPILOG = """examples:
   autoplace tune --model zoo:resnet --device cpu:0 --db prof.db --trials 64
   autoplace tune --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db --dry-run --json
+  autoplace tune --model zoo:resnet --device rpc:board@10.0.0.5:9190 --db prof.db --trials 64
   autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1 --db prof.db
 
 Records go beside the store (prof.db.tuning/<device fingerprint>/). A campaign stopped at any
 point (Ctrl-C, kill) resumes where it was when run again; a kernel shared by several models, or
 tuned by an earlier campaign, is tuned once. Kernels with the most FLOPs are tuned first.
+An rpc: device is reached through a TVM RPC tracker, as `autoplace profile` reaches it:
+candidates are compiled here and run there by MetaSchedule's RPC runner.
 """
 
 
 def _cmd_tune(args) -> int:
-    from autoplace import zoo
+    from autoplace import Device, zoo
+    from autoplace.profile import runner_from_spec
     from autoplace.tuning import describe, tune
 
     if not args.model:
         raise ValueError("nothing to tune: pass --model zoo:NAME or FILE.onnx (repeatable)")
     mods = [zoo.from_spec(spec).mod for spec in args.model]
-    devices = options.devices(args.device or ["cpu:0"])
-    if any(d.is_gpu for d in devices) and not args.dry_run:
+    specs = args.device or ["cpu:0"]
+    rpc = options.rpc_options(args)
+    local = iter(options.devices([s for s in specs if not s.startswith("rpc:")]))
+    devices = [runner_from_spec(s, **rpc) if s.startswith("rpc:") else next(local)
+               for s in specs]
+    if any(d.is_gpu if isinstance(d, Device) else d.kind != "cpu" for d in devices) \
+            and not args.dry_run:
         raise ValueError("tuning GPU kernels is not supported yet: GPU builds use dlight's "
                          "default schedules")
     try:
@@ -51,7 +60,8 @@ def register_cli(sub) -> None:
     p = sub.add_parser("tune", help="tune the kernels of models for devices (MetaSchedule)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], help=options.model_help(True))
-    p.add_argument("--device", action="append", help="cpu:N (repeatable; default cpu:0)")
+    p.add_argument("--device", action="append",
+                   help="cpu:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
     p.add_argument("--db", required=True,
                    help="the profile store the records live beside (need not exist)")
     p.add_argument("--trials", type=int, default=64,
@@ -64,4 +74,5 @@ def register_cli(sub) -> None:
                    help='print a JSON report ({"pending": kernels still to tune, ...})')
     p.add_argument("--kernels", dest="verbose_json", action="store_true",
                    help="with --json: list every kernel")
+    options.add_rpc_options(p)
     p.set_defaults(func=_cmd_tune)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import kernel_key, kernel_workload
-from autoplace.devices import Device
-from autoplace.profile.measure import LocalRunner, fingerprint, interrupts_kept, op_failed
+from autoplace.profile.campaign import as_runner
+from autoplace.profile.measure import fingerprint, interrupts_kept, op_failed
 from autoplace.tuning.records import (device_folder, exhausted, mark_exhausted, open_database,
                                       write_device)
 
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds one MetaSchedule trial took on a 2-core machine: what ``--dry-run`` estimates with.
 SECONDS_PER_TRIAL = 3.0
+
+#: Seconds a candidate may take to run (here, or on a remote session) before it counts as failed.
+RUN_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,9 @@ class TuneReport:
                 "databases": self.databases}
 
 
-def tuning_target(device: Device, threads: int) -> tvm.target.Target:
-    """The device's target with the thread count MetaSchedule needs (``num-cores``)."""
+def tuning_target(device, threads: int) -> tvm.target.Target:
+    """The target of ``device`` (a :class:`Device` or a runner) with the thread count
+    MetaSchedule needs (``num-cores``)."""
     import tvm
 
     target = device.tvm_target()
@@ -117,9 +121,10 @@ def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[tuple[str, tvm.
 
 @dataclass
 class _DeviceTasks:
-    """One fingerprint's kernels: the first device with it, its target, database and folder."""
+    """One fingerprint's kernels: the first device with it (as its runner reaches it), its
+    target, database and folder."""
 
-    device: Device
+    runner: Any
     fingerprint: str
     info: dict
     target: Any
@@ -128,16 +133,21 @@ class _DeviceTasks:
     kernels: list  # (name, workload, flops, recorded, valid)
 
 
-def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool = False,
-         trials_per_iter: int = 16, progress: bool = True) -> TuneReport:
+def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False,
+         trials_per_iter: int = 16, progress: bool = True,
+         runner_kwargs: dict | None = None) -> TuneReport:
     """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records,
     then time each tuned kernel into the profile store ``db`` (what tuned costs are made of).
 
     Parameters
     ----------
     mods : tvm.IRModule or sequence of them
-    devices : sequence of Device
-        Local devices; each is tuned for its own target with the thread count it runs with.
+    devices : sequence of Device, spec or runner
+        Each is tuned for its own target with the thread count it runs with. A :class:`Device`
+        or ``cpu:N`` runs candidates in this process; ``rpc:KEY@HOST:PORT`` (or an
+        :class:`~autoplace.profile.remote.RPCRunner`) is a device served through a TVM RPC
+        tracker, as ``autoplace profile`` reaches it: candidates are compiled here for its target
+        and run there by MetaSchedule's RPC runner, and its tuned kernels are timed there.
         Devices with the same fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share records.
     db : str or Path
         The profile store: tuned kernels' times go in it, the records beside it
@@ -148,6 +158,9 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
         Only count what is missing.
     trials_per_iter : int
         Candidates MetaSchedule measures per round (records are saved after each).
+    runner_kwargs : dict, optional
+        ``rpc_target`` and ``rpc_timeout_s`` for the ``rpc:`` specs
+        (:func:`autoplace.profile.runner_from_spec`).
 
     Returns
     -------
@@ -157,6 +170,10 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
 
     Raises
     ------
+    DeviceUnavailable
+        A remote device's tracker cannot be reached or has no server with its key: before
+        anything is tuned, before each of its kernels, or while timing. What was recorded is
+        kept, and running again resumes.
     KeyboardInterrupt
         Ctrl-C: the records of every finished round and every kernel timed are kept, and running
         again resumes.
@@ -167,23 +184,27 @@ def tune(mods, devices: Sequence[Device], db, *, trials: int = 64, dry_run: bool
         raise ValueError(f"trials must be at least 1, got {trials}")
     mods = [mods] if isinstance(mods, tvm.IRModule) else list(mods)
     t0 = time.perf_counter()
+    # A malformed spec, or a remote that cannot be reached, fails before anything is tuned.
+    runners = [as_runner(d, **(runner_kwargs or {})) for d in devices]
+    infos = [r.info() for r in runners]
+    for r in runners:
+        r.close()  # MetaSchedule's RPC runner needs the remote's server free
     tasks: dict[str, _DeviceTasks] = {}
     databases = {}
-    for device in devices:
-        info = LocalRunner(device).info()
+    for runner, info in zip(runners, infos):
         fp = fingerprint(info)
         folder = device_folder(db, fp)
-        databases[device.name] = str(folder)
+        databases[runner.name] = str(folder)
         if fp in tasks:
             continue
-        target = tuning_target(device, info["threads"])
+        target = tuning_target(runner, info["threads"])
         database = open_database(folder, create=not dry_run)
         if not dry_run:
-            write_device(folder, device, info, target)
+            write_device(folder, getattr(runner, "device", runner.spec), info, target)
         spent = exhausted(folder)
         kernels = [(name, w, flops, *_recorded(database, w), kernel_key(w) in spent)
                    for name, w, flops in device_kernels(mods, target)]
-        tasks[fp] = _DeviceTasks(device, fp, info, target, database, folder, kernels)
+        tasks[fp] = _DeviceTasks(runner, fp, info, target, database, folder, kernels)
 
     with interrupts_kept():
         statuses, pending = _tune_all(tasks, trials, dry_run=dry_run,
@@ -204,33 +225,40 @@ def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
     still pending."""
     pending = sum(_missing(trials, *k[3:]) for t in tasks.values() for k in t.kernels)
     if dry_run or not pending:
-        return [KernelStatus(t.device.name, name, flops, r, v, exhausted=spent)
+        return [KernelStatus(t.runner.name, name, flops, r, v, exhausted=spent)
                 for t in tasks.values() for name, _, flops, r, v, spent in t.kernels], pending
     from tqdm.auto import tqdm
 
     statuses = []
     with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
         for t in tasks.values():
+            ms_runner = None
             for name, workload, flops, recorded, valid, spent in t.kernels:
                 todo = _missing(trials, recorded, valid, spent)
                 if not todo:
-                    statuses.append(KernelStatus(t.device.name, name, flops, recorded, valid,
+                    statuses.append(KernelStatus(t.runner.name, name, flops, recorded, valid,
                                                  exhausted=spent))
                     continue
-                bar.set_postfix_str(f"{t.device.name} {name}")
+                bar.set_postfix_str(f"{t.runner.name} {name}")
+                # A remote gone away stops the campaign here (DeviceUnavailable), before its
+                # candidates would be recorded as failed runs of this kernel.
+                t.runner.info()
+                t.runner.close()
                 error = None
                 try:
+                    if ms_runner is None:
+                        ms_runner = _ms_runner(t.runner)
                     _tune_one(workload, t.target, t.database, t.folder, name, todo,
-                              trials_per_iter)
+                              trials_per_iter, ms_runner)
                 except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
                     error = str(op_failed("tuning failed", e))  # Ctrl-C raises here
-                    log.warning("%s %s: %s; it keeps its default schedule", t.device.name, name,
+                    log.warning("%s %s: %s; it keeps its default schedule", t.runner.name, name,
                                 error)
                 now_recorded, now_valid = _recorded(t.database, workload)
                 spent = error is None and now_recorded < recorded + todo
                 if spent:  # MetaSchedule ran out of new candidates: more trials find nothing
                     mark_exhausted(t.folder, kernel_key(workload))
-                statuses.append(KernelStatus(t.device.name, name, flops, recorded, now_valid,
+                statuses.append(KernelStatus(t.runner.name, name, flops, recorded, now_valid,
                                              now_recorded - recorded, error, spent))
                 bar.update(todo)
     pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses
@@ -247,14 +275,31 @@ def _time_all(tasks, db, progress: bool) -> int:
     timed = 0
     with ProfileStore(db) as store:
         for t in tasks:
-            store.add_device(t.fingerprint, f"{t.device.kind}:{t.device.index}", t.info)
+            store.add_device(t.fingerprint, t.runner.spec, t.info)
             records = KernelRecords({target_key(t.target): t.database})
-            timed += time_tuned_kernels([k[:3] for k in t.kernels], t.device, t.target, records,
-                                        store, t.fingerprint, progress=progress)
+            try:
+                timed += time_tuned_kernels([k[:3] for k in t.kernels], t.runner, t.target,
+                                            records, store, t.fingerprint, progress=progress)
+            finally:
+                t.runner.close()
     return timed
 
 
-def _tune_one(workload, target, database, folder, name, trials, per_iter) -> None:
+def _ms_runner(runner):
+    """MetaSchedule's runner for candidates of ``runner``'s device: its RPC runner, through the
+    same tracker and key, for a remote; else the local one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from autoplace.profile.remote import RPCRunner
+
+    if isinstance(runner, RPCRunner):
+        config = ms.runner.RPCConfig(tracker_host=runner.host, tracker_port=runner.port,
+                                     tracker_key=runner.key, session_timeout_sec=RUN_TIMEOUT_S)
+        return ms.runner.RPCRunner(rpc_config=config)
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
+
+
+def _tune_one(workload, target, database, folder, name, trials, per_iter, runner) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     work = folder / "work"
@@ -266,7 +311,7 @@ def _tune_one(workload, target, database, folder, name, trials, per_iter) -> Non
                   max_trials_global=trials, max_trials_per_task=trials,
                   num_trials_per_iter=min(per_iter, trials), database=database,
                   builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=120),
-                  runner=ms.runner.LocalRunner(timeout_sec=60),
+                  runner=runner,
                   task_scheduler="round-robin")
 
 

@@ -68,9 +68,13 @@ def mark_exhausted(folder: Path, key: str) -> None:
         f.write(key + "\n")
 
 
-def write_device(folder: Path, device: Device, info: dict[str, Any], target: tvm.target.Target):
+def write_device(folder: Path, device: Device | str, info: dict[str, Any],
+                 target: tvm.target.Target):
+    """Say in ``folder/device.json`` which device (a :class:`Device`, or the spec of a remote
+    one) and target the records were made for."""
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"device": device.to_dict(), "info": info, "target": str(target),
+    about = device.to_dict() if isinstance(device, Device) else {"spec": device}
+    text = json.dumps({"device": about, "info": info, "target": str(target),
                        "target_key": target_key(target)}, indent=1)
     (folder / "device.json").write_text(text + "\n")
 

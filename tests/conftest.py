@@ -36,3 +36,14 @@ def cluster(tmp_path_factory):
     finally:
         for name in list(c.procs):
             c.kill(name)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this test, as in an interactive Python, even when the
+    test runner was started with SIGINT ignored (a background job of a non-interactive shell)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

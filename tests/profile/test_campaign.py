@@ -198,7 +198,8 @@ def test_interrupted_campaign_says_how_to_resume(tmp_path):
 
 
 def test_ctrl_c_during_a_build_stops_the_campaign_and_marks_no_op_unsupported(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch,
+                                                                              ctrl_c_raises):
     """TVM hands a KeyboardInterrupt raised in one of its Python callbacks (the lowering's
     passes) back as a RuntimeError with no message: it must stop the campaign, not fail the op."""
     import tvm

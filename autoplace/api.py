@@ -46,10 +46,9 @@ def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
-    from autoplace.profile import LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
 
-    fingerprints = dict.fromkeys(fingerprint(LocalRunner(d).info()) for d in devices)
+    fingerprints = dict.fromkeys(_fingerprints(devices))
 
     found = {path: prof for prof, path in filter(None, map(shipped_profile, fingerprints))}
     if not found:
@@ -62,6 +61,13 @@ def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
         return model, (f"measured ({names}), learned ({', '.join(p.name for p in learned)}) "
                        "for ops they lack")
     return model, f"measured ({names}), roofline for ops they lack"
+
+
+def _fingerprints(devices: Sequence[Device]) -> list[str]:
+    """Each device's profile fingerprint (this process's view of it)."""
+    from autoplace.profile import LocalRunner, fingerprint
+
+    return [fingerprint(LocalRunner(d).info()) for d in devices]
 
 
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):
@@ -337,7 +343,8 @@ def optimize(
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
     if records:
-        cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, func_name)
+        cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
+                                                func_name)
         note += more
     if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
@@ -400,10 +407,9 @@ def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, .
 def _tuning_records(db, devices: Sequence[Device]):
     """The store whose tuning records ``devices`` get (``db``, or with ``"auto"`` the shipped one
     of this machine, if any), those records, and a line per device on them."""
-    from autoplace.profile import LocalRunner, fingerprint
     from autoplace.tuning import open_records, shipped_store
 
-    fingerprints = [fingerprint(LocalRunner(d).info()) for d in devices]
+    fingerprints = _fingerprints(devices)
     if isinstance(db, str) and db == "auto":
         db = shipped_store(fingerprints)
         if db is None:
@@ -416,12 +422,12 @@ def _tuning_records(db, devices: Sequence[Device]):
 
 
 def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
-                      sources: tuple[str, ...], db, func_name: str):
-    """Costs and sources with the tuned kernels timed in store ``db`` charged, and a line on
-    what they cover."""
+                      sources: tuple[str, ...], db, records, func_name: str):
+    """Costs and sources with the tuned kernels timed in store ``db`` charged (``records``: the
+    ones the build applies), and a line on what they cover."""
     from autoplace.tuning.costs import tuned_costs
 
-    tc = tuned_costs(mod, graph, devices, cost, db, func_name)
+    tc = tuned_costs(mod, graph, devices, cost, db, records, _fingerprints(devices), func_name)
     everywhere, somewhere = tc.tuned.all(axis=1), tc.tuned.any(axis=1)
     sources = tuple("tuned" if everywhere[i] else f"{s}+tuned" if somewhere[i] else s
                     for i, s in enumerate(sources))

@@ -25,7 +25,7 @@ from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
 from autoplace.profile.campaign import as_runner
-from autoplace.profile.measure import LocalRunner, OpFailed, TimingPolicy, fingerprint
+from autoplace.profile.measure import LocalRunner, OpFailed, TimingPolicy
 from autoplace.profile.store import Measurement, ProfileStore
 
 if TYPE_CHECKING:
@@ -133,22 +133,27 @@ class TunedCosts:
 
 
 def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
-                db: str | Path, func_name: str = "main") -> TunedCosts:
+                db: str | Path, records: KernelRecords, fingerprints: Sequence[str],
+                func_name: str = "main") -> TunedCosts:
     """``cost`` (nodes x devices) with each fused kernel that has a timed tuned record in store
-    ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged."""
+    ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged.
+    ``records`` are those the build applies (:func:`autoplace.tuning.open_records` of ``devices``
+    with these ``fingerprints``)."""
+    from autoplace.tuning.records import device_folder, read_device
+
     out = np.array(cost, dtype=float)
     tuned = np.zeros(out.shape, dtype=bool)
-    cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
+    cpus = [k for k, d in enumerate(devices) if not d.is_gpu
+            and read_device(device_folder(db, fingerprints[k])) is not None]
     if not cpus or not len(graph.nodes) or not Path(db).exists():
         return TunedCosts(out, tuned, 0)
     groups = [(name, nodes) for name, nodes in fused_groups(mod, func_name) if nodes]
     timed: dict[str, tuple[list, int]] = {}  # fingerprint -> ([(nodes, seconds)], untimed)
     with ProfileStore(db, readonly=True) as store:
         for k in cpus:
-            info = LocalRunner(devices[k]).info()
-            fp = fingerprint(info)
+            fp = fingerprints[k]
             if fp not in timed:
-                timed[fp] = _timed_groups(mod, groups, devices[k], info, fp, db, store)
+                timed[fp] = _timed_groups(mod, groups, devices[k], fp, records, store)
             for nodes, seconds in timed[fp][0]:
                 if not np.isfinite(out[list(nodes), k]).all():
                     continue  # the device cannot run one of its ops: leave the group alone
@@ -159,18 +164,15 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
     return TunedCosts(out, tuned, sum(untimed for _, untimed in timed.values()))
 
 
-def _timed_groups(mod, groups, device: Device, info: dict, fp: str, db, store: ProfileStore):
+def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
+                  store: ProfileStore):
     """The fused groups of ``mod`` whose kernel has a timed tuned record for this device, with
     that time, and how many have a record but no time."""
     import tvm
 
     from autoplace.tuning.campaign import tuning_target
-    from autoplace.tuning.records import open_records
 
-    records, _ = open_records(db, [device], [fp])
-    if not records:
-        return [], 0
-    target = tuning_target(device, info["threads"])
+    target = tuning_target(device, LocalRunner(device).info()["threads"])
     funcs = {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
              if isinstance(f, tvm.tirx.PrimFunc)}
     found, untimed = [], 0

@@ -91,12 +91,14 @@ def open_records(store_path: str | Path, devices: Sequence[Device],
     """The tuning records a build for ``devices`` (with these ``fingerprints``) applies, and one
     line per device saying what it gets. Only a device's own fingerprint counts: records made on
     another machine, target or thread count are not applied."""
-    databases, lines = {}, []
+    databases, lines, opened = {}, [], {}
     root = records_root(store_path)
     for device, fp in zip(devices, fingerprints):
         folder = root / fp
         meta = read_device(folder)
-        db = open_database(folder) if meta is not None else None
+        if meta is not None and fp not in opened:  # devices of one fingerprint share it
+            opened[fp] = open_database(folder)
+        db = opened.get(fp)
         if db is None:
             others = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
             lines.append(f"{device.name}: no tuning records of this device in {root}"

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import tvm
 
     from autoplace.report import Explanation
-    from autoplace.run import CompiledModel, Pipeline
+    from autoplace.run import CompiledModel, ConcurrentModel, Pipeline
     from autoplace.solve.simulate import Schedule
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,15 @@ def build_problem(
     pins: Mapping[int, str] | None = None,
     stage_overhead_s: float | Mapping[str, float] = 0.0,
     max_stages: int | None = None,
+    segment_overhead_s: Mapping[str, float] | None = None,
 ) -> Problem:
     """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
-    the seconds a pipeline stage costs per input (one figure, or one per device name)."""
+    the seconds a pipeline stage costs per input (one figure, or one per device name).
+
+    ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
+    every copy also costs its destination device's figure, since a device that reads another
+    device's result starts a new segment there.
+    """
     d = len(devices)
     alpha, beta = np.zeros((d, d)), np.full((d, d), np.inf)
     links = links or {}
@@ -108,6 +114,7 @@ def build_problem(
             if a != b:
                 link = links.get((da.name, db.name)) or Link.default(da, db)
                 alpha[a, b], beta[a, b] = link.alpha, link.beta
+                alpha[a, b] += (segment_overhead_s or {}).get(db.name, 0.0)
     pos = {dev.name: k for k, dev in enumerate(devices)}
     pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)
     for i, name in (pins or {}).items():
@@ -149,6 +156,7 @@ class OptimizeResult:
     records: Any = None  # the tuning records builds apply (optimize(db=...)), or None
     records_note: tuple[str, ...] = ()  # per device, which records apply, in words
     profiles_note: tuple[str, ...] = ()  # per device, which measured profile applies, in words
+    delivery: Delivery | None = None  # latency plans: how the build runs it, and its prediction
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -160,7 +168,10 @@ class OptimizeResult:
 
     @property
     def predicted_latency_s(self) -> float:
-        """Predicted seconds per inference (latency) or per input (throughput)."""
+        """Predicted seconds per inference (latency: of the runner :meth:`compile` returns, see
+        :attr:`delivery`) or per input (throughput)."""
+        if self.delivery is not None:
+            return self.delivery.predicted_s
         return self.solution.value
 
     @property
@@ -183,10 +194,22 @@ class OptimizeResult:
 
         return explain(self)
 
-    def compile(self) -> CompiledModel:
-        """Build the plan for its devices; the result takes and returns numpy arrays."""
-        from autoplace.run import compile
+    def compile(self, concurrent: bool | None = None) -> CompiledModel | ConcurrentModel:
+        """Build the plan for its devices; the result takes and returns numpy arrays.
 
+        A latency plan over several devices runs either on one VM, one kernel after another
+        (:class:`~autoplace.run.CompiledModel`), or as segments with one worker thread per
+        device, side by side where the data allows (:class:`~autoplace.run.ConcurrentModel`,
+        close it when done). ``concurrent=None`` builds the one :attr:`delivery` predicts to be
+        faster; ``True`` or ``False`` chooses.
+        """
+        from autoplace.run import ConcurrentModel, compile
+
+        if concurrent is None:
+            concurrent = self.delivery is not None and self.delivery.runner == "concurrent"
+        if concurrent:
+            return ConcurrentModel.from_plan(self.source_mod, self.plan, self.graph.func_name,
+                                             order=self.solution.order, records=self.records)
         return compile(self.source_mod, self.plan, self.graph.func_name, records=self.records)
 
     def pipeline(self, **kwargs) -> Pipeline:
@@ -214,12 +237,56 @@ class OptimizeResult:
         what = "time per input" if rate else s.objective
         lines = [str(self.plan), f"costs: {self.cost_model}", *self.profiles_note,
                  *self.records_note,
-                 f"predicted {what}: {_ms(s.value, rate)}  (solver {s.solver}, {s.status}, "
-                 f"bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
+                 f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
+                 f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
+        if self.delivery is not None:
+            lines.append(f"runs as: {self.delivery}")
         for name, value in self.baselines.items():
-            ratio = value / s.value if s.value > 0 else float("nan")
+            ratio = (value / self.predicted_latency_s if self.predicted_latency_s > 0
+                     else float("nan"))
             lines.append(f"  baseline {name:<10} {_ms(value, rate)}  ({ratio:.2f}x the plan)")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a latency plan's build runs, and what each way is predicted to take.
+
+    ``concurrent_s``: as segments, one worker per device, each segment charged its device's
+    ``segment_overhead_s`` (:func:`autoplace.solve.segments.concurrent_latency`); ``serial_s``:
+    one VM, one kernel after another (:func:`~autoplace.solve.segments.serial_latency`).
+    ``runner`` is the faster, ``"concurrent"`` or ``"vm"``; a plan on one device is ``"vm"``.
+    """
+
+    runner: str
+    concurrent_s: float
+    serial_s: float
+    segments: int
+
+    @property
+    def predicted_s(self) -> float:
+        return self.concurrent_s if self.runner == "concurrent" else self.serial_s
+
+    def __str__(self) -> str:
+        conc = (f"{self.segments} segments on one worker per device, predicted "
+                f"{self.concurrent_s * 1e3:.4f} ms")
+        vm = f"one VM, one kernel after another, predicted {self.serial_s * 1e3:.4f} ms"
+        return f"{conc} (rather than {vm})" if self.runner == "concurrent" else \
+            f"{vm} (rather than {conc})"
+
+
+def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float]) -> Delivery:
+    """Both ways of running a latency solution on ``problem`` (without the segment overhead the
+    solver saw on its copies), and which is faster."""
+    from autoplace.solve.segments import concurrent_latency, segments, serial_latency
+
+    a = solution.assignment
+    per_device = [overhead.get(name, 0.0) for name in problem.device_names]
+    conc = concurrent_latency(problem, a, per_device, solution.order).makespan
+    serial = serial_latency(problem, a)
+    count = int(segments(problem, a, solution.order).max(initial=-1)) + 1
+    runner = "concurrent" if len(set(a.tolist())) > 1 and conc < serial else "vm"
+    return Delivery(runner, conc, serial, count)
 
 
 def _ms(seconds: float, rate: bool) -> str:
@@ -243,6 +310,7 @@ def optimize(
     contiguous: bool = True,
     stage_overhead_s: float | Mapping[str, float] | None = None,
     max_stages: int | None = None,
+    segment_overhead_s: float | Mapping[str, float] | None = None,
     func_name: str = "main",
     db="auto",
     check_devices: bool = True,
@@ -285,6 +353,13 @@ def optimize(
         predicted to beat the best single device, the plan is that device, one stage.
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
+    segment_overhead_s : float, or mapping device name -> float, optional
+        Latency only: seconds each segment of the plan costs its device when the plan runs as
+        segments, one worker thread per device (:class:`autoplace.run.ConcurrentModel`): the
+        worker's wake-up and the call. Charged on every copy the solver weighs (a device that
+        reads another's result starts a segment), and per segment in ``result.delivery``.
+        Default: :data:`autoplace.solve.problem.SEGMENT_OVERHEAD_S` for each device's kind;
+        ``0`` ignores it.
     db : str or Path or None
         A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
         builds of the plan apply (default ``"auto"``: the records shipped for this machine, if
@@ -321,6 +396,11 @@ def optimize(
     if objective != "throughput" and (stage_overhead_s is not None or max_stages is not None):
         raise ValueError("stage_overhead_s and max_stages describe pipelines: pass them with "
                          "objective='throughput'")
+    if objective != "latency" and segment_overhead_s is not None:
+        raise ValueError("segment_overhead_s describes latency plans run as segments: pass it "
+                         "with objective='latency'")
+    if objective == "latency":
+        segment_overhead_s = _per_device(segment_overhead_s, devices, "segment_overhead_s")
     if objective == "throughput" and stage_overhead_s is None:
         from autoplace.solve.problem import STAGE_OVERHEAD_S
 
@@ -348,10 +428,16 @@ def optimize(
         note += more
     if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
-    problem = build_problem(graph, devices, cost, links, rule_assignment(graph, devices, pins),
-                            stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages)
+    pin_rules = rule_assignment(graph, devices, pins)
+    problem = build_problem(graph, devices, cost, links, pin_rules,
+                            stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages,
+                            segment_overhead_s=segment_overhead_s)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
     solution = solve(problem, objective, solver, time_limit=time_limit, **options)
+    delivery = None
+    if objective == "latency":
+        plain = build_problem(graph, devices, cost, links, pin_rules)
+        delivery = _delivery(plain, solution, segment_overhead_s)
     plan = Plan.from_assignment(
         graph, devices, [devices[k].name for k in solution.assignment],
         stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),
@@ -360,7 +446,28 @@ def optimize(
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           _baselines(problem, objective, devices), mod, described,
                           predictor=cost_model, records=records, records_note=note,
-                          profiles_note=profiles_note)
+                          profiles_note=profiles_note, delivery=delivery)
+
+
+def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:
+    """``value`` (None: the kind's default, a figure, or a mapping by device name) per device."""
+    from autoplace.solve.problem import SEGMENT_OVERHEAD_S
+
+    if value is None:
+        return {d.name: SEGMENT_OVERHEAD_S[d.kind] for d in devices}
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {d.name for d in devices})
+        if unknown:
+            raise ValueError(f"{what} names unknown device(s) {unknown}; devices are "
+                             f"{sorted(d.name for d in devices)}")
+        out = {d.name: value.get(d.name, 0.0) for d in devices}
+    else:
+        out = {d.name: value for d in devices}
+    for name, v in out.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ValueError(f"{what} for {name} must be a finite number of seconds >= 0, "
+                             f"got {v!r}")
+    return {name: float(v) for name, v in out.items()}
 
 
 def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, ...]:

@@ -45,6 +45,8 @@ def _devices():
 
 
 def _optimize(objective="latency", **kwargs):
+    if objective == "latency":
+        kwargs.setdefault("segment_overhead_s", 0.0)  # the hand-computed schedules below
     devs = _devices()
     links = {(s.name, t.name): Link(s.name, t.name, **LINK) for s in devs for t in devs
              if s is not t}
@@ -113,7 +115,7 @@ def test_kept_with_neighbours_names_the_copy_it_avoids():
     links = {(s.name, t.name): Link(s.name, t.name, alpha=1e-3, beta=1e12) for s in devs
              for t in devs if s is not t}
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, cost_model=TableCost({}),
-                             links=links, solver="brute")
+                             links=links, solver="brute", segment_overhead_s=0)
     assert res.plan.assignment == ("a",) * len(res.graph) and res.copies == 0
     stem_relu = res.explain().nodes[1]
     assert stem_relu.reason == ("as fast on b; kept with its neighbours to avoid copying 16.4 KB "
@@ -326,3 +328,39 @@ def test_report_cli_errors_exit_2_with_a_message(tmp_path, args, message):
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "OUT").exists()
+
+
+# ----------------------------------------------------------------------------- delivery
+
+def test_a_latency_plan_runs_concurrently_when_that_is_predicted_faster(res):
+    # The hand-computed schedule above: 208 µs side by side, 307 µs and more one kernel at a time.
+    assert res.delivery.runner == "concurrent"
+    assert res.delivery.concurrent_s == pytest.approx(208 * US)
+    assert res.delivery.serial_s > 307 * US
+    assert any(line.startswith("runs as: ") and "segments on one worker per device" in line
+               for line in res.summary().splitlines())
+    model = zoo.load("branchy_cnn")
+    with res.compile() as run:
+        assert isinstance(run, autoplace.run.ConcurrentModel)
+        outs = run(*model.inputs)
+    ref = res.compile(concurrent=False)(*model.inputs)
+    for o, r in zip(outs, ref):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-6)
+
+
+def test_segment_overheads_that_eat_the_overlap_keep_one_vm():
+    # Each segment costing 150 µs: splitting the branches no longer pays.
+    slow = _optimize(segment_overhead_s=150 * US)
+    assert slow.delivery.runner == "vm"
+    assert slow.predicted_latency_s == pytest.approx(slow.delivery.serial_s)
+    assert isinstance(slow.compile(), autoplace.run.CompiledModel)
+    assert slow.predicted_latency_s <= slow.baselines["only a"] + 1e-12
+
+
+def test_segment_overheads_must_be_seconds():
+    with pytest.raises(ValueError, match="segment_overhead_s for b must be a finite number"):
+        _optimize(segment_overhead_s={"b": -1.0})
+    with pytest.raises(ValueError, match="unknown device"):
+        _optimize(segment_overhead_s={"c": 1e-6})
+    with pytest.raises(ValueError, match="objective='latency'"):
+        _optimize("throughput", segment_overhead_s=1e-6)

@@ -99,6 +99,7 @@ class Explanation:
     sources: Mapping[str, int]                  # cost source -> number of nodes
     cost_model: str
     plan: str                                   # str(plan)
+    runs: str = ""                              # how the build runs it (latency plans)
 
     @property
     def bytes_moved(self) -> float:
@@ -141,6 +142,8 @@ class Explanation:
                  f"predicted {what}: {_fmt_s(self.value_s)} ({self.status}, gap {self.gap:.1%})"]
         if self.objective == "throughput" and self.value_s > 0:
             lines[-1] += f", {1 / self.value_s:.1f} inputs/s"
+        if self.runs:
+            lines.append(f"runs as: {self.runs}")
         gains = []
         single = self.best_single
         if single is not None:
@@ -245,13 +248,15 @@ def explain(result: PlacementResult) -> Explanation:
             reason=_reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base)))
     sources = Counter(n.source for n in nodes)
     return Explanation(
-        nodes=tuple(nodes), objective=sol.objective, value_s=float(sol.value), status=sol.status,
+        nodes=tuple(nodes), objective=sol.objective,
+        value_s=float(result.predicted_latency_s), status=sol.status,
         gap=sol.gap,
         device_s={names[k]: float(s) for k, s in enumerate(device_loads(problem, a))},
         link_s={(names[s], names[t]): float(x) for (s, t), x in np.ndenumerate(
             link_loads(problem, a)) if x > 0},
         copies=copies, baselines_s=dict(result.baselines), sources=dict(sources),
-        cost_model=result.cost_model, plan=str(plan))
+        cost_model=result.cost_model, plan=str(plan),
+        runs=str(result.delivery or ""))
 
 
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:

@@ -22,6 +22,8 @@ class PlacementResult(Protocol):
     baselines: Mapping[str, float]
     cost_model: str  # which costs the solver saw, in words
     predictor: Any  # the cost model object (its uncertainty, where it has one)
+    predicted_latency_s: float  # what the build is predicted to take (per input)
+    delivery: Any  # latency plans: how the build runs it (str() says), or None
 
     def schedule(self) -> Schedule:
         """The simulator's one-input schedule of the plan."""

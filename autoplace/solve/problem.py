@@ -211,3 +211,8 @@ class InfeasibleError(ValueError):
 #: of a stage's own call inside a pipeline (``benchmarks/stage_slowdown.py``); a GPU stage's
 #: inputs and outputs also cross pageable memory. docs/results.md gives the measurements.
 STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}
+
+#: Default seconds a segment of a latency plan run concurrently costs its device beyond its ops
+#: (:mod:`autoplace.solve.segments`): the worker's wake-up on its inputs and the VM call
+#: (``benchmarks/concurrent_latency.py`` measures it). Used where the profile measured none.
+SEGMENT_OVERHEAD_S = {"cpu": 40e-6, "cuda": 40e-6}

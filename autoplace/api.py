@@ -103,8 +103,9 @@ def build_problem(
     the seconds a pipeline stage costs per input (one figure, or one per device name).
 
     ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
-    every copy also costs its destination device's figure, since a device that reads another
-    device's result starts a new segment there.
+    every copy also costs the figures of both its devices: the result ends its segment on the
+    device that computes it (its next node starts a new one), and the device that reads it starts
+    a new segment.
     """
     d = len(devices)
     alpha, beta = np.zeros((d, d)), np.full((d, d), np.inf)
@@ -114,7 +115,8 @@ def build_problem(
             if a != b:
                 link = links.get((da.name, db.name)) or Link.default(da, db)
                 alpha[a, b], beta[a, b] = link.alpha, link.beta
-                alpha[a, b] += (segment_overhead_s or {}).get(db.name, 0.0)
+                over = segment_overhead_s or {}
+                alpha[a, b] += over.get(da.name, 0.0) + over.get(db.name, 0.0)
     pos = {dev.name: k for k, dev in enumerate(devices)}
     pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)
     for i, name in (pins or {}).items():
@@ -357,7 +359,8 @@ def optimize(
         Latency only: seconds each segment of the plan costs its device when the plan runs as
         segments, one worker thread per device (:class:`autoplace.run.ConcurrentModel`): the
         worker's wake-up and the call. Charged on every copy the solver weighs (a device that
-        reads another's result starts a segment), and per segment in ``result.delivery``.
+        reads another's result starts a segment, and so does the next node of the device that
+        computed it), and per segment in ``result.delivery``.
         Default: :data:`autoplace.solve.problem.SEGMENT_OVERHEAD_S` for each device's kind;
         ``0`` ignores it.
     db : str or Path or None

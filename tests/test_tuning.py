@@ -134,6 +134,18 @@ def test_a_kernel_shared_by_two_models_is_tuned_once(tuned):
     assert plan.pending == TRIALS and plan.pending_kernels == 1
 
 
+def test_a_time_limit_stops_the_campaign_before_its_next_kernel(tuned):
+    db, _ = tuned
+    # Past the limit before the first kernel: the shared matmul is done, the sum stays pending.
+    report = autoplace.tune([_model(False), _model(True)], [CPU], db, trials=TRIALS,
+                            progress=False, time_limit_s=0)
+    assert report.out_of_time and report.pending == TRIALS and report.pending_kernels == 1
+    assert sum(k.tuned_now for k in report.kernels) == 0
+    assert "the time limit stopped the campaign" in describe(report)
+    with pytest.raises(ValueError, match="time_limit_s"):
+        autoplace.tune(_model(False), [CPU], db, time_limit_s=-1)
+
+
 def test_the_tuned_build_differs_in_its_tir_and_equals_the_default_in_numerics(tuned):
     db, _ = tuned
     records, lines = open_records(db, [CPU], [fingerprint(LocalRunner(CPU).info())])

@@ -9,6 +9,7 @@ from autoplace.cli import options
 
 EPILOG = """examples:
   autoplace tune --model zoo:resnet --device cpu:0 --db prof.db --trials 64
+  autoplace tune --model resnet18.onnx --device cpu:0 --db prof.db --minutes 20
   autoplace tune --model zoo:resnet --model zoo:mobilenet --device cpu:0 --db prof.db --dry-run --json
   autoplace tune --model zoo:resnet --device rpc:board@10.0.0.5:9190 --db prof.db --trials 64
   autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1 --db prof.db
@@ -40,7 +41,8 @@ def _cmd_tune(args) -> int:
                          "default schedules")
     try:
         report = tune(mods, devices, args.db, trials=args.trials, dry_run=args.dry_run,
-                      trials_per_iter=args.round, progress=not args.json)
+                      trials_per_iter=args.round, progress=not args.json,
+                      time_limit_s=None if args.minutes is None else args.minutes * 60)
     except KeyboardInterrupt:
         print(f"autoplace tune: interrupted; every finished round is kept in {args.db}.tuning. "
               "Run the same command again to resume.")
@@ -68,6 +70,9 @@ def register_cli(sub) -> None:
                    help="candidates measured per kernel (default 64; about 3 s each on 2 cores)")
     p.add_argument("--round", type=int, default=16, metavar="N",
                    help="candidates measured per round; records are saved after each (default 16)")
+    p.add_argument("--minutes", type=float, metavar="M",
+                   help="start no kernel after M minutes (the one tuning finishes; the rest stay "
+                        "pending for the next run)")
     p.add_argument("--dry-run", action="store_true",
                    help="only count the kernels still to tune and estimate the time")
     p.add_argument("--json", action="store_true",

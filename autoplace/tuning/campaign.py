@@ -69,6 +69,7 @@ class TuneReport:
     wall_s: float
     databases: dict[str, str]
     timed: int = 0  # tuned kernels timed into the store by this call
+    out_of_time: bool = False  # the time limit stopped the campaign before every kernel was done
 
     @property
     def pending_kernels(self) -> int:
@@ -83,6 +84,7 @@ class TuneReport:
                 "kernels": [asdict(k) for k in self.kernels],
                 "tuned_now": sum(k.tuned_now for k in self.kernels),
                 "failed": sum(k.failed for k in self.kernels), "timed": self.timed,
+                "out_of_time": self.out_of_time,
                 "wall_s": self.wall_s,
                 "databases": self.databases}
 
@@ -135,7 +137,7 @@ class _DeviceTasks:
 
 def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False,
          trials_per_iter: int = 16, progress: bool = True,
-         runner_kwargs: dict | None = None) -> TuneReport:
+         runner_kwargs: dict | None = None, time_limit_s: float | None = None) -> TuneReport:
     """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records,
     then time each tuned kernel into the profile store ``db`` (what tuned costs are made of).
 
@@ -161,6 +163,10 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
     runner_kwargs : dict, optional
         ``rpc_target`` and ``rpc_timeout_s`` for the ``rpc:`` specs
         (:func:`autoplace.profile.runner_from_spec`).
+    time_limit_s : float, optional
+        No kernel starts tuning once this many seconds have passed since the call (the one
+        tuning then finishes its trials, and the tuned kernels are timed after). The kernels not
+        reached stay pending (``out_of_time`` in the report); running again goes on with them.
 
     Returns
     -------
@@ -182,6 +188,8 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
 
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    if time_limit_s is not None and not time_limit_s >= 0:
+        raise ValueError(f"time_limit_s must be a number of seconds >= 0, got {time_limit_s!r}")
     mods = [mods] if isinstance(mods, tvm.IRModule) else list(mods)
     t0 = time.perf_counter()
     # A malformed spec, or a remote that cannot be reached, fails before anything is tuned.
@@ -206,11 +214,14 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
                    for name, w, flops in device_kernels(mods, target)]
         tasks[fp] = _DeviceTasks(runner, fp, info, target, database, folder, kernels)
 
+    deadline = None if time_limit_s is None else t0 + time_limit_s
     with interrupts_kept():
-        statuses, pending = _tune_all(tasks, trials, dry_run=dry_run,
-                                      trials_per_iter=trials_per_iter, progress=progress)
+        statuses, pending, late = _tune_all(tasks, trials, dry_run=dry_run,
+                                            trials_per_iter=trials_per_iter, progress=progress,
+                                            deadline=deadline)
         timed = 0 if dry_run else _time_all(tasks.values(), db, progress)
-    return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed)
+    return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed,
+                      late)
 
 
 def _missing(trials: int, recorded: int, valid: int, spent: bool) -> int:
@@ -220,21 +231,26 @@ def _missing(trials: int, recorded: int, valid: int, spent: bool) -> int:
 
 
 def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
-              trials_per_iter: int, progress: bool) -> tuple[list[KernelStatus], int]:
-    """Tune what is missing (nothing with ``dry_run``): each kernel's status and the trials
-    still pending."""
+              trials_per_iter: int, progress: bool, deadline: float | None = None
+              ) -> tuple[list[KernelStatus], int, bool]:
+    """Tune what is missing (nothing with ``dry_run``; no kernel started past ``deadline``):
+    each kernel's status, the trials still pending, and whether the deadline left some."""
     pending = sum(_missing(trials, *k[3:]) for t in tasks.values() for k in t.kernels)
     if dry_run or not pending:
         return [KernelStatus(t.runner.name, name, flops, r, v, exhausted=spent)
-                for t in tasks.values() for name, _, flops, r, v, spent in t.kernels], pending
+                for t in tasks.values() for name, _, flops, r, v, spent in t.kernels], pending, \
+            False
     from tqdm.auto import tqdm
 
-    statuses = []
+    statuses, late = [], False
     with tqdm(total=pending, unit="trial", desc="tuning", disable=not progress) as bar:
         for t in tasks.values():
             ms_runner = None
             for name, workload, flops, recorded, valid, spent in t.kernels:
                 todo = _missing(trials, recorded, valid, spent)
+                if todo and deadline is not None and time.perf_counter() >= deadline:
+                    late = True
+                    todo = 0
                 if not todo:
                     statuses.append(KernelStatus(t.runner.name, name, flops, recorded, valid,
                                                  exhausted=spent))
@@ -263,7 +279,9 @@ def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
                 bar.update(todo)
     pending = sum(max(trials - s.recorded - s.tuned_now, 0) for s in statuses
                   if not s.failed and not s.exhausted)
-    return statuses, pending
+    if late:
+        log.info("time limit reached: %d trial(s) left for a later run", pending)
+    return statuses, pending, late
 
 
 def _time_all(tasks, db, progress: bool) -> int:
@@ -349,6 +367,8 @@ def describe(report: TuneReport) -> str:
                      f"{spent} with every schedule MetaSchedule has for them, {failed} failed; "
                      f"records in {folder}")
     if report.pending:
-        lines.append(f"{report.pending_kernels} kernel(s) still to tune: {report.pending} trials, "
-                     f"about {report.estimate_s() / 60:.0f} min")
+        why = " (the time limit stopped the campaign)" if report.out_of_time else ""
+        lines.append(f"{report.pending_kernels} kernel(s) still to tune{why}: {report.pending} "
+                     f"trials, about {report.estimate_s() / 60:.0f} min; the same command "
+                     "goes on with them")
     return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""Latency plans built, run and timed as a user runs them, against what a user would run instead.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/latency_plans.py [--models zoo:inception resnet18 ...]
+     [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH] [--json]
+
+Per model, ``autoplace.optimize`` (latency; default cost model and tuning records) plans over the
+devices; then, in one process, one round after another:
+
+- the plan as ``res.compile()`` builds it: the concurrent runner (segments, one worker per device)
+  or the single VM, whichever ``res.delivery`` predicts faster; both are timed;
+- the best single device alone, on the caller's thread with TVM's default threads (the solver's
+  single-device baseline);
+- the best single device with all the cores the plan's CPU devices have together (what a user
+  with these cores runs instead of a two-device plan).
+
+Latencies are medians of ``--repeat`` calls after a warm-up; the table gives the median over
+``--rounds`` rounds and measured/predicted for the plan's chosen runner. ``--overhead`` first
+measures what a segment costs (chains of one-add segments alternating over the devices; the
+fit's slope per segment, the add itself subtracted), the figure behind
+``autoplace.solve.problem.SEGMENT_OVERHEAD_S``.
+
+Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models.py``
+(``resnet18``, ``mobilenet_v3_small``, ``bert``; the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import autoplace
+from autoplace import zoo
+from autoplace.backend import limit_tvm_threads, process_cpus
+from autoplace.run import ConcurrentModel
+
+
+def median_ms(fn, inputs, repeat: int) -> float:
+    fn(*inputs)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(*inputs)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+class AllCores:
+    """A single-device build called on a thread whose TVM pool has every core of this process."""
+
+    def __init__(self, run):
+        import queue
+
+        self.run, self.jobs, self.done = run, queue.SimpleQueue(), queue.SimpleQueue()
+        threading.Thread(target=self._work, daemon=True).start()
+        self.threads = self.done.get()
+
+    def _work(self):
+        cpus = process_cpus()
+        limit_tvm_threads(len(cpus), cpus)
+        self.done.put(len(cpus))
+        while True:
+            args = self.jobs.get()
+            if args is None:
+                return
+            try:
+                self.done.put(self.run(*args))
+            except Exception as e:  # noqa: BLE001 - re-raised by the caller
+                self.done.put(e)
+
+    def __call__(self, *args):
+        self.jobs.put(args)
+        out = self.done.get()
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def close(self):
+        self.jobs.put(None)
+
+
+def load(name: str):
+    """``(relax module, inputs)`` of a zoo or benchmark model."""
+    if name.startswith("zoo:") and name.removeprefix("zoo:") in zoo.names():
+        m = zoo.load(name.removeprefix("zoo:"))
+        return m.mod, m.inputs
+    import _models
+
+    model = _models.load(name)
+    return _models.relax_module(model), model.inputs
+
+
+def segment_overhead(devices, repeat: int, max_segments: int = 8) -> dict:
+    """Seconds per segment: chains of ``k`` one-add segments alternating over ``devices``,
+    timed through :class:`ConcurrentModel`, minus the same adds on one VM; the slope of a
+    least-squares fit over ``k``."""
+    from tvm import relax
+
+    ks, extra = list(range(2, max_segments + 1)), []
+    for k in ks:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((16,), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                v = x
+                for _ in range(k):
+                    v = bb.emit(relax.op.add(v, v))
+                out = bb.emit_output(v)
+            bb.emit_func_output(out)
+        import tvm
+
+        mod = tvm.IRModule({"main": bb.get()["main"]})
+        graph = autoplace.OpGraph.from_relax(mod)
+        plan = autoplace.Plan.from_assignment(
+            graph, devices, [devices[j % len(devices)].name for j in range(k)])
+        xs = [np.ones(16, "float32")]
+        one = autoplace.compile(mod, autoplace.place(graph, devices, [("*", devices[0].name)]))
+        with ConcurrentModel.from_plan(mod, plan) as run:
+            extra.append(median_ms(run, xs, repeat) - median_ms(one, xs, repeat))
+    slope, fixed = np.polyfit(ks, extra, 1)
+    return {"per_segment_us": slope * 1e3, "fixed_us": fixed * 1e3,
+            "extra_us_by_segments": {k: e * 1e3 for k, e in zip(ks, extra)}}
+
+
+def bench(name: str, devices, args) -> dict:
+    mod, inputs = load(name)
+    db = None if args.db == "none" else args.db
+    res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit)
+    graph, dlv = res.graph, res.delivery
+    runs = {
+        "concurrent": res.compile(concurrent=True),
+        "vm": res.compile(concurrent=False),
+    }
+    singles = {d.name: autoplace.compile(mod, autoplace.place(graph, devices, [("*", d.name)]),
+                                         records=res.records) for d in devices}
+    ref = singles[devices[0].name](*inputs)
+    errors = {}
+    for key, run in runs.items():
+        errors[key] = max(float(np.max(np.abs(a - b))) for a, b in zip(run(*inputs), ref))
+    cpu = [d for d in devices if not d.is_gpu]
+    all_cores = AllCores(singles[cpu[0].name]) if cpu else None
+    rounds: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for key, run in runs.items():
+            rounds.setdefault(key, []).append(median_ms(run, inputs, args.repeat))
+        for dname, run in singles.items():
+            rounds.setdefault(f"only {dname}", []).append(median_ms(run, inputs, args.repeat))
+        if all_cores is not None:
+            rounds.setdefault("all cores", []).append(median_ms(all_cores, inputs, args.repeat))
+    runs["concurrent"].close()
+    if all_cores is not None:
+        all_cores.close()
+    measured = {k: statistics.median(v) for k, v in rounds.items()}
+    chosen = measured[dlv.runner]
+    best_single = min(v for k, v in measured.items() if k.startswith("only "))
+    baseline = min(best_single, measured.get("all cores", float("inf")))
+    return {
+        "model": name, "ops": len(graph.nodes), "segments": dlv.segments, "runner": dlv.runner,
+        "devices_used": len(res.plan.used_devices()),
+        "predicted_ms": {"concurrent": dlv.concurrent_s * 1e3, "vm": dlv.serial_s * 1e3,
+                         "solver": res.solution.value * 1e3,
+                         **{k: v * 1e3 for k, v in res.baselines.items()}},
+        "measured_ms": measured, "rounds_ms": rounds, "max_abs_err": errors,
+        "all_cores_threads": all_cores.threads if all_cores else None,
+        "measured/predicted": chosen / (dlv.predicted_s * 1e3),
+        "concurrent measured/predicted": measured["concurrent"] / (dlv.concurrent_s * 1e3),
+        "plan vs best single (x)": best_single / chosen,
+        "plan vs best baseline (x)": baseline / chosen,
+        "cost_model": res.cost_model,
+    }
+
+
+def render(rows) -> str:
+    head = ["model", "ops", "seg", "runs as", "pred conc", "pred vm", "conc", "vm",
+            "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best"]
+    table = [head]
+    for r in rows:
+        if "error" in r:
+            table.append([r["model"], "error: " + r["error"]] + [""] * (len(head) - 2))
+            continue
+        m, p = r["measured_ms"], r["predicted_ms"]
+        single = min(v for k, v in m.items() if k.startswith("only "))
+        table.append([r["model"], str(r["ops"]), str(r["segments"]), r["runner"],
+                      f"{p['concurrent']:.3f}", f"{p['vm']:.3f}", f"{m['concurrent']:.3f}",
+                      f"{m['vm']:.3f}", f"{single:.3f}",
+                      f"{m['all cores']:.3f}" if "all cores" in m else "-",
+                      f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
+                      f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x"])
+    widths = [max(len(row[c]) for row in table) for c in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    lines.append("ms, medians. 'runs as': the runner res.compile() builds; meas/pred: of that "
+                 "runner; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
+                 "(> 1: the plan is faster); all cores: the best single device with every core.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=[f"zoo:{n}" for n in zoo.names(include_torch=False)])
+    ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
+    ap.add_argument("--overhead", action="store_true", help="measure the segment overhead first")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
+    print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
+    report = {"devices": [d.name for d in devices]}
+    if args.overhead:
+        report["segment_overhead"] = segment_overhead(devices, args.repeat * 10)
+        print("segment overhead:", json.dumps(report["segment_overhead"]), flush=True)
+    rows = []
+    for name in args.models:
+        try:
+            rows.append(bench(name, devices, args))
+        except Exception as e:  # noqa: BLE001 - one model's failure is a row
+            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
+        print(f"{name} done", flush=True)
+    report["rows"] = rows
+    print(json.dumps(report, indent=1, default=str) if args.json else render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -419,3 +419,86 @@ def test_pipeline_stats_print_with_units():
 
     stats = PipelineStats(inputs=32, wall_s=0.4, busy_s=(0.3, 0.1))
     assert str(stats) == "32 inputs in 0.4 s: 80.0 inputs/s; stages busy 0.3 s (75%), 0.1 s (25%)"
+
+
+# ----------------------------------------------------------------------------- replicas
+
+
+def _replicated(mod, devs, replicas=("a", "b")):
+    g = autoplace.OpGraph.from_relax(mod)
+    n = len(g.nodes)
+    return autoplace.Plan.from_assignment(g, devs, [replicas[0]] * n, stages=(0,) * n,
+                                          objective="throughput", replicas=tuple(replicas))
+
+
+def test_replicas_run_the_whole_model_on_each_device_in_input_order(devs, rng):
+    m = zoo.load("branchy_cnn")
+    before = threading.active_count()
+    pipe = _assert_matches_single(m.mod, _replicated(m.mod, devs, ("b", "a")), devs,
+                                  _inputs(m.inputs, 12, rng))
+    assert [d.name for _, d in pipe.workers] == ["b", "a"]
+    assert pipe.stats.inputs == 12 and pipe.stats.workers == "replicas"
+    assert len(pipe.stats.busy_s) == 2 and sum(pipe.stats.busy_s) > 0
+    assert "replicas busy" in str(pipe.stats)
+    assert threading.active_count() == before  # its two workers stopped when it closed
+
+
+def test_a_replica_that_raises_surfaces_in_the_caller_and_nothing_hangs(devs, rng):
+    xs = _inputs([np.zeros((4, 8), "float32")], 8, rng)
+    with Pipeline.from_plan(Skip, _replicated(Skip, devs)) as pipe:
+        assert len(pipe._threads) == 2
+        bad = list(xs)
+        bad[5] = [np.zeros((5, 8), "float32")]
+        with pytest.raises(PipelineError, match="stage 0 on [ab] failed on input 5") as e:
+            _within(20, lambda: pipe.run(bad))
+        assert e.value.input_index == 5 and e.value.__cause__ is not None
+
+        def gen():
+            yield from xs[:3]
+            raise ValueError("source broke")
+
+        with pytest.raises(ValueError, match="source broke"):
+            _within(20, lambda: pipe.run(gen()))
+        with pytest.raises(TypeError, match="expected 1 arrays"):
+            _within(20, lambda: pipe.run([xs[0] * 2]))
+        outs = _within(20, lambda: pipe.run(xs))  # still usable
+        for (x,), (out,) in zip(xs, outs):
+            a = np.maximum(x, 0)
+            np.testing.assert_allclose(out, np.exp(a) + a, rtol=1e-6)
+
+    def endless():
+        while True:
+            yield [np.ones((4, 8), "float32")]
+
+    pipe = Pipeline.from_plan(Skip, _replicated(Skip, devs), queue_size=1)
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("e", _catch(lambda: pipe.run(endless()))))
+    runner.start()
+    time.sleep(0.3)
+    pipe.close()
+    runner.join(10)
+    assert not runner.is_alive() and isinstance(box["e"], PipelineClosedError)
+    assert not any(t.is_alive() for t in pipe._threads)
+
+
+def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkeypatch):
+    import autoplace.run.pipeline as pipeline
+
+    g = autoplace.OpGraph.from_relax(Skip)
+    plan = autoplace.Plan.from_assignment(g, devs, ["a"] * 3, stages=(0,) * 3,
+                                          objective="throughput", threads=2)
+    calls = []
+    monkeypatch.setattr(pipeline, "limit_tvm_threads",
+                        lambda n, cores: calls.append((n, tuple(cores))) or limit_tvm_threads(n, cores))
+    before = threading.active_count()
+    with Pipeline.from_plan(Skip, plan) as pipe:
+        assert threading.active_count() == before + 1
+        assert pipe._threads[0].name.startswith("autoplace-stage0-a")
+    assert calls == [(2, tuple(process_cpus()))]  # two threads over every core
+    _assert_matches_single(Skip, plan, devs, _inputs([np.zeros((4, 8), "float32")], 5, rng))
+    with pytest.raises(ValueError, match="threads is for a model of one stage"):
+        Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
+                 threads=2)
+    with pytest.raises(ValueError, match="replicas run a model of one stage"):
+        Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
+                 replicas=devs)

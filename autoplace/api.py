@@ -232,7 +232,7 @@ class OptimizeResult:
             if name not in self.baselines:
                 lines.append(f"  {name} baseline: {note}")
         if self.guard is not None:
-            lines.append(f"guard: {self.guard}")
+            lines.append(f"guard: {self.guard.describe()}")
         return "\n".join(lines)
 
 

@@ -87,6 +87,7 @@ def test_a_plan_whose_gain_is_within_its_costs_spread_gives_way_to_the_baseline(
     why = str(noisy.explain())
     assert "why this plan: returned the baseline only a" in why and "within 2 sigma" in why
     assert "baseline_guard=False" in why and f"guard: {d}" in noisy.summary()
+    assert "the solver's plan was Plan(latency, 10 nodes on 2/2 devices" in why  # what it found
     sure = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 1e-3)),
                               time_limit=5)
     assert len(sure.plan.used_devices()) == 2 and sure.guard.kept

@@ -75,7 +75,12 @@ class GuardDecision:
     def margin_s(self) -> float:
         return self.sigmas * math.hypot(self.plan_sigma_s, self.baseline_sigma_s)
 
+    def describe(self) -> str:
+        """:meth:`__str__`, followed by the solver's plan when it was not returned."""
+        return str(self) if self.kept else f"{self}\nthe solver's plan was {self.solver_plan}"
+
     def __str__(self) -> str:
+        """One line: which plan was returned, both predictions with their sigma, and why."""
         what = "latency" if self.objective == "latency" else "time per input"
         plan = (f"the solver's plan ({_fmt(self.plan_s)} ± {_fmt(self.plan_sigma_s)} predicted "
                 f"{what})")

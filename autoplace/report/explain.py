@@ -300,7 +300,7 @@ def _guard_text(result) -> str:
     """Why ``result`` holds this plan, in words ("" when nothing was decided)."""
     decision = getattr(result, "guard", None)
     if decision is not None:
-        return str(decision)
+        return decision.describe()
     plan = result.plan
     if plan.replicas and "+replicas" in plan.solver:
         return ("replicas of the whole model are predicted faster than the best pipeline "

@@ -227,7 +227,8 @@ class OptimizeResult:
         for name, value in self.baselines.items():
             ratio = value / s.value if s.value > 0 else float("nan")
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
-            lines.append(f"  baseline {name:<12} {_ms(value, rate)}  ({ratio:.2f}x the plan{note})")
+            lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
+                         f"({ratio:.2f}x the plan{note})")
         for name, note in self.baseline_notes.items():
             if name not in self.baselines:
                 lines.append(f"  {name} baseline: {note}")

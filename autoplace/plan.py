@@ -76,7 +76,8 @@ class Plan:
         if self.replicas:
             self._check_replicas(names)
         if self.threads is not None:
-            if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            t = self.threads
+            if isinstance(t, bool) or not isinstance(t, int) or t < 1:
                 raise PlanError(f"threads must be a positive int or None, got {self.threads!r}")
             if len(set(self.assignment)) > 1 or self.replicas:
                 raise PlanError("threads is for a plan of one device: a plan over several "
@@ -89,7 +90,8 @@ class Plan:
         unknown = sorted(set(reps) - set(names))
         if unknown:
             raise PlanError(f"replicas name unknown device(s) {unknown}; devices are {names}")
-        if set(self.assignment) - {reps[0]} or (self.stages is not None and len(set(self.stages)) > 1):
+        several_stages = self.stages is not None and len(set(self.stages)) > 1
+        if set(self.assignment) - {reps[0]} or several_stages:
             raise PlanError(f"a replicated plan runs the whole model on each replica: place "
                             f"every node on its first replica {reps[0]!r}, in one stage")
 

@@ -84,7 +84,7 @@ def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, thre
     busy = "/".join(f"{u * 100:.0f}" for u in stats.utilisation)
     per_input = "  ".join(f"{b / stats.inputs * 1e6:.0f}/{c * 1e6:.0f}"
                           for b, c in zip(stats.busy_s, _stage_costs(problem, plan)))
-    desc = " ".join(f"{d.name}:{len(s.nodes)}" for s, d in workers)  # a replicated plan: per replica
+    desc = " ".join(f"{d.name}:{len(s.nodes)}" for s, d in workers)  # per replica, if replicated
     print(f"{label:<18}{seq:>9.0f}{seq_pred:>9.0f}{seq / seq_pred:>6.2f}{piped:>9.0f}{pred:>9.0f}"
           f"{piped / pred:>6.2f}{piped / seq:>7.2f}{pred / seq_pred:>7.2f}{err:>9.2g}"
           f"  {len(stages):>3} [{desc}]  busy % {busy}  us busy/pred {per_input}"

@@ -49,7 +49,8 @@ def test_throughput_replicates_the_model_when_replicas_win(devs, rng):
 
     bars = {p.get_gid(): p.get_height() for p in plot_stage_loads(res).axes[0].patches}
     # Each replica takes half the inputs: 5 ms of compute and 57.5 µs of hand-off per input.
-    assert bars["load:a:replica"] == pytest.approx(5.0) and bars["load:b:replica"] == pytest.approx(5.0)
+    assert bars["load:a:replica"] == pytest.approx(5.0)
+    assert bars["load:b:replica"] == pytest.approx(5.0)
     assert bars["load:host"] == pytest.approx(0.115)  # ms, like the plot's axis
     xs = [[rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs] for _ in range(10)]
     single = autoplace.compile(m.mod, autoplace.place(res.graph, devs, [("*", "a")]))

@@ -197,7 +197,8 @@ def is_baseline(sol: Solution) -> bool:
 
 
 def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequence[Baseline],
-          solver_plan: str, sigmas: float = GUARD_SIGMAS) -> tuple[Baseline | None, GuardDecision | None]:
+          solver_plan: str, sigmas: float = GUARD_SIGMAS
+          ) -> tuple[Baseline | None, GuardDecision | None]:
     """The baseline to return instead of ``sol``, if any, and the decision in words.
 
     The candidates are the ``baselines`` with a plan (single devices, all threads, replicas).

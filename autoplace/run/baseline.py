@@ -59,8 +59,8 @@ def time_all_threads(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device
                      inputs: Sequence[Sequence[np.ndarray]], *,
                      records: KernelRecords | None = None):
     """The whole model on one CPU device of ``devices`` (the first that can run it) with the TVM
-    threads and cores all their CPU devices have together (:func:`~autoplace.run.cores.all_threads`),
-    called on each input in turn after one warm-up call, on a thread of its own (TVM's pool
+    threads and cores all their CPU devices have together
+    (:func:`~autoplace.run.cores.all_threads`), called on each input in turn after one warm-up call, on a thread of its own (TVM's pool
     belongs to the calling thread): ``(outputs, seconds)``, or None with fewer than two CPU
     devices or none that can run the whole model."""
     share = all_threads(devices)

@@ -45,7 +45,8 @@ def all_threads(devices: Sequence[Device], num_threads: int | None = None,
     cpu_devs = {d.index for d in devices if not d.is_gpu}
     if len(cpu_devs) < 2:
         return None
-    shares = {d.index: share for d, share in zip(devices, stage_threads(devices, num_threads, cpus))
+    shares = {d.index: share
+              for d, share in zip(devices, stage_threads(devices, num_threads, cpus))
               if share is not None}
     threads = sum(n for n, _ in shares.values())
     cores = tuple(sorted({c for _, own in shares.values() for c in own}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from autoplace.predict import RooflineCostModel
 from autoplace.predict.fusion import fused_gpu_costs
 from autoplace.predict.protocol import CostModel, ProfiledCostModel
 from autoplace.predict.protocol import sources as cost_sources
+from autoplace.report.baselines import guard, predict_baselines
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
 from autoplace.solve.problem import OBJECTIVES, check_time_limit
 from autoplace.solve.simulate import copies_needed
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import tvm
 
     from autoplace.report import Explanation
+    from autoplace.report.baselines import GuardDecision
     from autoplace.run import CompiledModel, ConcurrentModel, Pipeline
     from autoplace.solve.simulate import Schedule
 
@@ -159,6 +161,9 @@ class OptimizeResult:
     records_note: tuple[str, ...] = ()  # per device, which records apply, in words
     profiles_note: tuple[str, ...] = ()  # per device, which measured profile applies, in words
     delivery: Delivery | None = None  # latency plans: how the build runs it, and its prediction
+    baseline_notes: Mapping[str, str] = field(default_factory=dict)  # per baseline, in words
+    baseline_plans: Mapping[str, Plan] = field(default_factory=dict)  # the runnable baselines
+    guard: GuardDecision | None = None  # why this plan and not the solver's or a baseline
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -216,8 +221,10 @@ class OptimizeResult:
 
     def pipeline(self, **kwargs) -> Pipeline:
         """Split a throughput plan into its stages, build each for its device, and start one
-        thread per stage; ``kwargs`` go to :class:`autoplace.run.Pipeline` (``queue_size``,
-        ``num_threads``). Close it, or use it as a context manager.
+        thread per stage (a replicated plan: one build of the whole model and one thread per
+        replica device, each taking the next input when it is free); ``kwargs`` go to
+        :class:`autoplace.run.Pipeline` (``queue_size``, ``num_threads``). Close it, or use it
+        as a context manager.
 
         >>> with res.pipeline() as pipe:                 # doctest: +SKIP
         ...     outs = pipe.run([[x] for x in batches])
@@ -232,8 +239,9 @@ class OptimizeResult:
                                   records=self.records, **kwargs)
 
     def summary(self) -> str:
-        """Plan, predicted time (a throughput plan's: per input, and inputs per second), and the
-        baselines beside it."""
+        """Plan, predicted time (a throughput plan's: per input, and inputs per second), the
+        baselines beside it (those not predicted, with why), and why this plan was returned
+        rather than the solver's or a baseline."""
         s = self.solution
         rate = s.objective == "throughput"
         what = "time per input" if rate else s.objective
@@ -246,7 +254,14 @@ class OptimizeResult:
         for name, value in self.baselines.items():
             ratio = (value / self.predicted_latency_s if self.predicted_latency_s > 0
                      else float("nan"))
-            lines.append(f"  baseline {name:<10} {_ms(value, rate)}  ({ratio:.2f}x the plan)")
+            note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
+            lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
+                         f"({ratio:.2f}x the plan{note})")
+        for name, note in self.baseline_notes.items():
+            if name not in self.baselines:
+                lines.append(f"  {name} baseline: {note}")
+        if self.guard is not None:
+            lines.append(f"guard: {self.guard.describe()}")
         return "\n".join(lines)
 
 
@@ -316,6 +331,8 @@ def optimize(
     func_name: str = "main",
     db="auto",
     check_devices: bool = True,
+    replicate: bool = True,
+    baseline_guard: bool = True,
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -375,11 +392,30 @@ def optimize(
         Check first that this machine has every device (a GPU TVM finds; ``cpu:N`` below the
         count of cores this process may use). ``False`` plans for devices elsewhere: the result
         builds here but runs only where they are.
+    replicate : bool
+        Throughput only: the plan may be data-parallel replicas (every device that can hold the
+        model runs all of it on the inputs it takes; ``plan.replicas``) where they are predicted
+        faster than any pipeline. Single stages are not replicated inside a pipeline.
+    baseline_guard : bool
+        Return a multi-device plan only when it is predicted to beat the best baseline plan
+        (each single device; one CPU device with the threads of all the CPU devices, where a
+        profile measured with that many threads predicts it; replicas, for throughput) by more
+        than the uncertainty of the costs: the gain must exceed
+        :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the gain, from
+        each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats,
+        a learned model's quantiles) times the cost, summed in quadrature over the nodes each
+        value rests on (:func:`~autoplace.report.baselines.value_sigma`). Otherwise the
+        baseline is returned. Costs with no known spread (roofline estimates, tuned kernels)
+        count as exact, so on roofline costs a plan is kept whenever it is predicted faster at
+        all. ``.guard`` says what was decided and why; ``False`` returns the solver's plan.
 
     Returns
     -------
     OptimizeResult
-        ``.plan``, ``.mod`` (annotated), ``.predicted_latency_s``, ``.baselines``, ``.compile()``.
+        ``.plan``, ``.mod`` (annotated), ``.predicted_latency_s``, ``.baselines`` (predicted
+        values; ``.baseline_notes`` says why one is not predicted), ``.baseline_plans`` (the
+        plans of the single-device, all-threads and replicas baselines, to build and run),
+        ``.guard``, ``.compile()``.
 
     Raises
     ------
@@ -420,7 +456,8 @@ def optimize(
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)
-    profiles_note = _profile_notes(cost_model, devices, check_devices)
+    threads_all = _all_threads(devices)
+    profiles_note = _profile_notes(cost_model, devices, check_devices, threads_all)
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
@@ -436,20 +473,41 @@ def optimize(
                             stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages,
                             segment_overhead_s=segment_overhead_s)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
+    if objective == "throughput":
+        options["replicate"] = replicate
     solution = solve(problem, objective, solver, time_limit=time_limit, **options)
-    delivery = None
-    if objective == "latency":
-        plain = build_problem(graph, devices, cost, links, pin_rules)
-        delivery = _delivery(plain, solution, segment_overhead_s)
-    plan = Plan.from_assignment(
-        graph, devices, [devices[k].name for k in solution.assignment],
-        stages=None if solution.stages is None else tuple(int(s) for s in solution.stages),
-        objective=objective, predicted_s=float(solution.value), cost_sources=sources,
-        solver=solution.solver)
+    plain = build_problem(graph, devices, cost, links, pin_rules) if objective == "latency" \
+        else None
+    plan = _plan_of(graph, devices, solution, objective, sources)
+    spread = _spread(graph, devices, cost_model, sources)
+    found = predict_baselines(problem, objective, spread, replicate=replicate,
+                              all_threads=_all_threads_costs(graph, devices, cost_model, sources,
+                                                             described, threads_all))
+    plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
+             for b in found if b.solution is not None}
+    delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s)
+    decision = None
+    if baseline_guard:
+        # A latency plan is worth what its build delivers (one VM, or segments side by side).
+        judged = solution if delivery is None else replace(solution, value=delivery.predicted_s)
+        chosen, decision = guard(problem, judged, spread, found, str(plan))
+        if chosen is not None:
+            solution, problem = chosen.solution, chosen.problem
+            plan = plans[chosen.name]
+            if plain is not None:
+                delivery = _delivery(replace(plain, cost=problem.cost), solution,
+                                     segment_overhead_s)
+            log.info("returning the baseline %s: %s", chosen.name,
+                     decision or "it is predicted faster than the solver's plan")
+    if delivery is not None:
+        plan = replace(plan, predicted_s=delivery.predicted_s)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          _baselines(problem, objective, devices), mod, described,
-                          predictor=cost_model, records=records, records_note=note,
-                          profiles_note=profiles_note, delivery=delivery)
+                          {b.name: b.value for b in found if b.value is not None}, mod,
+                          described, predictor=cost_model, records=records, records_note=note,
+                          profiles_note=profiles_note, delivery=delivery,
+                          baseline_notes={b.name: b.note for b in found if b.note},
+                          baseline_plans=plans,
+                          guard=decision)
 
 
 def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:
@@ -473,9 +531,70 @@ def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]
     return {name: float(v) for name, v in out.items()}
 
 
-def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, ...]:
-    """For a :class:`MeasuredCostModel`: a line per device on the profile that gives its costs,
-    and a warning (logged too) per profile that gives no device its costs and, when the devices
+def _plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective: str,
+             sources: tuple[str, ...], threads: int | None = None) -> Plan:
+    """The plan of a solution (its replicas by name, and ``threads`` for an all-threads one)."""
+    return Plan.from_assignment(
+        graph, devices, [devices[k].name for k in sol.assignment],
+        stages=None if sol.stages is None else tuple(int(s) for s in sol.stages),
+        objective=objective, predicted_s=float(sol.value), cost_sources=sources,
+        solver=sol.solver, threads=threads,
+        replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas))
+
+
+def _spread(graph: OpGraph, devices: Sequence[Device], cost_model,
+            sources: tuple[str, ...]) -> np.ndarray:
+    """``(n, d)`` relative spread of the costs the solver saw (``nan``: unknown), unknown where
+    a tuned kernel's time replaced the cost model's."""
+    from autoplace.report import cost_spread
+
+    spread = cost_spread(graph, devices, cost_model)
+    tuned = np.array(["tuned" in s for s in sources], dtype=bool)
+    spread[tuned] = np.nan
+    return spread
+
+
+def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
+                       sources: tuple[str, ...], described: str, threads: int | None):
+    """For :func:`predict_baselines`: None with fewer than two CPU devices (``threads`` None),
+    else ``(index of the first CPU device that can run every op, threads, ThreadedCosts)`` for
+    one CPU device with the ``threads`` of all of them (a shipped profile of this machine at
+    that count counts when the costs are the shipped ones)."""
+    from autoplace.predict.threads import ThreadedCosts, costs_at_threads
+
+    if threads is None:
+        return None
+    cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
+    k = next((k for k in cpus if all(devices[k].can_run(n.op_type) for n in graph.nodes)),
+             cpus[0])
+    if any("tuned" in s for s in sources):
+        return k, threads, ThreadedCosts(None, None, "not predicted: the plan's costs include "
+                                                     "tuned kernels, timed with the planned "
+                                                     "threads only")
+    extra = []
+    if described.startswith("measured") and isinstance(cost_model, ProfiledCostModel):
+        from autoplace.profile import LocalRunner, fingerprint
+        from autoplace.profile.store import shipped_profile
+
+        info = {**LocalRunner(devices[k]).info(), "threads": threads}
+        found = shipped_profile(fingerprint(info))
+        extra = [found[0]] if found else []
+    return k, threads, costs_at_threads(cost_model, graph, devices[k], threads, extra)
+
+
+def _all_threads(devices: Sequence[Device]) -> int | None:
+    """TVM threads the CPU devices have together (None: fewer than two CPU devices)."""
+    from autoplace.run.cores import all_threads
+
+    share = all_threads(devices)
+    return None if share is None else share[0]
+
+
+def _profile_notes(model, devices: Sequence[Device], here: bool,
+                   all_threads: int | None = None) -> tuple[str, ...]:
+    """For a :class:`MeasuredCostModel`: a line per device on the profile that gives its costs
+    (and on the one measured with the ``all_threads`` of all the CPU devices, if given), and a
+    warning (logged too) per other profile that gives no device its costs and, when the devices
     are ``here`` on this machine, per device whose profile was measured on other hardware or
     settings (another fingerprint)."""
     from autoplace.predict import MeasuredCostModel
@@ -503,6 +622,13 @@ def _profile_notes(model, devices: Sequence[Device], here: bool) -> tuple[str, .
             warnings.append(f"{d.name}'s profile {label(prof)} was measured on another device or "
                             f"settings ({'; '.join(differ)}): its costs may not hold here "
                             "(measure this device with 'autoplace profile')")
+    if all_threads is not None:
+        for d in devices:
+            prof = None if d.is_gpu else model.profile_at(d, all_threads)
+            if prof is not None and id(prof) not in used:
+                used.add(id(prof))
+                lines.append(f"profile: all-threads baseline ({all_threads} threads) <- "
+                             f"{label(prof)}")
     for prof in model.given():
         if id(prof) not in used:
             mine = [d.name for d in devices if d.kind == prof.kind]
@@ -564,15 +690,3 @@ def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
             raise InfeasibleError(f"node {n.name!r} ({n.op_type}) can run on no device: "
                                   f"{'; '.join(why)}. Add a device that runs it, or check the "
                                   "profile's errors (autoplace profile-export)")
-
-
-def _baselines(problem: Problem, objective: str, devices: Sequence[Device]) -> dict[str, float]:
-    """Predicted value of each single device and of the greedy rules, where feasible."""
-    out = {}
-    names = [(f"single:{k}", f"only {d.name}") for k, d in enumerate(devices)]
-    for solver, label in names + [("priority", "priority"), ("greedy", "greedy")]:
-        try:
-            out[label] = solve(problem, objective, solver).value
-        except InfeasibleError as e:
-            log.info("baseline %s infeasible: %s", label, e)
-    return out

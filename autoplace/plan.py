@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,9 @@ from autoplace.solve.problem import OBJECTIVES
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
 
-PLAN_FORMAT_VERSION = 1
+#: The newest plan format this reads. A plan is written as version 1 unless it replicates the
+#: model or fixes its thread count (fields an older reader would drop), then as version 2.
+PLAN_FORMAT_VERSION = 2
 #: What a plan says it minimizes: a solver's objective, or "manual" (placed by rules).
 PLAN_OBJECTIVES = (*OBJECTIVES, "manual")
 # Where a node's cost came from ("tuned": a tuned kernel timed alone, charged to its anchor op);
@@ -32,6 +35,12 @@ class Plan:
 
     Build one with :meth:`from_assignment` (or get it from ``optimize``), never by mutating one:
     use ``dataclasses.replace``.
+
+    ``replicas``: device names that each run the whole model on every k-th input (data
+    parallelism, a throughput plan's way to use several devices without a pipeline); the
+    assignment then puts every node on the first of them, in one stage. ``threads``: TVM threads
+    the plan's one device runs with, on every core this process may use (a single-device plan
+    given the threads of all the CPU devices it was chosen over); ``None``: TVM's default.
     """
 
     nodes: tuple[str, ...]
@@ -42,6 +51,8 @@ class Plan:
     predicted_s: float | None = None
     cost_sources: tuple[str, ...] | None = None
     solver: str = "manual"
+    replicas: tuple[str, ...] = ()
+    threads: int | None = None
 
     def __post_init__(self):
         names = [d.name for d in self.devices]
@@ -62,6 +73,27 @@ class Plan:
             bad = sorted({p for s in self.cost_sources for p in s.split("+")} - set(COST_SOURCES))
             if bad:
                 raise PlanError(f"unknown cost source(s) {bad}; use {COST_SOURCES}")
+        if self.replicas:
+            self._check_replicas(names)
+        if self.threads is not None:
+            t = self.threads
+            if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+                raise PlanError(f"threads must be a positive int or None, got {self.threads!r}")
+            if len(set(self.assignment)) > 1 or self.replicas:
+                raise PlanError("threads is for a plan of one device: a plan over several "
+                                "devices gives each its share of the cores")
+
+    def _check_replicas(self, names: list[str]) -> None:
+        reps = tuple(self.replicas)
+        if len(reps) < 2 or len(set(reps)) != len(reps):
+            raise PlanError(f"replicas must name two or more distinct devices, got {list(reps)}")
+        unknown = sorted(set(reps) - set(names))
+        if unknown:
+            raise PlanError(f"replicas name unknown device(s) {unknown}; devices are {names}")
+        several_stages = self.stages is not None and len(set(self.stages)) > 1
+        if set(self.assignment) - {reps[0]} or several_stages:
+            raise PlanError(f"a replicated plan runs the whole model on each replica: place "
+                            f"every node on its first replica {reps[0]!r}, in one stage")
 
     # ------------------------------------------------------------------ construction
 
@@ -119,15 +151,21 @@ class Plan:
         return [pos[a] for a in self.assignment]
 
     def used_devices(self) -> tuple[Device, ...]:
-        used = set(self.assignment)
+        """The devices that run something, in device order (every replica of a replicated
+        plan)."""
+        used = set(self.assignment) | set(self.replicas)
         return tuple(d for d in self.devices if d.name in used)
 
     def validate(self, graph: OpGraph) -> None:
         """Check the plan against ``graph``: same nodes, every op on a device that can run it,
-        no device holding more than its ``memory_bytes`` (:attr:`OpNode.mem_bytes` summed)."""
+        no device holding more than its ``memory_bytes`` (:attr:`OpNode.mem_bytes` summed); every
+        replica runs and holds the whole model."""
         if tuple(n.name for n in graph.nodes) != self.nodes:
             raise PlanError("the plan was made for another graph: its node names differ "
                             f"({len(self.nodes)} in the plan, {len(graph.nodes)} in the graph)")
+        for other in self.replicas[1:]:
+            Plan.validate(dataclasses.replace(self, assignment=(other,) * len(self.nodes),
+                                              replicas=()), graph)
         for node, dev_name in zip(graph.nodes, self.assignment):
             dev = self.device(dev_name)
             if not dev.can_run(node.op_type):
@@ -146,8 +184,13 @@ class Plan:
     # ------------------------------------------------------------------ text forms
 
     def to_json(self) -> str:
+        extra = {}
+        if self.replicas:
+            extra["replicas"] = list(self.replicas)
+        if self.threads is not None:
+            extra["threads"] = self.threads
         return json.dumps({
-            "format_version": PLAN_FORMAT_VERSION,
+            "format_version": 2 if extra else 1,
             "objective": self.objective,
             "solver": self.solver,
             "predicted_s": self.predicted_s,
@@ -156,6 +199,7 @@ class Plan:
             "assignment": list(self.assignment),
             "stages": None if self.stages is None else list(self.stages),
             "cost_sources": None if self.cost_sources is None else list(self.cost_sources),
+            **extra,
         }, indent=1)
 
     @classmethod
@@ -166,9 +210,9 @@ class Plan:
             raise PlanError(f"not a plan: invalid JSON ({e})") from None
         if not isinstance(d, dict) or "format_version" not in d:
             raise PlanError("not a plan: no 'format_version' field")
-        if d["format_version"] != PLAN_FORMAT_VERSION:
+        if d["format_version"] not in (1, PLAN_FORMAT_VERSION):
             raise PlanError(f"plan format version {d['format_version']} is not supported "
-                            f"(this autoplace reads version {PLAN_FORMAT_VERSION})")
+                            f"(this autoplace reads versions 1 to {PLAN_FORMAT_VERSION})")
         try:
             return cls(
                 nodes=tuple(d["nodes"]),
@@ -179,6 +223,8 @@ class Plan:
                 predicted_s=d.get("predicted_s"),
                 cost_sources=None if d.get("cost_sources") is None else tuple(d["cost_sources"]),
                 solver=d.get("solver", "manual"),
+                replicas=tuple(d.get("replicas") or ()),
+                threads=d.get("threads"),
             )
         except (KeyError, TypeError) as e:
             raise PlanError(f"not a plan: missing or malformed field {e}") from None
@@ -187,6 +233,11 @@ class Plan:
         pred = "" if self.predicted_s is None else f", predicted {self.predicted_s * 1e3:.3f} ms"
         head = (f"Plan({self.objective}, {len(self.nodes)} nodes on "
                 f"{len(self.used_devices())}/{len(self.devices)} devices{pred}, solver {self.solver})")
+        if self.replicas:
+            return (f"{head}\n  replicated: the whole model on each of "
+                    f"{', '.join(self.replicas)}, each taking the next input when it is free")
+        if self.threads is not None:
+            head += f"\n  with {self.threads} TVM threads"
         lines, i = [head], 0
         keys = self.assignment if self.stages is None else list(zip(self.assignment, self.stages))
         for key, run in groupby(keys):

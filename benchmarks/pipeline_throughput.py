@@ -78,13 +78,13 @@ def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, thre
             pipe_s.append(pipe.stats.wall_s)
             if pipe.stats.wall_s <= min(pipe_s):
                 stats = pipe.stats
-        stages = pipe.staged.stages
+        stages, workers = pipe.staged.stages, pipe.workers
     err = max(float(np.max(np.abs(a - b))) for o, r in zip(outs, ref) for a, b in zip(o, r))
     seq, piped = len(xs) / min(seq_s), len(xs) / min(pipe_s)
     busy = "/".join(f"{u * 100:.0f}" for u in stats.utilisation)
     per_input = "  ".join(f"{b / stats.inputs * 1e6:.0f}/{c * 1e6:.0f}"
                           for b, c in zip(stats.busy_s, _stage_costs(problem, plan)))
-    desc = " ".join(f"{s.device.name}:{len(s.nodes)}" for s in stages)
+    desc = " ".join(f"{d.name}:{len(s.nodes)}" for s, d in workers)  # per replica, if replicated
     print(f"{label:<18}{seq:>9.0f}{seq_pred:>9.0f}{seq / seq_pred:>6.2f}{piped:>9.0f}{pred:>9.0f}"
           f"{piped / pred:>6.2f}{piped / seq:>7.2f}{pred / seq_pred:>7.2f}{err:>9.2g}"
           f"  {len(stages):>3} [{desc}]  busy % {busy}  us busy/pred {per_input}"
@@ -101,6 +101,9 @@ def main():
                     help="one stage per device (optimize's default; --no-contiguous lets a "
                          "device hold several stages)")
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap.add_argument("--replicate", action=argparse.BooleanOptionalAction, default=True,
+                    help="let the plan be replicas of the whole model where they are predicted "
+                         "faster (optimize's default; --no-replicate asks for a pipeline)")
     ap.add_argument("--micro-batch", type=int, nargs="+", default=[1], metavar="N",
                     help="inputs handed between stages together; several values give a row "
                          "each (default 1)")
@@ -128,7 +131,8 @@ def main():
     for name in args.models.split(","):
         m = zoo.load(name)
         res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous,
-                                 cost_model=cost_model, stage_overhead_s=args.stage_overhead)
+                                 cost_model=cost_model, stage_overhead_s=args.stage_overhead,
+                                 replicate=args.replicate)
         # Running TVM kernels on a thread can pin it to core 0; the pipeline's workers unpin
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))

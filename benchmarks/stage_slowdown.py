@@ -84,7 +84,8 @@ def main():
           f"{'(cpu)':>8}   us per call, medians")
     for name in args.models.split(","):
         m = zoo.load(name)
-        res = autoplace.optimize(m.mod, devs, objective="throughput")
+        res = autoplace.optimize(m.mod, devs, objective="throughput", replicate=False,
+                                 baseline_guard=False)  # a pipeline, to time its stages
         staged = split(m.mod, res.plan, res.graph.func_name)
         exes = [compile_stage(s) for s in staged.stages]
         xs = random_inputs_like(m.inputs, 64, np.random.default_rng(0))

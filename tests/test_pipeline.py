@@ -164,10 +164,11 @@ def test_a_stage_on_two_devices_and_a_plan_without_stages_are_errors(devs):
 
 @pytest.mark.parametrize("name", ["mlp", "branchy_cnn"])
 def test_optimized_throughput_plans_match_the_single_device_build(name, devs, rng):
-    # Free hand-offs, so that the solver cuts these small models into stages.
+    # Free hand-offs, so that the solver cuts these small models into stages (replicas of the
+    # whole model would beat any pipeline on two equal devices: not asked for here).
     m = zoo.load(name)
     res = autoplace.optimize(m.mod, devs, objective="throughput", time_limit=5,
-                             stage_overhead_s=0.0)
+                             stage_overhead_s=0.0, replicate=False)
     assert len(set(res.plan.stages)) > 1
     pipe = _assert_matches_single(m.mod, res.plan, devs, _inputs(m.inputs, 8, rng))
     assert pipe.stats.inputs == 8 and len(pipe.stats.busy_s) == len(pipe.staged.stages)
@@ -394,9 +395,10 @@ def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
 def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
     # mlp: without an overhead the solver cuts 12 tiny ops into several alternating stages;
     # at 1 ms per stage (more than the whole model) calling it on one device pays best.
+    # (Replicas of the whole model would beat both: not asked for here.)
     m = zoo.load("mlp")
     free = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=0.0,
-                              contiguous=False)
+                              contiguous=False, replicate=False)
     costly = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=1e-3,
                                 contiguous=False)
     assert len(set(free.plan.stages)) > 2 and len(set(costly.plan.stages)) == 1
@@ -419,3 +421,86 @@ def test_pipeline_stats_print_with_units():
 
     stats = PipelineStats(inputs=32, wall_s=0.4, busy_s=(0.3, 0.1))
     assert str(stats) == "32 inputs in 0.4 s: 80.0 inputs/s; stages busy 0.3 s (75%), 0.1 s (25%)"
+
+
+# ----------------------------------------------------------------------------- replicas
+
+
+def _replicated(mod, devs, replicas=("a", "b")):
+    g = autoplace.OpGraph.from_relax(mod)
+    n = len(g.nodes)
+    return autoplace.Plan.from_assignment(g, devs, [replicas[0]] * n, stages=(0,) * n,
+                                          objective="throughput", replicas=tuple(replicas))
+
+
+def test_replicas_run_the_whole_model_on_each_device_in_input_order(devs, rng):
+    m = zoo.load("branchy_cnn")
+    before = threading.active_count()
+    pipe = _assert_matches_single(m.mod, _replicated(m.mod, devs, ("b", "a")), devs,
+                                  _inputs(m.inputs, 12, rng))
+    assert [d.name for _, d in pipe.workers] == ["b", "a"]
+    assert pipe.stats.inputs == 12 and pipe.stats.workers == "replicas"
+    assert len(pipe.stats.busy_s) == 2 and sum(pipe.stats.busy_s) > 0
+    assert "replicas busy" in str(pipe.stats)
+    assert threading.active_count() == before  # its two workers stopped when it closed
+
+
+def test_a_replica_that_raises_surfaces_in_the_caller_and_nothing_hangs(devs, rng):
+    xs = _inputs([np.zeros((4, 8), "float32")], 8, rng)
+    with Pipeline.from_plan(Skip, _replicated(Skip, devs)) as pipe:
+        assert len(pipe._threads) == 2
+        bad = list(xs)
+        bad[5] = [np.zeros((5, 8), "float32")]
+        with pytest.raises(PipelineError, match="stage 0 on [ab] failed on input 5") as e:
+            _within(20, lambda: pipe.run(bad))
+        assert e.value.input_index == 5 and e.value.__cause__ is not None
+
+        def gen():
+            yield from xs[:3]
+            raise ValueError("source broke")
+
+        with pytest.raises(ValueError, match="source broke"):
+            _within(20, lambda: pipe.run(gen()))
+        with pytest.raises(TypeError, match="expected 1 arrays"):
+            _within(20, lambda: pipe.run([xs[0] * 2]))
+        outs = _within(20, lambda: pipe.run(xs))  # still usable
+        for (x,), (out,) in zip(xs, outs):
+            a = np.maximum(x, 0)
+            np.testing.assert_allclose(out, np.exp(a) + a, rtol=1e-6)
+
+    def endless():
+        while True:
+            yield [np.ones((4, 8), "float32")]
+
+    pipe = Pipeline.from_plan(Skip, _replicated(Skip, devs), queue_size=1)
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("e", _catch(lambda: pipe.run(endless()))))
+    runner.start()
+    time.sleep(0.3)
+    pipe.close()
+    runner.join(10)
+    assert not runner.is_alive() and isinstance(box["e"], PipelineClosedError)
+    assert not any(t.is_alive() for t in pipe._threads)
+
+
+def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkeypatch):
+    import autoplace.run.pipeline as pipeline
+
+    g = autoplace.OpGraph.from_relax(Skip)
+    plan = autoplace.Plan.from_assignment(g, devs, ["a"] * 3, stages=(0,) * 3,
+                                          objective="throughput", threads=2)
+    calls = []
+    monkeypatch.setattr(pipeline, "limit_tvm_threads",
+                        lambda n, cores: calls.append((n, tuple(cores))) or limit_tvm_threads(n, cores))
+    before = threading.active_count()
+    with Pipeline.from_plan(Skip, plan) as pipe:
+        assert threading.active_count() == before + 1
+        assert pipe._threads[0].name.startswith("autoplace-stage0-a")
+    assert calls == [(2, tuple(process_cpus()))]  # two threads over every core
+    _assert_matches_single(Skip, plan, devs, _inputs([np.zeros((4, 8), "float32")], 5, rng))
+    with pytest.raises(ValueError, match="threads is for a model of one stage"):
+        Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
+                 threads=2)
+    with pytest.raises(ValueError, match="replicas run a model of one stage"):
+        Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
+                 replicas=devs)

@@ -1,6 +1,7 @@
 """Plans, devices and manual rules: text forms, validation and the errors a user sees."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,38 @@ def test_json_round_trip_and_golden_file(graph, devs):
     assert Plan.from_json(plan.to_json()) == plan
     assert plan.to_json() == (GOLDEN / "plan_v1.json").read_text()
     assert str(plan) == (GOLDEN / "plan_v1.txt").read_text()
+
+
+def test_a_replicated_plan_round_trips_as_format_2_and_says_so(graph, devs):
+    plan = Plan.from_assignment(graph, devs, ["b"] * 5, stages=(0,) * 5, objective="throughput",
+                                predicted_s=1e-3, replicas=("b", "a"), solver="replicas")
+    text = plan.to_json()
+    assert json.loads(text)["format_version"] == 2 and json.loads(text)["replicas"] == ["b", "a"]
+    assert Plan.from_json(text) == plan
+    assert "replicated: the whole model on each of b, a" in str(plan)
+    assert [d.name for d in plan.used_devices()] == ["a", "b"]
+    threads = Plan.from_assignment(graph, devs, ["a"] * 5, threads=2)
+    assert Plan.from_json(threads.to_json()) == threads and "with 2 TVM threads" in str(threads)
+    # A plan without either keeps format 1, which older readers take.
+    assert json.loads(Plan.from_assignment(graph, devs, ["a"] * 5).to_json())["format_version"] == 1
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"replicas": ("a",)}, "two or more distinct devices"),
+    ({"replicas": ("a", "c")}, "unknown device\\(s\\) \\['c'\\]"),
+    ({"replicas": ("b", "a")}, "place every node on its first replica 'b'"),
+    ({"threads": 0}, "threads must be a positive int"),
+    ({"threads": 2, "replicas": ("a", "b")}, "threads is for a plan of one device"),
+])
+def test_bad_replicas_and_threads_say_what_to_fix(graph, devs, fields, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_assignment(graph, devs, ["a"] * 5, **fields)
+
+
+def test_every_replica_must_run_the_whole_model(graph):
+    devs = [Device.cpu(0, name="a"), Device.cpu(1, name="npu", unsupported_ops={"nn.softmax"})]
+    with pytest.raises(PlanError, match="'s' \\(nn.softmax\\) is placed on 'npu'"):
+        Plan.from_assignment(graph, devs, ["a"] * 5, replicas=("a", "npu"))
 
 
 def test_plan_is_immutable(graph, devs):

@@ -23,26 +23,47 @@ EPILOG_OPTIMIZE = """examples:
 
 
 def _pipeline_report(res, model, devices, n: int) -> dict:
-    """Run ``n`` inputs through the plan's pipeline and, in the same run, each single-device build;
-    "sequential" is the fastest of those."""
-    from autoplace.run.baseline import fastest_single_device, random_inputs_like
+    """Run ``n`` inputs through the plan's pipeline and, in the same run, the baselines:
+    "sequential" is the fastest single-device build called on each input in turn, "all threads"
+    one CPU device with the threads of all the CPU devices, "replicas" every device running the
+    whole model (None where there is no such baseline). Errors are against the sequential
+    outputs."""
+    from autoplace.run.baseline import (fastest_single_device, random_inputs_like,
+                                        time_all_threads, time_replicas)
 
     xs = random_inputs_like(model.inputs, n, np.random.default_rng(0))
+    rates, outputs = {}, {}
     with res.pipeline() as pipe:
         pipe.run(xs[:4])  # warm-up
-        _, ref, seq_s = fastest_single_device(model.mod, res.graph, devices, xs)
+        _, ref, seq_s = fastest_single_device(model.mod, res.graph, devices, xs,
+                                              records=res.records)
+        rates["sequential"] = n / seq_s
+        timed = time_all_threads(model.mod, res.graph, devices, xs, records=res.records)
+        if timed is not None:
+            outputs["all_threads"], rates["all_threads"] = timed[0], n / timed[1]
+        if "replicas" in res.baseline_plans:
+            timed = time_replicas(model.mod, res.baseline_plans["replicas"], xs,
+                                  records=res.records)
+            outputs["replicas"], rates["replicas"] = timed[0], n / timed[1]
         outs = pipe.run(xs)
-        stats, stages = pipe.stats, pipe.staged.stages
-    err = max(float(np.max(np.abs(a - b))) for o, r in zip(outs, ref) for a, b in zip(o, r))
+        stats, stages, workers = pipe.stats, pipe.staged.stages, pipe.workers
+
+    def err(got) -> float:
+        return max(float(np.max(np.abs(a - b))) for o, r in zip(got, ref) for a, b in zip(o, r))
+
     return {
         "predicted_inputs_per_s": 1 / res.solution.value,
         "measured_inputs_per_s": stats.inputs_per_s,
-        "sequential_inputs_per_s": n / seq_s,
-        "max_abs_err": err,
+        "sequential_inputs_per_s": rates["sequential"],
+        "all_threads_inputs_per_s": rates.get("all_threads"),
+        "replicas_inputs_per_s": rates.get("replicas"),
+        "max_abs_err": err(outs),
+        "baselines_max_abs_err": {k: err(v) for k, v in outputs.items()},
+        "replicated": list(res.plan.replicas),
         "stages": len(stages),
-        "stage_details": [{"stage": s.index, "device": s.device.name, "nodes": len(s.nodes),
+        "stage_details": [{"stage": s.index, "device": d.name, "nodes": len(s.nodes),
                            "busy_s": b, "utilisation": u}
-                          for s, b, u in zip(stages, stats.busy_s, stats.utilisation)],
+                          for (s, d), b, u in zip(workers, stats.busy_s, stats.utilisation)],
     }
 
 
@@ -152,10 +173,17 @@ def _cmd_optimize(args) -> int:
               f"{out['report']['max_abs_err_vs_single_device']:.3g}")
         if args.run:
             r = out["report"]
-            print(f"pipeline of {r['stages']} stages over {args.run} inputs: "
+            what = (f"replicas on {', '.join(r['replicated'])}" if r["replicated"] else
+                    f"pipeline of {r['stages']} stages")
+            print(f"{what} over {args.run} inputs: "
                   f"{r['measured_inputs_per_s']:.1f} inputs/s measured, "
-                  f"{r['predicted_inputs_per_s']:.1f} predicted, {r['sequential_inputs_per_s']:.1f} "
-                  f"sequential on one device; max |err| {r['max_abs_err']:.3g}")
+                  f"{r['predicted_inputs_per_s']:.1f} predicted; max |err| {r['max_abs_err']:.3g}")
+            base = [f"{r['sequential_inputs_per_s']:.1f} sequential on one device"]
+            if r["all_threads_inputs_per_s"] is not None:
+                base.append(f"{r['all_threads_inputs_per_s']:.1f} on one device with all threads")
+            if r["replicas_inputs_per_s"] is not None:
+                base.append(f"{r['replicas_inputs_per_s']:.1f} replicas")
+            print(f"baselines measured in the same run (inputs/s): {', '.join(base)}")
     return 0
 
 

@@ -57,6 +57,20 @@ class MeasuredCostModel:
         same_kind = [x for x in self.given() if x.kind == device.kind]
         return same_kind[0] if len(same_kind) == 1 else None
 
+    def profile_at(self, device: Device, threads: int) -> DeviceProfile | None:
+        """A profile of ``device`` measured with ``threads`` TVM threads, or None: its own
+        profile if that one was, else the only one given (also under a key that names no
+        device) of its kind, hardware, target and TVM version measured with ``threads``."""
+        own = self.profile_for(device)
+        if own is not None and own.info.get("threads") == threads:
+            return own
+        same = ("kind", "hardware", "target", "tvm", "remote")
+        found = [p for p in self.given() if p.kind == device.kind
+                 and p.info.get("threads") == threads
+                 and (own is None or all(p.info.get(k) == own.info.get(k) for k in same))]
+        found = list({id(p): p for p in found}.values())
+        return found[0] if len(found) == 1 else None
+
     def _fallback(self, device: Device):
         from autoplace.predict.rows import match_device
 

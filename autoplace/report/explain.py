@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -100,6 +101,8 @@ class Explanation:
     cost_model: str
     plan: str                                   # str(plan)
     runs: str = ""                              # how the build runs it (latency plans)
+    baseline_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    guard: str = ""                             # why this plan, not the solver's or a baseline
 
     @property
     def bytes_moved(self) -> float:
@@ -133,6 +136,8 @@ class Explanation:
             "gain_over_best_single": None if single is None else self.gain_over(single[0]),
             "gain_over_greedy": self.gain_over("greedy"),
             "cost_sources": dict(self.sources),
+            "baseline_notes": dict(self.baseline_notes),
+            "guard": self.guard or None,
         }
 
     def summary(self) -> str:
@@ -152,8 +157,16 @@ class Explanation:
         if "greedy" in self.baselines_s:
             gains.append(f"{self.gain_over('greedy'):.2f}x greedy "
                          f"({_fmt_s(self.baselines_s['greedy'])})")
+        for name in ("all threads", "replicas"):
+            if name in self.baselines_s:
+                gains.append(f"{self.gain_over(name):.2f}x {name} "
+                             f"({_fmt_s(self.baselines_s[name])})")
+            elif name in self.baseline_notes:
+                gains.append(f"{name} {self.baseline_notes[name]}")
         if gains:
             lines.append("speed-up: " + ", ".join(gains))
+        if self.guard:
+            lines.append(f"why this plan: {self.guard}")
         lines.append("compute per device: " + ", ".join(
             f"{d} {_fmt_s(s)}" for d, s in self.device_s.items()))
         lines.append(f"copies: {len(self.copies)}, {_fmt_bytes(self.bytes_moved)} moved" + "".join(
@@ -211,6 +224,8 @@ def explain(result: PlacementResult) -> Explanation:
     for u, v in problem.edges.tolist():
         preds[v].add(u)
 
+    whole = _whole_model_reason(plan)
+
     def score(assignment, stages=None) -> float:
         if sol.objective == "latency":
             return simulate_latency(problem, assignment, sol.order).makespan
@@ -222,7 +237,7 @@ def explain(result: PlacementResult) -> Explanation:
     for node in graph.nodes:
         i, k = node.index, int(a[node.index])
         move, extra_copy_s, extra_bytes, why_not = {}, {}, {}, {}
-        for j in range(problem.num_devices):
+        for j in range(problem.num_devices if whole is None else 0):
             if j == k:
                 continue
             moved = a.copy()
@@ -245,18 +260,57 @@ def explain(result: PlacementResult) -> Explanation:
             copies_in=tuple(c for c, (u, dst) in zip(copies, needed) if dst == k and u in preds[i]),
             copies_out=tuple(c for c, (u, _) in zip(copies, needed) if u == i),
             move_s=move,
-            reason=_reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base)))
+            reason=whole or _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not,
+                                    base)))
     sources = Counter(n.source for n in nodes)
     return Explanation(
         nodes=tuple(nodes), objective=sol.objective,
         value_s=float(result.predicted_latency_s), status=sol.status,
         gap=sol.gap,
-        device_s={names[k]: float(s) for k, s in enumerate(device_loads(problem, a))},
+        device_s={names[k]: float(s) for k, s in enumerate(_device_s(problem, sol, a))},
         link_s={(names[s], names[t]): float(x) for (s, t), x in np.ndenumerate(
             link_loads(problem, a)) if x > 0},
         copies=copies, baselines_s=dict(result.baselines), sources=dict(sources),
         cost_model=result.cost_model, plan=str(plan),
-        runs=str(result.delivery or ""))
+        runs=str(result.delivery or ""),
+        baseline_notes=dict(getattr(result, "baseline_notes", None) or {}),
+        guard=_guard_text(result))
+
+
+def _device_s(problem, sol, a) -> np.ndarray:
+    """Compute seconds per input on each device: its nodes' costs, or for replicas the whole
+    model's cost on each replica times the share of the inputs it takes."""
+    if sol.replicas is None:
+        return device_loads(problem, a)
+    ks = np.asarray(sol.replicas)
+    whole = problem.cost[:, ks].sum(axis=0)
+    rate = 1.0 / (whole + problem.stage_overhead_s[ks])
+    out = np.zeros(problem.num_devices)
+    out[ks] = whole * rate / rate.sum()
+    return out
+
+
+def _whole_model_reason(plan) -> str | None:
+    """The one reason every node has when the plan runs the whole model as a unit: replicated,
+    or on one device with more threads; None otherwise."""
+    if plan.replicas:
+        return f"replicated: the whole model runs on each of {', '.join(plan.replicas)}"
+    if plan.threads is not None:
+        return (f"the whole model on {plan.assignment[0]} with {plan.threads} threads (the "
+                "all-threads baseline)")
+    return None
+
+
+def _guard_text(result) -> str:
+    """Why ``result`` holds this plan, in words ("" when nothing was decided)."""
+    decision = getattr(result, "guard", None)
+    if decision is not None:
+        return decision.describe()
+    plan = result.plan
+    if plan.replicas and "+replicas" in plan.solver:
+        return ("replicas of the whole model are predicted faster than the best pipeline "
+                "the solver found")
+    return ""
 
 
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:

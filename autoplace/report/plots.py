@@ -128,9 +128,13 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     dashed line is the plan's predicted time per input. Each stage segment's ``gid`` is
     ``"load:<device>:<stage>"`` (stage ``-`` for a plan without stages), the hand-offs'
     ``"load:<device>:overhead"`` and ``"load:host"``, each link's ``"load:<src>-><dst>"``.
+    A replicated plan shows each replica's share of the work per input instead (``gid``
+    ``"load:<device>:replica"``): the replicas split the inputs so that they all keep pace.
     """
     ax = _axes(ax, (7, 4))
     problem, sol = result.problem, result.solution
+    if sol.replicas is not None:
+        return _plot_replica_loads(problem, sol, ax)
     a = np.asarray(sol.assignment)
     devs = problem.device_names
     stages = sol.stages if sol.stages is not None else result.plan.stages
@@ -184,6 +188,44 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     handles += [Patch(color=c, label=f"stage {s}") for s, c in stage_colour.items() if s >= 0]
     if overhead.sum() > 0:
         handles.append(Patch(color=_OVERHEAD_COLOUR, label="stage hand-offs"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
+              frameon=False)
+    return ax.figure
+
+
+def _plot_replica_loads(problem, sol, ax) -> Figure:
+    """Each replica's compute and hand-off seconds per input of the stream (its share of the
+    inputs times its time per input), and the host's."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ks = np.asarray(sol.replicas)
+    whole, over = problem.cost[:, ks].sum(axis=0), problem.stage_overhead_s[ks]
+    rate = 1.0 / (whole + over)
+    share = rate / rate.sum()
+    unit, scale = _time_unit(sol.value)
+    names = []
+    for k, w, o, f in zip(ks, whole, over, share):
+        ax.bar(len(names), w * f * scale, color=_colours([0])[0], edgecolor="white",
+               gid=f"load:{problem.device_names[k]}:replica")
+        if o > 0:
+            ax.bar(len(names), o * f * scale, bottom=w * f * scale, color=_OVERHEAD_COLOUR,
+                   edgecolor="white", gid=f"load:{problem.device_names[k]}:overhead")
+        names.append(f"{problem.device_names[k]}\n({f:.0%} of inputs)")
+    if over.any():
+        ax.bar(len(names), float((over * share).sum()) * scale, color=_OVERHEAD_COLOUR,
+               gid="load:host")
+        names.append("host\n(hand-offs)")
+    ax.axhline(sol.value * scale, color="k", ls="--", lw=1)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(f"{unit} per input")
+    ax.set_ylim(0, sol.value * scale * 1.15 or 1)
+    ax.set_title("Load per input: replicas of the whole model share the inputs")
+    handles = [Line2D([], [], color="k", ls="--", lw=1,
+                      label=f"predicted {_fmt_s(sol.value)} per input"),
+               Patch(color=_colours([0])[0], label="whole model")]
+    if over.any():
+        handles.append(Patch(color=_OVERHEAD_COLOUR, label="hand-offs"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
               frameon=False)
     return ax.figure

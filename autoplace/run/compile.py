@@ -74,6 +74,30 @@ class CompiledModel:
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
 
+class ThreadedModel(CompiledModel):
+    """A built one-device plan with ``plan.threads``: every call runs on one worker thread whose
+    TVM pool has that many threads over every core this process may use (TVM's pool belongs to
+    the calling thread, so the caller's own threads are left as they are). Call :meth:`close`
+    to stop the worker (it also stops at exit)."""
+
+    def __post_init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from autoplace.backend import limit_tvm_threads, process_cpus
+
+        super().__post_init__()
+        worker = ThreadPoolExecutor(1, thread_name_prefix="autoplace-threads",
+                                    initializer=limit_tvm_threads,
+                                    initargs=(self.plan.threads, process_cpus()))
+        object.__setattr__(self, "_worker", worker)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return self._worker.submit(CompiledModel.__call__, self, *inputs).result()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
 def _vdevice_position(vdev, vdevs) -> int:
     # VDevice.same_as recurses forever in TVM 0.27: compare (target kind, id) instead.
     if vdev is None:
@@ -94,7 +118,8 @@ def _flatten(result) -> list[np.ndarray]:
 def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
             records: KernelRecords | None = None) -> CompiledModel:
     """Annotate ``mod`` with ``plan``, build it for the plan's devices, and return a callable.
-    Kernels that ``records`` has (:func:`autoplace.tuning.open_records`) are built tuned.
+    Kernels that ``records`` has (:func:`autoplace.tuning.open_records`) are built tuned. A plan
+    with ``threads`` runs on a worker with that many TVM threads (:class:`ThreadedModel`).
 
     >>> run = autoplace.compile(mod, plan)     # doctest: +SKIP
     >>> outs = run(x)                           # list of numpy arrays
@@ -104,5 +129,6 @@ def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
     annotated, lifted = annotate_lifted(mod, plan, func_name)
     counts: dict[str, int] = {}
     executable = build(annotated, plan, records, counts)
-    return CompiledModel(plan, annotated, executable, tuple(lifted), func_name,
-                         {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)})
+    cls = CompiledModel if plan.threads is None else ThreadedModel
+    return cls(plan, annotated, executable, tuple(lifted), func_name,
+               {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)})

@@ -34,3 +34,20 @@ def stage_threads(devices: Sequence[Device], num_threads: int | None = None,
                else (cpus[j % len(cpus)],))  # more devices than cores: they take turns
         share[index] = (min(num_threads, len(own)), own)
     return [None if d.is_gpu else share[d.index] for d in devices]
+
+
+def all_threads(devices: Sequence[Device], num_threads: int | None = None,
+                cpus: Sequence[int] | None = None) -> tuple[int, tuple[int, ...]] | None:
+    """The TVM threads and cores the CPU devices of ``devices`` have together when a plan runs
+    them (:func:`stage_threads`): what one CPU device running the whole model gets in the
+    "all threads" baseline. None with fewer than two CPU devices (then a single device already
+    has them all)."""
+    cpu_devs = {d.index for d in devices if not d.is_gpu}
+    if len(cpu_devs) < 2:
+        return None
+    shares = {d.index: share
+              for d, share in zip(devices, stage_threads(devices, num_threads, cpus))
+              if share is not None}
+    threads = sum(n for n, _ in shares.values())
+    cores = tuple(sorted({c for _, own in shares.values() for c in own}))
+    return threads, cores

@@ -7,10 +7,16 @@ input order. A plan of one stage has nothing to overlap: it is called on the cal
 no worker and no hand-off (the throughput model charges it none). Each CPU stage's worker runs
 itself and its TVM pool on its device's share of the cores
 (:func:`~autoplace.run.cores.stage_threads`).
+
+A replicated plan (``plan.replicas``) runs the same way with one worker per replica device
+instead of one per stage: each has its own VM of the whole model built for its device and takes
+the next input when it is free; results still come back in input order. A one-device plan with
+``plan.threads`` runs on one worker whose TVM pool has that many threads over every core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import build_single, limit_tvm_threads, to_numpy, to_tvm
+from autoplace.backend import build_single, limit_tvm_threads, process_cpus, to_numpy, to_tvm
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run.cores import stage_threads
@@ -58,13 +64,14 @@ class PipelineClosedError(PipelineError):
 class PipelineStats:
     """What the last :meth:`Pipeline.run` measured.
 
-    ``busy_s[k]`` is the time stage ``k`` spent working (uploads, copies and its VM call);
-    ``utilisation[k]`` is that over the run's wall time.
+    ``busy_s[k]`` is the time stage ``k`` (of a replicated plan: replica ``k``) spent working
+    (uploads, copies and its VM call); ``utilisation[k]`` is that over the run's wall time.
     """
 
     inputs: int
     wall_s: float
     busy_s: tuple[float, ...]
+    workers: str = "stages"  # what busy_s counts: "stages" or "replicas"
 
     @property
     def inputs_per_s(self) -> float:
@@ -78,7 +85,7 @@ class PipelineStats:
         """``'32 inputs in 0.412 s: 77.7 inputs/s; stages busy 0.31 s (75%), 0.2 s (49%)'``."""
         busy = ", ".join(f"{b:.3g} s ({u:.0%})" for b, u in zip(self.busy_s, self.utilisation))
         return (f"{self.inputs} inputs in {self.wall_s:.3g} s: {self.inputs_per_s:.1f} inputs/s; "
-                f"stages busy {busy}")
+                f"{self.workers} busy {busy}")
 
 
 class _Item:
@@ -89,10 +96,13 @@ class _Item:
 
 
 class _Source:
-    """The inputs of one run, handed to stage 0; ``error`` is what iterating them raised."""
+    """The inputs of one run, handed to the workers that pull them (stage 0, or every replica);
+    ``error`` is what iterating them raised. ``lock`` guards taking the next input and numbering
+    it; ``pulls`` counts the pullers that have finished."""
 
     def __init__(self, it):
         self.it, self.abort, self.error = it, threading.Event(), None
+        self.lock, self.next_seq, self.done, self.pulls = threading.Lock(), 0, False, 0
 
 
 _END = object()  # after the last input of a run
@@ -120,16 +130,33 @@ class Pipeline:
         Inputs handed from stage to stage together: each stage runs them one after another, and
         the hand-off (queue, thread wake-up) is paid once per micro-batch instead of per input.
     num_threads : int or None
-        TVM kernel threads per CPU stage, on its device's share of the cores
+        TVM kernel threads per CPU stage (or replica), on its device's share of the cores
         (:func:`stage_threads`). ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
         profile of this machine's CPU was measured with) divided among the plan's CPU devices.
         A pipeline of one stage leaves the caller's thread and its TVM threads as they are.
+    replicas : sequence of Device
+        Two or more devices that each run the (one-stage) model on the inputs they take, with
+        ``executables`` one per replica: data parallelism instead of a pipeline.
+    threads : int or None
+        One stage only: run it on a worker whose TVM pool has ``threads`` threads over every core
+        this process may use (a plan's ``threads``), instead of on the caller's thread.
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
-                 queue_size: int = 4, num_threads: int | None = None, micro_batch: int = 1):
-        if len(executables) != len(staged.stages):
-            raise ValueError(f"{len(staged.stages)} stages but {len(executables)} executables")
+                 queue_size: int = 4, num_threads: int | None = None, micro_batch: int = 1,
+                 replicas: Sequence[Device] = (), threads: int | None = None):
+        replicas = tuple(replicas)
+        if replicas and (len(staged.stages) != 1 or len(replicas) < 2 or threads is not None):
+            raise ValueError("replicas run a model of one stage on two or more devices "
+                             f"(got {len(staged.stages)} stages, {len(replicas)} replicas"
+                             f"{', threads' if threads is not None else ''})")
+        if threads is not None and len(staged.stages) != 1:
+            raise ValueError("threads is for a model of one stage: a pipeline gives each stage "
+                             "its device's share of the cores (num_threads)")
+        workers = len(replicas) or len(staged.stages)
+        if len(executables) != workers:
+            what = "replicas" if replicas else "stages"
+            raise ValueError(f"{workers} {what} but {len(executables)} executables")
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         if micro_batch < 1:
@@ -142,7 +169,7 @@ class Pipeline:
         self._run_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._direct = None
-        if len(staged.stages) == 1:
+        if len(staged.stages) == 1 and not replicas and threads is None:
             # One stage: no pipeline to overlap, so no worker, queue or lock either (what the
             # throughput model assumes: a one-stage plan costs no hand-off). Called on the
             # caller's thread.
@@ -152,19 +179,31 @@ class Pipeline:
                 raise PipelineError(f"the stage failed to start: {e}") from e
             return
         self._queues = [queue.Queue(maxsize=queue_size) for _ in range(len(staged.stages) + 1)]
-        self._busy = [0.0] * len(staged.stages)
+        # Worker w runs stage _stage_of[w] on device _device_of[w]: one worker per stage, or
+        # one per replica, all of stage 0.
+        if replicas:
+            self._stage_of, self._device_of = [0] * len(replicas), list(replicas)
+        else:
+            self._stage_of = list(range(len(staged.stages)))
+            self._device_of = [s.device for s in staged.stages]
+        self._pullers = len(replicas) or 1  # workers that take inputs from the source
+        self._busy = [0.0] * workers
         self._drop = self._last_uses()
         # Stages of one device take turns, as the throughput model assumes (and on CPUs
         # that share cores, at most one kernel per device runs at a time).
-        locks = {(s.device.kind, s.device.index): threading.Lock() for s in staged.stages}
-        self._locks = [locks[(s.device.kind, s.device.index)] for s in staged.stages]
-        threads = stage_threads([s.device for s in staged.stages], num_threads)
-        ready = threading.Barrier(len(staged.stages) + 1)
+        locks = {(d.kind, d.index): threading.Lock() for d in self._device_of}
+        self._locks = [locks[(d.kind, d.index)] for d in self._device_of]
+        if threads is not None:
+            shares = [(threads, tuple(process_cpus()))]
+        else:
+            shares = stage_threads(self._device_of, num_threads)
+        ready = threading.Barrier(workers + 1)
         self._startup_errors: list[BaseException] = []
         self._threads = [
-            threading.Thread(target=self._work, args=(k, exe, n, ready), daemon=True,
-                             name=f"autoplace-stage{stage.index}-{stage.device.name}")
-            for k, (stage, exe, n) in enumerate(zip(staged.stages, executables, threads))]
+            threading.Thread(target=self._work, args=(w, exe, n, ready), daemon=True,
+                             name=f"autoplace-{'replica' if replicas else 'stage'}"
+                                  f"{w if replicas else staged.stages[w].index}-{dev.name}")
+            for w, (dev, exe, n) in enumerate(zip(self._device_of, executables, shares))]
         for t in self._threads:
             t.start()
         ready.wait()
@@ -179,12 +218,34 @@ class Pipeline:
         """Split ``mod`` by ``plan``'s stages, compile each stage for its device (tuned kernels
         where ``records`` has them), start workers.
 
+        A replicated plan gets one build of the whole model per replica device (one per distinct
+        target, shared by the devices of that target) and one worker per replica; a plan with
+        ``threads`` one worker with that many TVM threads.
+
         ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
         """
         staged = split(mod, plan, func_name)
-        return cls(staged, [compile_stage(s, records) for s in staged.stages], **kwargs)
+        if plan.replicas:
+            builds: dict[tuple[str, str], Any] = {}
+            devices = [plan.device(name) for name in plan.replicas]
+            for d in devices:
+                if (d.kind, d.target) not in builds:
+                    builds[(d.kind, d.target)] = compile_stage(
+                        dataclasses.replace(staged.stages[0], device=d), records)
+            return cls(staged, [builds[(d.kind, d.target)] for d in devices],
+                       replicas=devices, **kwargs)
+        return cls(staged, [compile_stage(s, records) for s in staged.stages],
+                   threads=plan.threads, **kwargs)
 
     # ------------------------------------------------------------------ running
+
+    @property
+    def workers(self) -> tuple[tuple[Stage, Device], ...]:
+        """What each worker runs, in the order of ``stats.busy_s``: its stage and device (one
+        per stage, or one per replica of a replicated plan)."""
+        if self._direct is not None:
+            return ((self.staged.stages[0], self.staged.stages[0].device),)
+        return tuple((self.staged.stages[k], d) for k, d in zip(self._stage_of, self._device_of))
 
     @property
     def num_inputs(self) -> int:
@@ -211,9 +272,10 @@ class Pipeline:
             if self._direct is not None:
                 return self._run_direct(inputs)
             source = _Source(iter(inputs))
-            self._busy = [0.0] * len(self.staged.stages)
+            self._busy = [0.0] * len(self._busy)
             t0 = time.perf_counter()
-            self._queues[0].put(source)  # stage 0 pulls the inputs itself
+            for _ in range(self._pullers):  # stage 0 (every replica) pulls the inputs itself
+                self._queues[0].put(source)
             results, error = {}, None
             while True:
                 batch = self._get(self._queues[-1])
@@ -235,7 +297,8 @@ class Pipeline:
                 raise error
             if source.error is not None:
                 raise source.error
-            self.stats = PipelineStats(len(results), wall, tuple(self._busy))
+            self.stats = PipelineStats(len(results), wall, tuple(self._busy),
+                                       "replicas" if self._pullers > 1 else "stages")
             return [results[k] for k in range(len(results))]
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
@@ -318,27 +381,41 @@ class Pipeline:
                 pass
         return False
 
+    def _next(self, source: _Source) -> _Item | None:
+        """The next input of ``source``, numbered and copied (under its lock: replicas pull
+        from one source), or None when there is none left or the run was aborted."""
+        with source.lock:
+            if source.done or source.abort.is_set():
+                return None
+            try:
+                x = next(source.it)
+                item = self._item(source.next_seq, x)
+            except StopIteration:
+                source.done = True
+                return None
+            except Exception as e:  # noqa: BLE001 - re-raised in the caller
+                source.error, source.done = e, True
+                return None
+            source.next_seq += 1
+            return item
+
     def _pull(self, source: _Source, process, q_out: queue.Queue) -> bool:
-        """Stage 0: run the inputs of ``source`` and pass them on in micro-batches; False once
-        closed."""
-        n, batch = 0, []
-        try:
-            for x in source.it:
-                if source.abort.is_set():
-                    break
-                item = self._item(n, x)
-                process(item)
-                batch.append(item)
-                n += 1
-                if len(batch) == self.micro_batch or item.error is not None:
-                    if not self._put(q_out, batch):
-                        return False
-                    batch = []
-        except Exception as e:  # noqa: BLE001 - re-raised in the caller
-            source.error = e
+        """Stage 0 (or a replica): run inputs of ``source`` until none is left and pass them on
+        in micro-batches; the last puller to finish ends the run. False once closed."""
+        batch = []
+        while (item := self._next(source)) is not None:
+            process(item)
+            batch.append(item)
+            if len(batch) == self.micro_batch or item.error is not None:
+                if not self._put(q_out, batch):
+                    return False
+                batch = []
         if batch and not self._put(q_out, batch):
             return False
-        return self._put(q_out, _END)
+        with source.lock:
+            source.pulls += 1
+            last = source.pulls == self._pullers
+        return self._put(q_out, _END) if last else True
 
     def _checked(self, n: int, x) -> list:
         """The arrays of input ``n`` of a run, as many as the model takes."""
@@ -352,10 +429,12 @@ class Pipeline:
         arrays = self._checked(n, x)
         return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, arrays)})
 
-    def _processor(self, k: int, fn, dev) -> Callable[[_Item], None]:
-        """Stage ``k`` on one item: its inputs read from the item's values, its outputs written
-        there, the tensors no later stage reads dropped; an error is kept on the item."""
-        stage, drop, lock = self.staged.stages[k], self._drop[k], self._locks[k]
+    def _processor(self, w: int, fn, dev) -> Callable[[_Item], None]:
+        """Worker ``w``'s stage on one item: its inputs read from the item's values, its outputs
+        written there, the tensors no later stage reads dropped; an error is kept on the item."""
+        k = self._stage_of[w]
+        stage, drop, lock = self.staged.stages[k], self._drop[k], self._locks[w]
+        device = self._device_of[w]
 
         def process(item: _Item) -> None:
             with lock:
@@ -367,24 +446,25 @@ class Pipeline:
                     for name in drop:
                         values.pop(name, None)
                 except Exception as e:  # noqa: BLE001 - handed to the caller
-                    item.error = _stage_error(stage, item.seq, e)
+                    item.error = _stage_error(stage, item.seq, e, device)
                     item.error.__cause__ = e
                 finally:
-                    self._busy[k] += time.perf_counter() - t0
+                    self._busy[w] += time.perf_counter() - t0
 
         return process
 
-    def _work(self, k: int, executable, threads: tuple[int, tuple[int, ...]] | None,
+    def _work(self, w: int, executable, threads: tuple[int, tuple[int, ...]] | None,
               ready: threading.Barrier):
         try:
             if threads is not None:
                 limit_tvm_threads(*threads)
-            process = self._processor(k, *_load_vm(executable, self.staged.stages[k].device))
+            process = self._processor(w, *_load_vm(executable, self._device_of[w]))
         except Exception as e:  # noqa: BLE001 - reported by the constructor
             self._startup_errors.append(e)
             ready.wait()
             return
         ready.wait()
+        k = self._stage_of[w]
         q_in, q_out = self._queues[k], self._queues[k + 1]
 
         while True:
@@ -429,8 +509,11 @@ def _runtime_device(device: Device):
     return tvm.cpu(0) if device.kind == "cpu" else device.tvm_device()
 
 
-def _stage_error(stage: Stage, seq: int, e: Exception) -> PipelineError:
-    return PipelineError(f"stage {stage.index} on {stage.device.name} failed on input {seq}: "
+def _stage_error(stage: Stage, seq: int, e: Exception, device: Device | None = None
+                 ) -> PipelineError:
+    """The error of ``stage`` on input ``seq``, run on ``device`` (default: the stage's)."""
+    name = (device or stage.device).name
+    return PipelineError(f"stage {stage.index} on {name} failed on input {seq}: "
                          f"{type(e).__name__}: {e}", stage.index, seq)
 
 

@@ -13,16 +13,21 @@ from dataclasses import replace
 
 from . import baselines
 from .problem import OBJECTIVES, InfeasibleError, Problem, Solution, check_time_limit
-from .simulate import check_feasible, precheck, simulate_latency, simulate_throughput
+from .simulate import (check_feasible, precheck, simulate_latency, simulate_replicas,
+                       simulate_throughput)
 
 __all__ = ["Problem", "Solution", "InfeasibleError", "solve", "SOLVERS", "simulate_latency",
-           "simulate_throughput", "check_feasible"]
+           "simulate_replicas", "simulate_throughput", "check_feasible"]
 
 log = logging.getLogger(__name__)
 
 
 def _single(problem, objective, time_limit, **options):
     return baselines.single(problem, objective, options.get("device"))
+
+
+def _replicas(problem, objective, time_limit, **options):
+    return baselines.replicas(problem, objective)
 
 
 def _priority(problem, objective, time_limit, **options):
@@ -80,6 +85,19 @@ def _or_direct(problem: Problem, sol: Solution) -> Solution:
                    solver=f"{sol.solver}+direct", wall_s=sol.wall_s + direct.wall_s)
 
 
+def _or_replicas(problem: Problem, sol: Solution) -> Solution:
+    """``sol``, or data-parallel replicas of the whole model when they are predicted faster (the
+    bound becomes the lesser of the two: no pipeline beats ``sol.bound``)."""
+    try:
+        rep = baselines.replicas(problem)
+    except InfeasibleError:
+        return sol
+    if rep.value >= sol.value:
+        return sol
+    return replace(rep, bound=min(sol.bound, rep.value), status=sol.status,
+                   solver=f"{sol.solver}+replicas", wall_s=sol.wall_s + rep.wall_s)
+
+
 #: Above this many nodes ``"auto"`` coarsens, solves and refines (``"coarse"``) instead of
 #: running CP-SAT on every node. On the 1000-node DAG of ``benchmarks/solve_scale.py`` CP-SAT
 #: found no plan in 10 s (returning HEFT's, 0.0925 s) where ``"coarse"`` found 0.0832 s.
@@ -90,6 +108,7 @@ AUTO_CPSAT_MAX_NODES = 500
 SOLVERS: dict[str, Callable[..., Solution]] = {
     "auto": _auto,
     "single": _single,
+    "replicas": _replicas,
     "priority": _priority,
     "greedy": _greedy,
     "heft": _heft,
@@ -100,7 +119,7 @@ SOLVERS: dict[str, Callable[..., Solution]] = {
 
 
 def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
-          time_limit: float = 10.0, **options) -> Solution:
+          time_limit: float = 10.0, replicate: bool = False, **options) -> Solution:
     """Place ``problem``'s nodes on devices, minimizing ``objective``.
 
     Parameters
@@ -112,6 +131,10 @@ def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
         A key of :data:`SOLVERS`, or ``"single:<k>"``.
     time_limit : float
         Seconds the solver may use (heuristics ignore it).
+    replicate : bool
+        Throughput only: return data-parallel replicas of the whole model
+        (:func:`baselines.replicas`, ``solution.replicas``) where they are predicted faster than
+        the solver's pipeline. Stages are not replicated one by one.
     **options
         Passed to the solver.
 
@@ -139,8 +162,10 @@ def solve(problem: Problem, objective: str = "latency", solver: str = "auto", *,
     precheck(problem)
     t0 = time.perf_counter()
     sol = SOLVERS[solver](problem, objective, time_limit, **options)
-    if objective == "throughput" and solver != "single":
+    if objective == "throughput" and solver not in ("single", "replicas"):
         sol = _or_direct(problem, sol)
+        if replicate:
+            sol = _or_replicas(problem, sol)
     log.info("%s/%s: value %.6g bound %.6g status %s in %.2fs", solver, objective, sol.value,
              sol.bound, sol.status, time.perf_counter() - t0)
     return sol

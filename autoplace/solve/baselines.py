@@ -1,4 +1,5 @@
-"""Baseline placements: single device, device priority, greedy earliest finish, HEFT.
+"""Baseline placements: single device, data-parallel replicas, device priority, greedy earliest
+finish, HEFT.
 
 Every baseline respects support, pins, colocation groups and memory, raising
 :class:`InfeasibleError` with the cause when its rule cannot place a node. Values are scored by
@@ -13,7 +14,7 @@ import numpy as np
 
 from ._common import make_solution
 from .problem import InfeasibleError, Problem, Solution
-from .simulate import allowed_devices, check_feasible, orders_from_times
+from .simulate import allowed_devices, check_feasible, orders_from_times, simulate_replicas
 
 
 def single(problem: Problem, objective: str, device: int | None = None) -> Solution:
@@ -41,6 +42,45 @@ def single(problem: Problem, objective: str, device: int | None = None) -> Solut
     if best is None:
         raise InfeasibleError("no single device can run the whole model: " + "; ".join(causes))
     return best
+
+
+def replicas(problem: Problem, objective: str = "throughput") -> Solution:
+    """Data-parallel replicas: the fastest set of two or more devices that can each run and hold
+    the whole model (support, pins, colocation and memory as for :func:`single`), every one of
+    them running it on the inputs it takes (:func:`~autoplace.solve.simulate.simulate_replicas`).
+
+    Devices join in order of their own rate; the best of those prefixes is returned (a device
+    that adds less than the host's share of its hand-offs is left out). The solution's
+    ``assignment`` puts every node on its fastest replica, one stage; ``replicas`` lists them.
+
+    Raises
+    ------
+    ValueError
+        For ``objective="latency"``: replicas serve a stream of inputs, not one.
+    InfeasibleError
+        Fewer than two devices can run the whole model (the message says why each cannot).
+    """
+    if objective != "throughput":
+        raise ValueError("replicas serve a stream of inputs: use objective='throughput'")
+    t0 = time.perf_counter()
+    fit, causes = [], []
+    for k in range(problem.num_devices):
+        try:
+            check_feasible(problem, np.full(problem.num_nodes, k, dtype=np.int64))
+            fit.append(k)
+        except InfeasibleError as e:
+            causes.append(str(e))
+    if len(fit) < 2:
+        raise InfeasibleError("replicas need two devices that can each run the whole model"
+                              + (": " + "; ".join(causes) if causes else ""))
+    period = problem.cost[:, fit].sum(axis=0) + problem.stage_overhead_s[fit]
+    ranked = [fit[j] for j in np.argsort(period, kind="stable")]
+    value, chosen = min((simulate_replicas(problem, ranked[:m]), ranked[:m])
+                        for m in range(2, len(ranked) + 1))
+    return Solution(assignment=np.full(problem.num_nodes, chosen[0], dtype=np.int64),
+                    objective="throughput", value=value, bound=0.0, status="HEURISTIC",
+                    solver="replicas", stages=np.zeros(problem.num_nodes, dtype=np.int64),
+                    wall_s=time.perf_counter() - t0, replicas=np.array(chosen, dtype=np.int64))
 
 
 class _Placer:

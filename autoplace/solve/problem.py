@@ -194,6 +194,7 @@ class Solution:
     wall_s: float = 0.0
     order: np.ndarray | None = None
     transfer_order: tuple[tuple[int, int], ...] | None = None
+    replicas: np.ndarray | None = None
 
     @property
     def gap(self) -> float:

@@ -21,6 +21,14 @@ Throughput model (:func:`simulate_throughput`)
     runs without a pipeline, called directly (:class:`autoplace.run.Pipeline` does so), so no
     plan is predicted to lose to its best single device. The stages are given, or
     :func:`stages_of` the assignment.
+
+Replicas model (:func:`simulate_replicas`)
+    Data parallelism: each of several devices runs the whole model, taking the next input
+    whenever it is free. Device ``k`` delivers ``1 / (T_k + o_k)`` inputs per second, where
+    ``T_k`` is the model's summed compute there and ``o_k`` its ``stage_overhead_s`` (each replica
+    is a worker thread the inputs are handed to); the time per input is the inverse of the summed
+    rates, or the host's share of the hand-offs (``o_k`` per input device ``k`` takes) if that is
+    more.
 """
 
 from __future__ import annotations
@@ -300,6 +308,35 @@ def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
         overhead = stage_overhead(problem, stage_counts(problem, a, stages))
         loads, host = loads + overhead, overhead.sum()
     return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host))
+
+
+def simulate_replicas(problem: Problem, devices) -> float:
+    """Time per input when every device of ``devices`` (two or more) runs the whole model on the
+    inputs it takes (see the module's replicas model).
+
+    Examples
+    --------
+    A model of 3 s on device 0 and 6 s on device 1: together 1/3 + 1/6 = 1/2 input per second.
+    With 1 s of hand-off each: 1/4 + 1/7 inputs per second.
+
+    >>> p = Problem.build([[1.0, 2.0], [2.0, 4.0]])
+    >>> simulate_replicas(p, [0, 1])
+    2.0
+    >>> p = Problem.build([[1.0, 2.0], [2.0, 4.0]], stage_overhead_s=1.0)
+    >>> round(simulate_replicas(p, [0, 1]), 4)
+    2.5455
+    """
+    ks = np.asarray(devices, dtype=np.int64)
+    if ks.size < 2 or np.unique(ks).size != ks.size:
+        raise ValueError(f"replicas need two or more distinct devices, got {ks.tolist()}")
+    period = problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks]
+    if not np.isfinite(period).all():
+        raise InfeasibleError("a replica's device cannot run every node")
+    if (period <= 0).any():
+        return 0.0
+    rate = 1.0 / period
+    host = float((rate / rate.sum() * problem.stage_overhead_s[ks]).sum())
+    return float(max(1.0 / rate.sum(), host))
 
 
 def check_feasible(problem: Problem, assignment, stages=None) -> None:

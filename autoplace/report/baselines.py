@@ -1,0 +1,236 @@
+"""What a plan is compared with, how sure each predicted time is, and the rule that keeps a
+multi-device plan only when it beats the best baseline by more than its costs' uncertainty.
+
+Baselines (all scored by the simulator on the problem the solver saw):
+
+* ``only <device>``: the whole model on one device;
+* ``all threads``: the whole model on one CPU device with the TVM threads of all the plan's CPU
+  devices together, predicted only from a profile measured with that many threads;
+* ``replicas`` (throughput): every device that can hold the model runs it on the inputs it takes
+  (:func:`autoplace.solve.simulate.simulate_replicas`);
+* ``priority``, ``greedy``: the heuristics of ONNX Runtime / OpenVINO and earliest finish.
+
+The first three are plans ``optimize`` may return instead of the solver's (:func:`guard`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.solve import InfeasibleError, Problem, Solution, solve
+from autoplace.solve.simulate import device_loads, stage_counts, stage_overhead
+
+#: How many standard deviations of the gain a multi-device plan must clear (one-sided, about
+#: 98 % if the cost errors were normal).
+GUARD_SIGMAS = 2.0
+
+
+@dataclass(frozen=True, eq=False)
+class Baseline:
+    """One baseline: its predicted value (None: not predicted, ``note`` says why), that value's
+    standard deviation, and the solution that is its plan (None for the heuristics, which are
+    compared with, never returned). ``threads``: the TVM threads its one device runs with
+    (``all threads``); ``problem`` is what ``solution`` was scored on."""
+
+    name: str
+    value: float | None
+    sigma: float = 0.0
+    unknown: int = 0  # nodes its value rests on whose spread is unknown
+    solution: Solution | None = None
+    threads: int | None = None
+    problem: Problem | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """Why ``optimize`` returned the plan it did: the solver's plan and the best baseline, their
+    predicted values and standard deviations, and whether the solver's plan was kept.
+
+    The gain (baseline minus plan) must exceed :attr:`margin_s`, ``sigmas`` times the standard
+    deviation of the gain (the two values' standard deviations combined as if independent).
+    """
+
+    kept: bool
+    objective: str
+    plan_s: float
+    plan_sigma_s: float
+    baseline: str
+    baseline_s: float
+    baseline_sigma_s: float
+    sigmas: float
+    unknown: int  # costs the two values rest on whose spread is unknown
+    solver_plan: str  # str() of the solver's plan
+
+    @property
+    def gain_s(self) -> float:
+        return self.baseline_s - self.plan_s
+
+    @property
+    def margin_s(self) -> float:
+        return self.sigmas * math.hypot(self.plan_sigma_s, self.baseline_sigma_s)
+
+    def describe(self) -> str:
+        """:meth:`__str__`, followed by the solver's plan when it was not returned."""
+        return str(self) if self.kept else f"{self}\nthe solver's plan was {self.solver_plan}"
+
+    def __str__(self) -> str:
+        """One line: which plan was returned, both predictions with their sigma, and why."""
+        what = "latency" if self.objective == "latency" else "time per input"
+        plan = (f"the solver's plan ({_fmt(self.plan_s)} ± {_fmt(self.plan_sigma_s)} predicted "
+                f"{what})")
+        base = f"{self.baseline} ({_fmt(self.baseline_s)} ± {_fmt(self.baseline_sigma_s)})"
+        unknown = (f"; {self.unknown} of the costs have no known spread and count as exact"
+                   if self.unknown else "")
+        if self.kept:
+            return (f"kept {plan}: it beats {base} by {_fmt(self.gain_s)}, more than "
+                    f"{self.sigmas:g} sigma of the gain ({_fmt(self.margin_s)}){unknown}")
+        how = (f"loses to it by {_fmt(-self.gain_s)}" if self.gain_s < 0 else
+               "is no faster" if self.gain_s == 0 else
+               f"beats it by only {_fmt(self.gain_s)}, within {self.sigmas:g} sigma of the "
+               f"gain ({_fmt(self.margin_s)})")
+        return (f"returned the baseline {base} instead of {plan}, which {how}{unknown}. "
+                "optimize(..., baseline_guard=False) returns the solver's plan")
+
+
+def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[float, int]:
+    """Standard deviation of ``sol.value`` from the relative ``spread`` (``(n, d)``, ``nan``:
+    unknown) of each node's cost, the errors of different nodes independent; and how many of the
+    nodes it rests on have an unknown spread (counted as exact).
+
+    A latency plan's value rests on its critical path; every node stands in for it here (the
+    sum over all nodes bounds the path's variance). A pipeline's rests on its busiest device's
+    nodes (none when a link or the host is the bottleneck); one device's on all its nodes;
+    replicas' on every replica's nodes, weighted by how much each replica's time moves the rate.
+    """
+    a = np.asarray(sol.assignment, dtype=np.int64)
+    rows = np.arange(problem.num_nodes)
+    var = (spread[rows, a] * problem.cost[rows, a]) ** 2
+
+    def total(mask) -> tuple[float, int]:
+        v = var[mask]
+        return float(np.nansum(v)), int(np.isnan(v).sum())
+
+    if sol.replicas is not None:
+        ks = np.asarray(sol.replicas, dtype=np.int64)
+        period = problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks]
+        rate = 1.0 / period
+        value = 1.0 / rate.sum()
+        out, unknown = 0.0, 0
+        for k, r in zip(ks, rate):
+            v = (spread[:, k] * problem.cost[:, k]) ** 2
+            out += (value ** 2 * r ** 2) ** 2 * float(np.nansum(v))
+            unknown += int(np.isnan(v).sum())
+        return math.sqrt(out), unknown
+    if sol.objective == "throughput" and len(set(a.tolist())) > 1:
+        loads = device_loads(problem, a)
+        if sol.stages is not None or problem.stage_overhead_s.any():
+            loads = loads + stage_overhead(problem, stage_counts(problem, a, sol.stages))
+        if not math.isclose(float(loads.max()), sol.value, rel_tol=1e-9):
+            return 0.0, 0  # a link or the host is the bottleneck
+        v, unknown = total(a == int(loads.argmax()))
+        return math.sqrt(v), unknown
+    v, unknown = total(np.ones(problem.num_nodes, dtype=bool))
+    return math.sqrt(v), unknown
+
+
+def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
+                      replicate: bool = True, all_threads=None) -> list[Baseline]:
+    """Every baseline of the module doc on ``problem``, in order: single devices, all threads,
+    replicas (throughput, when ``replicate``), priority, greedy; infeasible ones are left out.
+
+    ``all_threads``: None (fewer than two CPU devices: no such baseline), or ``(device index,
+    threads, costs)`` where ``costs`` is a :class:`autoplace.predict.threads.ThreadedCosts`.
+    """
+    out = []
+    for k, name in enumerate(problem.device_names):
+        try:
+            sol = solve(problem, objective, f"single:{k}")
+        except InfeasibleError:
+            continue
+        out.append(Baseline(f"only {name}", sol.value, *value_sigma(problem, sol, spread),
+                            solution=sol, problem=problem))
+    if all_threads is not None:
+        k, threads, tc = all_threads
+        if tc.cost is None:
+            out.append(Baseline("all threads", None, note=tc.note))
+        else:
+            cost, sp = problem.cost.copy(), spread.copy()
+            cost[:, k] = np.where(np.isfinite(problem.cost[:, k]), tc.cost, np.inf)
+            sp[:, k] = tc.spread
+            p = dataclasses.replace(problem, cost=cost)
+            try:
+                sol = solve(p, objective, f"single:{k}")
+                out.append(Baseline("all threads", sol.value, *value_sigma(p, sol, sp),
+                                    solution=sol, threads=threads, problem=p,
+                                    note=f"{problem.device_names[k]} with {threads} threads, "
+                                         f"{tc.note}"))
+            except InfeasibleError as e:
+                out.append(Baseline("all threads", None, note=f"infeasible: {e}"))
+    if objective == "throughput" and replicate:
+        try:
+            sol = solve(problem, objective, "replicas")
+            out.append(Baseline("replicas", sol.value, *value_sigma(problem, sol, spread),
+                                solution=sol, problem=problem,
+                                note=", ".join(problem.device_names[k] for k in sol.replicas)))
+        except InfeasibleError as e:
+            out.append(Baseline("replicas", None, note=f"infeasible: {e}"))
+    for rule in ("priority", "greedy"):
+        try:
+            out.append(Baseline(rule, solve(problem, objective, rule).value))
+        except InfeasibleError:
+            pass
+    return out
+
+
+def is_baseline(sol: Solution) -> bool:
+    """Whether ``sol`` is itself a baseline's plan: one device (and one stage), or replicas."""
+    if sol.replicas is not None:
+        return True
+    one_device = len(set(np.asarray(sol.assignment).tolist())) <= 1
+    return one_device and (sol.stages is None or len(set(np.asarray(sol.stages).tolist())) <= 1)
+
+
+def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequence[Baseline],
+          solver_plan: str, sigmas: float = GUARD_SIGMAS
+          ) -> tuple[Baseline | None, GuardDecision | None]:
+    """The baseline to return instead of ``sol``, if any, and the decision in words.
+
+    The candidates are the ``baselines`` with a plan (single devices, all threads, replicas).
+    A solver's plan that is itself one of them is replaced by a faster one, whatever the
+    margin. Any other
+    (multi-device) plan is kept only if the best candidate's value minus the plan's exceeds
+    ``sigmas`` standard deviations of that difference (:func:`value_sigma` of each, combined as
+    if independent: when both rest on the same measurements they err alike, so this
+    overstates the spread and favours the baseline). ``(None, None)`` when there is no
+    candidate.
+    """
+    runnable = [b for b in baselines if b.solution is not None and b.value is not None]
+    if not runnable:
+        return None, None
+    best = min(runnable, key=lambda b: b.value)
+    if is_baseline(sol) and best.value >= sol.value:
+        return None, None
+    sigma, unknown = value_sigma(problem, sol, spread)
+    decision = GuardDecision(
+        kept=False, objective=sol.objective, plan_s=float(sol.value), plan_sigma_s=sigma,
+        baseline=best.name, baseline_s=float(best.value), baseline_sigma_s=best.sigma,
+        sigmas=sigmas, unknown=unknown + best.unknown, solver_plan=solver_plan)
+    kept = not is_baseline(sol) and decision.gain_s > decision.margin_s
+    decision = dataclasses.replace(decision, kept=kept)
+    return (None if kept else best), decision
+
+
+def _fmt(s: float) -> str:
+    if not math.isfinite(s):
+        return str(s)
+    if abs(s) >= 1:
+        return f"{s:.3g} s"
+    if abs(s) >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"

@@ -1,0 +1,210 @@
+"""Honest baselines (all threads on one device, data-parallel replicas) and the guard that returns
+the best of them unless the solver's multi-device plan beats it by more than its costs' spread."""
+
+import json
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import Device, zoo
+from autoplace.predict import MeasuredCostModel
+from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
+
+
+class Flat:
+    """Every op 1 ms on every device: 10 ms for branchy_cnn's 10 ops."""
+
+    def predict(self, graph, device):
+        return np.full(len(graph.nodes), 1e-3)
+
+
+def _profile(graph, cv, threads=None, scale=1.0, device=None):
+    """A profile of this machine's CPU (so no mismatch warning): every op 100 µs, each with
+    relative spread ``cv``; ``threads`` measured with that many TVM threads."""
+    info = LocalRunner(device or Device.cpu(0)).info()
+    if threads is not None:
+        info = {**info, "threads": threads}
+    keys = {n.workload_key for n in graph.nodes}
+    return DeviceProfile(f"test-{info['threads']}t", fingerprint(info), info,
+                         {k: scale * 1e-4 for k in keys}, {k: cv for k in keys}, {})
+
+
+def test_throughput_replicates_the_model_when_replicas_win(devs, rng):
+    # 10 ms of ops, 115 µs per stage or replica: the best pipeline cuts 5 + 5 ms (5.115 ms per
+    # input and a copy), two replicas deliver one input per (10 + 0.115) / 2 = 5.06 ms.
+    m = zoo.load("branchy_cnn")
+    res = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=Flat(),
+                             stage_overhead_s=115e-6, time_limit=5)
+    assert res.plan.replicas == ("a", "b") and res.plan.solver.endswith("+replicas")
+    assert res.predicted_latency_s == pytest.approx((10e-3 + 115e-6) / 2)
+    assert res.baselines["replicas"] == pytest.approx(res.predicted_latency_s)
+    assert "replicated: the whole model on each of a, b" in res.summary()
+    expl = res.explain()
+    assert "replicas of the whole model are predicted faster" in str(expl)
+    assert all(n.reason.startswith("replicated") for n in expl.nodes)
+    assert expl.device_s == pytest.approx({"a": 5e-3, "b": 5e-3})
+    assert autoplace.Plan.from_json(res.plan.to_json()) == res.plan
+    from autoplace.report import plot_stage_loads
+
+    bars = {p.get_gid(): p.get_height() for p in plot_stage_loads(res).axes[0].patches}
+    # Each replica takes half the inputs: 5 ms of compute and 57.5 µs of hand-off per input.
+    assert bars["load:a:replica"] == pytest.approx(5.0)
+    assert bars["load:b:replica"] == pytest.approx(5.0)
+    assert bars["load:host"] == pytest.approx(0.115)  # ms, like the plot's axis
+    xs = [[rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs] for _ in range(10)]
+    single = autoplace.compile(m.mod, autoplace.place(res.graph, devs, [("*", "a")]))
+    with res.pipeline() as pipe:
+        outs = pipe.run(xs)
+        assert [d.name for _, d in pipe.workers] == ["a", "b"]
+        assert pipe.stats.workers == "replicas" and pipe.stats.inputs == 10
+    for x, out in zip(xs, outs):
+        for got, want in zip(out, single(*x), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Asked not to replicate: the pipeline, with the replicas still a baseline beside it.
+    pipe_res = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=Flat(),
+                                  stage_overhead_s=115e-6, time_limit=5, replicate=False)
+    assert not pipe_res.plan.replicas and len(set(pipe_res.plan.stages)) == 2
+    assert "replicas" not in pipe_res.baselines
+
+
+def test_a_plan_whose_gain_is_within_its_costs_spread_gives_way_to_the_baseline(devs):
+    # branchy_cnn's two branches run side by side on a and b: a gain of about two ops' time.
+    # Measured with a spread of ±50 % per op that gain is well within two sigma; at ±0.1 % it
+    # is not.
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    noisy = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
+                               time_limit=5)
+    solver = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
+                                time_limit=5, baseline_guard=False)
+    assert len(solver.plan.used_devices()) == 2 and solver.guard is None
+    assert noisy.plan.used_devices() == (devs[0],) and noisy.plan.solver == "single:0"
+    d = noisy.guard
+    assert not d.kept and d.baseline == "only a" and d.plan_s == solver.predicted_latency_s
+    assert 0 < d.gain_s < d.margin_s and d.baseline_s == pytest.approx(noisy.predicted_latency_s)
+    # Each value's sigma: every op (100 µs ± 50 %) in quadrature over its 10 nodes.
+    assert d.baseline_sigma_s == pytest.approx(0.5 * 1e-4 * np.sqrt(10))
+    why = str(noisy.explain())
+    assert "why this plan: returned the baseline only a" in why and "within 2 sigma" in why
+    assert "baseline_guard=False" in why and f"guard: {d}" in noisy.summary()
+    assert "the solver's plan was Plan(latency, 10 nodes on 2/2 devices" in why  # what it found
+    sure = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 1e-3)),
+                              time_limit=5)
+    assert len(sure.plan.used_devices()) == 2 and sure.guard.kept
+    assert "kept the solver's plan" in sure.explain().guard
+
+
+def test_roofline_costs_count_as_exact(devs):
+    # Roofline estimates have no known spread: the branches side by side are kept, predicted
+    # faster than one device, whatever the margin would have been.
+    m = zoo.load("branchy_cnn")
+    res = autoplace.optimize(m.mod, devs, cost_model=autoplace.RooflineCostModel(),
+                             time_limit=5, segment_overhead_s=0)
+    d = res.guard
+    assert d.kept and d.plan_sigma_s == d.baseline_sigma_s == 0 and d.unknown == 2 * 10
+    assert res.predicted_latency_s < res.baselines["only a"] and len(res.plan.used_devices()) == 2
+    assert "20 of the costs have no known spread and count as exact" in str(d)
+
+
+def _two_ops(spread, edges=()):
+    """Two ops of 1 s on either of two devices, free copies; the same relative spread
+    everywhere."""
+    from autoplace.solve import Problem
+
+    p = Problem.build(np.ones((2, 2)), edges, alpha=0.0)
+    return p, np.full((2, 2), spread)
+
+
+@pytest.mark.parametrize("spread, kept", [(0.1, True), (0.5, False), (np.nan, True)])
+def test_the_gain_must_clear_two_sigma_of_its_spread(spread, kept):
+    from autoplace.report.baselines import guard, predict_baselines, value_sigma
+    from autoplace.solve import solve
+
+    # Independent ops on a and b: 1 s against 2 s on one device, a gain of 1 s. Each value's
+    # sigma is sqrt(2) * spread (two ops of 1 s); the gain's is 2 * spread, so the margin is
+    # 4 * spread: 0.4 s keeps the plan, 2 s does not; an unknown spread counts as none.
+    p, sp = _two_ops(spread)
+    sol = solve(p, "latency", "cpsat")
+    assert sol.value == 1.0
+    if not np.isnan(spread):
+        assert value_sigma(p, sol, sp) == (pytest.approx(np.sqrt(2) * spread), 0)
+    found = predict_baselines(p, "latency", sp)
+    chosen, d = guard(p, sol, sp, found, "plan")
+    assert d.kept is kept and (chosen is None) is kept
+    assert d.gain_s == 1.0 and d.margin_s == pytest.approx(0 if np.isnan(spread) else 4 * spread)
+    if not kept:
+        assert chosen.name == "only d0" and chosen.solution.value == 2.0
+
+
+def test_a_plan_no_faster_than_a_baseline_is_never_returned():
+    from autoplace.report.baselines import guard, predict_baselines
+    from autoplace.solve._common import make_solution
+
+    # A chain split over two devices with free copies takes as long as one device: no gain,
+    # even with no spread to weigh.
+    p, sp = _two_ops(np.nan, edges=[(0, 1)])
+    split = make_solution(p, "latency", [0, 1], "split")
+    chosen, d = guard(p, split, sp, predict_baselines(p, "latency", sp), "split")
+    assert not d.kept and d.gain_s == 0 and chosen.name == "only d0"
+    assert "which is no faster" in str(d)
+
+
+def test_the_sigma_of_replicas_weighs_each_replica_by_how_much_it_moves_the_rate():
+    from autoplace.report.baselines import value_sigma
+    from autoplace.solve import Problem, solve
+
+    # One op of 1 s on each of two devices: v = 1 / (1 + 1) = 0.5 s; dv/dT_k = v^2 / T_k^2 =
+    # 0.25, so sigma = sqrt(2) * 0.25 * 0.1.
+    p = Problem.build(np.ones((1, 2)))
+    sol = solve(p, "throughput", "replicas")
+    assert sol.value == 0.5
+    sigma, unknown = value_sigma(p, sol, np.full((1, 2), 0.1))
+    assert sigma == pytest.approx(np.sqrt(2) * 0.025) and unknown == 0
+
+
+def test_the_all_threads_baseline_is_predicted_only_from_a_profile_at_that_count(devs, rng):
+    from autoplace.run.cores import all_threads
+
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    threads = all_threads(devs)[0]
+    one = _profile(g, 0.01)
+    res = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(one), time_limit=5)
+    assert "all threads" not in res.baselines
+    assert res.baseline_notes["all threads"].startswith(
+        f"not predicted: no profile of a measured with {threads} TVM threads")
+    assert "all threads baseline: not predicted" in res.summary()
+    # With a profile at that count (everything 2.5x as fast), the baseline is predicted and,
+    # faster than any split, returned: one device with all the threads.
+    more = _profile(g, 0.01, threads=threads, scale=0.4)
+    model = MeasuredCostModel({"a": one, "b": one, "all threads": more})
+    res = autoplace.optimize(m.mod, devs, cost_model=model, time_limit=5)
+    assert res.baselines["all threads"] == pytest.approx(0.4 * res.baselines["only a"])
+    assert res.plan.threads == threads and res.plan.used_devices() == (devs[0],)
+    assert res.guard.baseline == "all threads" and not res.guard.kept
+    assert f"profile: all-threads baseline ({threads} threads) <- " in res.summary()
+    assert not any(n.startswith("warning") for n in res.profiles_note)
+    run = res.compile()  # runs on a worker with that many threads
+    x = [rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs]
+    single = autoplace.compile(m.mod, autoplace.place(g, devs, [("*", "a")]))
+    for got, want in zip(run(*x), single(*x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    run.close()
+
+
+def test_cli_run_reports_every_baseline_measured_in_the_same_run(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "autoplace", "optimize", "--model", "zoo:mlp",
+                        "--device", "cpu:0", "--device", "cpu:1", "--objective", "throughput",
+                        "--run", "6", "--time-limit", "2", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    for key in ("sequential_inputs_per_s", "all_threads_inputs_per_s", "replicas_inputs_per_s",
+                "measured_inputs_per_s"):
+        assert rep[key] > 0, key
+    assert rep["baselines_max_abs_err"] == {"all_threads": 0.0, "replicas": 0.0}
+    assert {"only cpu0", "replicas"} <= set(rep["baselines_s"])

@@ -285,6 +285,8 @@ class Delivery:
         return self.concurrent_s if self.runner == "concurrent" else self.serial_s
 
     def __str__(self) -> str:
+        if self.segments <= 1:
+            return f"one VM, predicted {self.serial_s * 1e3:.4f} ms"
         conc = (f"{self.segments} segments on one worker per device, predicted "
                 f"{self.concurrent_s * 1e3:.4f} ms")
         vm = f"one VM, one kernel after another, predicted {self.serial_s * 1e3:.4f} ms"

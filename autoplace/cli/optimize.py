@@ -80,10 +80,15 @@ def _optimize_and_run(args) -> dict:
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
                              cost_model=cost_model, contiguous=args.contiguous,
-                             db=getattr(args, "db", None) or "auto")
+                             db=getattr(args, "db", None) or "auto",
+                             baseline_guard=not getattr(args, "no_guard", False))
     t_opt = time.perf_counter() - t0
     run = res.compile()
-    outs = run(*model.inputs)
+    try:
+        outs = run(*model.inputs)
+    finally:
+        if hasattr(run, "close"):  # a runner with worker threads
+            run.close()
     reference = autoplace.compile(
         model.mod, autoplace.place(res.graph, devices, [("*", devices[0].name)]))(*model.inputs)
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, reference))
@@ -94,6 +99,7 @@ def _optimize_and_run(args) -> dict:
             "objective": args.objective,
             "devices": [d.name for d in devices],
             "predicted_s": res.predicted_latency_s,
+            "runs_as": None if res.delivery is None else res.delivery.runner,
             "bound_s": res.solution.bound,
             "status": res.solution.status,
             "solver": res.solution.solver,

@@ -81,6 +81,9 @@ def add_run_options(p):
                    help="measured profile JSON (autoplace profile-export); each applies to the "
                         "devices of its kind (repeatable). Default: the profiles shipped with "
                         "autoplace, each for the devices of this machine it was measured on")
+    p.add_argument("--no-guard", action="store_true",
+                   help="return the solver's plan even where a baseline (one device, all "
+                        "threads, replicas) is predicted as fast or faster")
     p.add_argument("--no-profile", action="store_true",
                    help="ignore profiles: roofline estimates from device peaks (what a machine "
                         "without a matching profile gets)")

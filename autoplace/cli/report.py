@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def _cmd_report(args) -> int:
     model = zoo.from_spec(args.model or options.default_model())
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
-                             cost_model=options.cost_model(args), contiguous=args.contiguous)
+                             cost_model=options.cost_model(args), contiguous=args.contiguous,
+                             baseline_guard=not args.no_guard)
     expl = res.explain()
     out.mkdir(parents=True, exist_ok=True)
     figures = {"graph": plot_graph(res)}
@@ -63,7 +65,10 @@ def _cmd_report(args) -> int:
     files[-1].write_text(res.plan.to_json() + "\n")
     if args.json:
         print(json.dumps({"files": [str(f) for f in files], "model": model.name,
-                          "devices": [d.name for d in devices], **expl.to_dict()}, indent=1))
+                          "devices": [d.name for d in devices], **expl.to_dict(),
+                          "solver_s": res.solution.value,
+                          "delivery": None if res.delivery is None
+                          else dataclasses.asdict(res.delivery)}, indent=1))
     else:
         print("\n".join(map(str, files)))
     return 0

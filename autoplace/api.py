@@ -187,8 +187,9 @@ class OptimizeResult:
         return len(copies_needed(self.problem, self.solution.assignment))
 
     def schedule(self) -> Schedule:
-        """The simulator's one-input schedule of the plan, in the solver's order where it has one
-        (for a latency plan its makespan is ``predicted_latency_s``)."""
+        """The simulator's one-input schedule of the plan as the solver saw it, in its order
+        where it has one (a latency plan's copies include the segment overhead of their two
+        devices); what its build is predicted to take is ``predicted_latency_s``."""
         from autoplace.solve.simulate import simulate_latency
 
         s = self.solution

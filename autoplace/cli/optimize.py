@@ -22,7 +22,7 @@ EPILOG_OPTIMIZE = """examples:
 """
 
 
-def _pipeline_report(res, model, devices, n: int) -> dict:
+def pipeline_report(res, model, devices, n: int) -> dict:
     """Run ``n`` inputs through the plan's pipeline and, in the same run, the baselines:
     "sequential" is the fastest single-device build called on each input in turn, "all threads"
     one CPU device with the threads of all the CPU devices, "replicas" every device running the
@@ -115,7 +115,7 @@ def _optimize_and_run(args) -> dict:
         },
     }
     if getattr(args, "run", 0):
-        out["report"].update(_pipeline_report(res, model, devices, args.run))
+        out["report"].update(pipeline_report(res, model, devices, args.run))
     advice = _unseen_machine_advice(args, res, model, run.kernels)
     if advice:
         out["report"]["advice"] = advice

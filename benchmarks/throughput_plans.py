@@ -1,0 +1,113 @@
+"""Throughput plans run as a user runs them, against what a user would run instead.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/throughput_plans.py [--models zoo:resnet resnet18 ...]
+     [--device cpu:0 --device cpu:1] [--inputs 64] [--rounds 3] [--db auto|none|PATH]
+     [--no-guard] [--json]
+
+Per model, ``autoplace.optimize(objective="throughput")`` (default cost model, tuning records,
+replication allowed, the baseline guard on unless ``--no-guard``) plans over the devices; then,
+``--rounds`` times, the measurement of ``autoplace optimize --run N``: the plan's pipeline (or
+replicas, or the single device the guard returned) over ``--inputs`` inputs and, on the same
+inputs, the baselines a user would run instead:
+
+- sequential: the fastest single-device build called on each input in turn;
+- all threads: one CPU device's build with the threads of all the plan's CPU devices;
+- replicas: every device running the whole model on alternate inputs.
+
+The table gives medians over the rounds: the plan's measured and predicted inputs/s, and the
+plan's rate over each baseline's (> 1: the plan is faster). Target (issue 24): measured/predicted
+within 0.85-1.15 and every plan >= 0.97x the best baseline.
+
+Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models.py``
+(``resnet18``, ``mobilenet_v3_small``, ``bert``; the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from types import SimpleNamespace
+
+import autoplace
+from autoplace import zoo
+from autoplace.cli.optimize import pipeline_report
+from latency_plans import load
+
+BASELINES = ("sequential", "all_threads", "replicas")
+
+
+def bench(name: str, devices, args) -> dict:
+    mod, inputs = load(name)
+    res = autoplace.optimize(mod, devices, objective="throughput",
+                             db=None if args.db == "none" else args.db,
+                             baseline_guard=not args.no_guard)
+    model = SimpleNamespace(mod=mod, inputs=inputs)
+    rounds = [pipeline_report(res, model, devices, args.inputs) for _ in range(args.rounds)]
+    rates = {"plan": statistics.median(r["measured_inputs_per_s"] for r in rounds)}
+    for b in BASELINES:
+        got = [r[f"{b}_inputs_per_s"] for r in rounds if r[f"{b}_inputs_per_s"] is not None]
+        if got:
+            rates[b] = statistics.median(got)
+    predicted = rounds[0]["predicted_inputs_per_s"]
+    kind = ("replicas" if res.plan.replicas else
+            f"{rounds[0]['stages']} stages" if rounds[0]["stages"] > 1 else "one device")
+    return {
+        "model": name, "ops": len(res.graph.nodes), "plan": kind,
+        "guard": None if res.guard is None or res.guard.kept else res.guard.baseline,
+        "predicted_inputs_per_s": predicted, "inputs_per_s": rates,
+        "rounds": rounds, "cost_model": res.cost_model,
+        "measured/predicted": rates["plan"] / predicted,
+        "vs": {b: rates["plan"] / rates[b] for b in BASELINES if b in rates},
+        "max_abs_err": max(r["max_abs_err"] for r in rounds),
+    }
+
+
+def render(rows) -> str:
+    head = ["model", "ops", "plan", "pred in/s", "in/s", "meas/pred", "sequential", "all threads",
+            "replicas", "vs seq", "vs all thr", "vs repl", "vs best"]
+    table = [head]
+    for r in rows:
+        if "error" in r:
+            table.append([r["model"], "error: " + r["error"]] + [""] * (len(head) - 2))
+            continue
+        rate, vs = r["inputs_per_s"], r["vs"]
+        table.append([r["model"], str(r["ops"]), r["plan"], f"{r['predicted_inputs_per_s']:.1f}",
+                      f"{rate['plan']:.1f}", f"{r['measured/predicted']:.2f}",
+                      *(f"{rate[b]:.1f}" if b in rate else "-" for b in BASELINES),
+                      *(f"{vs[b]:.2f}x" if b in vs else "-" for b in BASELINES),
+                      f"{min(vs.values()):.2f}x"])
+    widths = [max(len(row[c]) for row in table) for c in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    lines.append("inputs/s, medians over the rounds; 'vs': the plan's rate / the baseline's "
+                 "(> 1: the plan is faster); 'vs best': against the best baseline measured.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=[f"zoo:{n}" for n in zoo.names(include_torch=False)])
+    ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap.add_argument("--inputs", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
+    ap.add_argument("--no-guard", action="store_true", help="keep the solver's plan")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
+    print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
+    rows = []
+    for name in args.models:
+        try:
+            rows.append(bench(name, devices, args))
+        except Exception as e:  # noqa: BLE001 - one model's failure is a row
+            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
+        print(f"{name} done", flush=True)
+    report = {"devices": [d.name for d in devices], "rows": rows}
+    print(json.dumps(report, indent=1, default=str) if args.json else render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,9 +15,10 @@ devices; then, in one process, one round after another:
 
 Latencies are medians of ``--repeat`` calls after a warm-up; the table gives the median over
 ``--rounds`` rounds and measured/predicted for the plan's chosen runner. ``--overhead`` first
-measures what a segment costs (chains of one-add segments alternating over the devices; the
-fit's slope per segment, the add itself subtracted), the figure behind
-``autoplace.solve.problem.SEGMENT_OVERHEAD_S``.
+measures what a segment costs (``autoplace.run.overhead.measure_segment_overhead``: chains of
+one-add segments alternating over the devices; the fit's slope per segment, the adds on one VM
+subtracted), the figure behind ``autoplace.solve.problem.SEGMENT_OVERHEAD_S``; ``autoplace
+profile`` measures and stores it per device.
 
 Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models.py``
 (``resnet18``, ``mobilenet_v3_small``, ``bert``; the ``bench`` extra).
@@ -37,7 +38,7 @@ import numpy as np
 import autoplace
 from autoplace import zoo
 from autoplace.backend import limit_tvm_threads, process_cpus
-from autoplace.run import ConcurrentModel
+from autoplace.run.overhead import measure_segment_overhead
 
 
 def median_ms(fn, inputs, repeat: int) -> float:
@@ -93,38 +94,6 @@ def load(name: str):
 
     model = _models.load(name)
     return _models.relax_module(model), model.inputs
-
-
-def segment_overhead(devices, repeat: int, max_segments: int = 8) -> dict:
-    """Seconds per segment: chains of ``k`` one-add segments alternating over ``devices``,
-    timed through :class:`ConcurrentModel`, minus the same adds on one VM; the slope of a
-    least-squares fit over ``k``."""
-    from tvm import relax
-
-    ks, extra = list(range(2, max_segments + 1)), []
-    for k in ks:
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType((16,), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(k):
-                    v = bb.emit(relax.op.add(v, v))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        import tvm
-
-        mod = tvm.IRModule({"main": bb.get()["main"]})
-        graph = autoplace.OpGraph.from_relax(mod)
-        plan = autoplace.Plan.from_assignment(
-            graph, devices, [devices[j % len(devices)].name for j in range(k)])
-        xs = [np.ones(16, "float32")]
-        one = autoplace.compile(mod, autoplace.place(graph, devices, [("*", devices[0].name)]))
-        with ConcurrentModel.from_plan(mod, plan) as run:
-            extra.append(median_ms(run, xs, repeat) - median_ms(one, xs, repeat))
-    slope, fixed = np.polyfit(ks, extra, 1)
-    return {"per_segment_us": slope * 1e3, "fixed_us": fixed * 1e3,
-            "extra_us_by_segments": {k: e * 1e3 for k, e in zip(ks, extra)}}
 
 
 def bench(name: str, devices, args) -> dict:
@@ -214,8 +183,12 @@ def main(argv=None) -> int:
     print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
     report = {"devices": [d.name for d in devices]}
     if args.overhead:
-        report["segment_overhead"] = segment_overhead(devices, args.repeat * 10)
-        print("segment overhead:", json.dumps(report["segment_overhead"]), flush=True)
+        fit = measure_segment_overhead(devices, repeat=args.repeat * 10, max_segments=8)
+        report["segment_overhead"] = {"per_segment_us": fit.per_segment_s * 1e6,
+                                      "fixed_us": fit.fixed_s * 1e6,
+                                      "extra_us_by_segments": {k: e * 1e6 for k, e in
+                                                               enumerate(fit.extra_s, 2)}}
+        print("segment overhead:", fit, flush=True)
     rows = []
     for name in args.models:
         try:

@@ -20,6 +20,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.profile.store import OVERHEAD_KINDS
 from autoplace.run.pipeline import Pipeline, compile_stage
 from autoplace.run.split import split
 
@@ -203,15 +204,11 @@ def _median_call(fn, xs, repeat: int) -> float:
     return statistics.median(times)
 
 
-#: What :func:`measure_overheads` measures, per device or per ordered pair of devices.
-OVERHEAD_KINDS = ("stage", "segment", "call")
-
-
 @dataclass(frozen=True)
 class OverheadFigure:
     """One measured overhead, in seconds.
 
-    ``kind`` is one of :data:`OVERHEAD_KINDS`:
+    ``kind`` is one of :data:`~autoplace.profile.store.OVERHEAD_KINDS`:
 
     - ``"stage"``: what one pipeline stage on ``device`` costs per input in hand-offs (a
       throughput plan's stage; the slope of :func:`measure_stage_overhead`);
@@ -230,6 +227,10 @@ class OverheadFigure:
     seconds: float
     peer: str | None = None
     detail: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in OVERHEAD_KINDS:
+            raise ValueError(f"overhead kind {self.kind!r} is not one of {OVERHEAD_KINDS}")
 
     def __str__(self) -> str:
         who = self.device if self.peer is None else f"{self.device}+{self.peer}"

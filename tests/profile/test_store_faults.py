@@ -21,7 +21,8 @@ from autoplace.profile import ProfileStore, ProfileStoreError
 from autoplace.profile.store import PROFILE_FORMAT, SCHEMA_VERSION, recover
 
 MODELS = ["--model", "zoo:mlp", "--model", "zoo:branchy_cnn"]  # 12 workloads, a few seconds
-CAMPAIGN = ["profile", *MODELS, "--device", "cpu:0", "--budget", "0.02", "--no-links"]
+CAMPAIGN = ["profile", *MODELS, "--device", "cpu:0", "--budget", "0.02", "--no-links",
+            "--no-overheads"]
 
 
 def _run(*args, preexec_fn=None):

@@ -1,10 +1,12 @@
 """Latency plans built, run and timed as a user runs them, against what a user would run instead.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/latency_plans.py [--models zoo:inception resnet18 ...]
-     [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH] [--json]
+     [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH]
+     [--json [FILE]] [--profile FILE ...] [--overhead]
 
-Per model, ``autoplace.optimize`` (latency; default cost model and tuning records) plans over the
-devices; then, in one process, one round after another:
+Per model, ``autoplace.optimize`` (latency; default cost model and tuning records, or the
+measured profiles given by ``--profile``, with their overheads) plans over the devices; then, in
+one process, one round after another:
 
 - the plan as ``res.compile()`` builds it: the concurrent runner (segments, one worker per device)
   or the single VM, whichever ``res.delivery`` predicts faster; both are timed;
@@ -99,7 +101,14 @@ def load(name: str):
 def bench(name: str, devices, args) -> dict:
     mod, inputs = load(name)
     db = None if args.db == "none" else args.db
-    res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit)
+    cost_model = "auto"
+    if args.profile:
+        from autoplace.predict import MeasuredCostModel
+        from autoplace.profile import DeviceProfile
+
+        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit,
+                             cost_model=cost_model)
     graph, dlv = res.graph, res.delivery
     runs = {
         "concurrent": res.compile(concurrent=True),
@@ -141,6 +150,7 @@ def bench(name: str, devices, args) -> dict:
         "plan vs best single (x)": best_single / chosen,
         "plan vs best baseline (x)": baseline / chosen,
         "cost_model": res.cost_model,
+        "overheads": list(res.overheads_note),
     }
 
 
@@ -177,7 +187,12 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
     ap.add_argument("--overhead", action="store_true", help="measure the segment overhead first")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", action="append", default=[],
+                    help="measured profile JSON for the devices of its kind (repeatable; "
+                         "default: optimize's automatic choice)")
+    ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                    help="print the report as JSON instead of a table; with FILE, write it there "
+                         "(after every model) and print the table")
     args = ap.parse_args(argv)
     devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
     print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
@@ -189,15 +204,17 @@ def main(argv=None) -> int:
                                       "extra_us_by_segments": {k: e * 1e6 for k, e in
                                                                enumerate(fit.extra_s, 2)}}
         print("segment overhead:", fit, flush=True)
-    rows = []
+    rows = report["rows"] = []
     for name in args.models:
         try:
             rows.append(bench(name, devices, args))
         except Exception as e:  # noqa: BLE001 - one model's failure is a row
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
         print(f"{name} done", flush=True)
-    report["rows"] = rows
-    print(json.dumps(report, indent=1, default=str) if args.json else render(rows))
+        if args.json not in (None, "-"):  # so that a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    print(json.dumps(report, indent=1, default=str) if args.json == "-" else render(rows))
     return 0
 
 

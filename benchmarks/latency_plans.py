@@ -215,7 +215,7 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1, default=str)
     print(json.dumps(report, indent=1, default=str) if args.json == "-" else render(rows))
-    return 0
+    return 1 if any("error" in r for r in rows) else 0  # the report holds every row anyway
 
 
 if __name__ == "__main__":

@@ -293,9 +293,11 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
                 for kind, (s, detail) in mine.items()]
     for a, b in pairs:
         st, seg = m.stage(by_name[a], by_name[b]), m.segment(by_name[a], by_name[b])
-        out.append(OverheadFigure(a, "stage", max(st.per_stage_s, 0.0), b, _fit_detail(st)))
+        how = {"method": f"alternating {a} and {b}, {a} first: the slope per stage or segment"}
+        out.append(OverheadFigure(a, "stage", max(st.per_stage_s, 0.0), b,
+                                  {**how, "fit": _fit_detail(st)}))
         out.append(OverheadFigure(a, "segment", max(seg.per_segment_s, 0.0), b,
-                                  _fit_detail(seg)))
+                                  {**how, "fit": _fit_detail(seg)}))
     return tuple(out)
 
 

@@ -340,20 +340,21 @@ class _Measurer:
         else:
             st, seg = self.stage(d, partner), self.segment(d, partner)
             if same:
-                how = f"alternating with {partner.name}, the same kind of device"
+                how = seg_how = f"alternating with {partner.name}, the same kind of device"
                 stage, segment = st.per_stage_s, seg.per_segment_s
                 base = {}
             else:
                 theirs = self.own(partner, devices)
-                how = (f"alternating with {partner.name}: twice the pair's slope less "
-                       f"{partner.name}'s own figure")
+                how = seg_how = (f"alternating with {partner.name}: twice the pair's slope "
+                                 f"less {partner.name}'s own figure")
                 stage = 2 * st.per_stage_s - theirs["stage"][0]
-                segment = (2 * seg.per_segment_s - theirs["segment"][0] if "segment" in theirs
-                           else seg.per_segment_s)
+                segment = 2 * seg.per_segment_s - theirs.get("segment", (0.0,))[0]
+                if "segment" not in theirs:
+                    segment = seg.per_segment_s
+                    seg_how = (f"alternating with {partner.name}: the pair's slope "
+                               f"({partner.name} has no figure of its own)")
                 base = {"partner_stage_s": theirs["stage"][0],
                         "partner_segment_s": theirs.get("segment", (None,))[0]}
-            seg_how = how if same or "segment" in theirs else \
-                f"alternating with {partner.name}: the pair's slope ({partner.name} has none)"
             out["stage"] = (max(stage, floor), {"method": how, "fit": _fit_detail(st),
                                                 "alone": _fit_detail(alone), **base})
             out["segment"] = (max(segment, 0.0), {"method": seg_how, "fit": _fit_detail(seg),

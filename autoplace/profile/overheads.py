@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from autoplace.profile.campaign import runner_from_spec
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, check_present, fingerprint,
-                                       timing_lock, timing_lock_name)
+                                       interrupts_kept, op_failed, timing_lock, timing_lock_name)
 from autoplace.profile.store import OverheadFit, ProfileStore
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
         announce("measuring the overheads of running a plan (pipeline stages, segments, calls) "
                  "of " + ", ".join([*own, *(f"{a} with {b}" for a, b in pairs)]) + "...")
     try:
-        with contextlib.ExitStack() as stack:
+        with interrupts_kept(), contextlib.ExitStack() as stack:
             locks = {timing_lock_name(dev): (spec, dev) for spec, (dev, _, _) in local.items()}
             for spec, dev in locks.values():  # the CPU devices share one lock
                 holder = stack.enter_context(timing_lock(dev))
@@ -123,6 +123,7 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
                               own=[name_of[s] for s in own],
                               pairs=[(name_of[a], name_of[b]) for a, b in pairs])
     except Exception as e:  # noqa: BLE001 - one line in the report; the ops stored are kept
+        op_failed("overheads", e)  # Ctrl-C that TVM turned into an error: KeyboardInterrupt
         log.warning("measuring the overheads failed", exc_info=True)
         report.error = f"{type(e).__name__}: {e}"
         return report

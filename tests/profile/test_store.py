@@ -141,7 +141,8 @@ def test_a_version_2_store_and_export_gain_an_empty_overheads_table(tmp_path):
     with ProfileStore(path, readonly=True) as store:  # read, not migrated
         assert store.overheads() == [] and store.counts()["measurements"] == 2
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == ("2",)  # a read-only open changes nothing
     store = ProfileStore(path)
     assert store.overheads() == [] and store.counts()["links"] == 1
     store.put_overhead(OverheadFit("fp0", "", "call", 1e-5))

@@ -160,6 +160,8 @@ class OptimizeResult:
     records: Any = None  # the tuning records builds apply (optimize(db=...)), or None
     records_note: tuple[str, ...] = ()  # per device, which records apply, in words
     profiles_note: tuple[str, ...] = ()  # per device, which measured profile applies, in words
+    overheads_note: tuple[str, ...] = ()  # per device, the overhead charged and its source
+    overhead_sources: Mapping[str, str] = field(default_factory=dict)  # name -> measured|...
     delivery: Delivery | None = None  # latency plans: how the build runs it, and its prediction
     baseline_notes: Mapping[str, str] = field(default_factory=dict)  # per baseline, in words
     baseline_plans: Mapping[str, Plan] = field(default_factory=dict)  # the runnable baselines
@@ -247,7 +249,7 @@ class OptimizeResult:
         rate = s.objective == "throughput"
         what = "time per input" if rate else s.objective
         lines = [str(self.plan), f"costs: {self.cost_model}", *self.profiles_note,
-                 *self.records_note,
+                 *self.records_note, *self.overheads_note,
                  f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         if self.delivery is not None:
@@ -369,8 +371,12 @@ def optimize(
         docs/results.md). ``False`` lets a device hold several stages.
     stage_overhead_s : float, or mapping device name -> float, optional
         Throughput only: seconds per input one pipeline stage costs beyond its ops, on its
-        device and on the host. Default: :data:`autoplace.solve.problem.STAGE_OVERHEAD_S` for
-        each device's kind (measured by ``benchmarks/stage_overhead.py``); ``0`` ignores it.
+        device and on the host. Default, per device: the hand-off its profile measured
+        (``autoplace profile``; :meth:`MeasuredCostModel.overheads
+        <autoplace.predict.MeasuredCostModel.overheads>`) plus
+        :data:`~autoplace.solve.problem.STAGE_SLOWDOWN_S` of its kind, else
+        :data:`autoplace.solve.problem.STAGE_OVERHEAD_S` of its kind;
+        ``result.overhead_sources`` says which. ``0`` ignores it.
         A plan of one stage pays none: it runs without a pipeline, so when no pipeline is
         predicted to beat the best single device, the plan is that device, one stage.
     max_stages : int, optional
@@ -381,8 +387,9 @@ def optimize(
         worker's wake-up and the call. Charged on every copy the solver weighs (a device that
         reads another's result starts a segment, and so does the next node of the device that
         computed it), and per segment in ``result.delivery``.
-        Default: :data:`autoplace.solve.problem.SEGMENT_OVERHEAD_S` for each device's kind;
-        ``0`` ignores it.
+        Default, per device: the segment figure its profile measured (``autoplace profile``),
+        else :data:`autoplace.solve.problem.SEGMENT_OVERHEAD_S` of its kind;
+        ``result.overhead_sources`` says which. ``0`` ignores it.
     db : str or Path or None
         A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
         builds of the plan apply (default ``"auto"``: the records shipped for this machine, if
@@ -441,12 +448,8 @@ def optimize(
     if objective != "latency" and segment_overhead_s is not None:
         raise ValueError("segment_overhead_s describes latency plans run as segments: pass it "
                          "with objective='latency'")
-    if objective == "latency":
+    if segment_overhead_s is not None:
         segment_overhead_s = _per_device(segment_overhead_s, devices, "segment_overhead_s")
-    if objective == "throughput" and stage_overhead_s is None:
-        from autoplace.solve.problem import STAGE_OVERHEAD_S
-
-        stage_overhead_s = {d.name: STAGE_OVERHEAD_S[d.kind] for d in devices}
     if check_devices:
         from autoplace.profile import check_present
 
@@ -461,6 +464,13 @@ def optimize(
                      else type(cost_model).__name__)
     threads_all = _all_threads(devices)
     profiles_note = _profile_notes(cost_model, devices, check_devices, threads_all)
+    overhead, overhead_sources, overheads_note = _overheads(
+        objective, devices, cost_model,
+        stage_overhead_s if objective == "throughput" else segment_overhead_s)
+    if objective == "throughput":
+        stage_overhead_s = overhead
+    else:
+        segment_overhead_s = overhead
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
@@ -507,18 +517,59 @@ def optimize(
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           {b.name: b.value for b in found if b.value is not None}, mod,
                           described, predictor=cost_model, records=records, records_note=note,
-                          profiles_note=profiles_note, delivery=delivery,
+                          profiles_note=profiles_note, overheads_note=overheads_note,
+                          overhead_sources=overhead_sources, delivery=delivery,
                           baseline_notes={b.name: b.note for b in found if b.note},
                           baseline_plans=plans,
                           guard=decision)
 
 
-def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:
-    """``value`` (None: the kind's default, a figure, or a mapping by device name) per device."""
-    from autoplace.solve.problem import SEGMENT_OVERHEAD_S
+def _overheads(objective: str, devices: Sequence[Device], cost_model, given):
+    """The overhead the solver charges each device: a throughput plan's stage (per input), a
+    latency plan's segment. ``given`` (the caller's figure or mapping) wins; else each device's
+    measured figure (``cost_model.overheads``, a measured stage hand-off with
+    ``STAGE_SLOWDOWN_S`` added), else the constant of its kind.
 
-    if value is None:
-        return {d.name: SEGMENT_OVERHEAD_S[d.kind] for d in devices}
+    Returns ``(figure or {name: seconds}, {name: "given" | "measured" | "default"}, lines)``.
+    """
+    from autoplace.solve.problem import SEGMENT_OVERHEAD_S, STAGE_OVERHEAD_S, STAGE_SLOWDOWN_S
+
+    kind = "stage" if objective == "throughput" else "segment"
+    what = f"{kind} overhead"
+    if given is not None:
+        shown = (", ".join(f"{n} {v * 1e6:.1f} us" for n, v in given.items())
+                 if isinstance(given, Mapping) else f"{given * 1e6:.1f} us per device")
+        return (given, {d.name: "given" for d in devices},
+                (f"{what}: {shown} (given: {kind}_overhead_s)",))
+    overheads = getattr(cost_model, "overheads", None)
+    measured = overheads(devices) if callable(overheads) else {}
+    out, sources, lines = {}, {}, []
+    for d in devices:
+        m = measured.get(d.name, {}).get(kind)
+        prof = getattr(cost_model, "profile_for", lambda _: None)(d)
+        if m is None:
+            const = (STAGE_OVERHEAD_S if kind == "stage" else SEGMENT_OVERHEAD_S)[d.kind]
+            name = "STAGE_OVERHEAD_S" if kind == "stage" else "SEGMENT_OVERHEAD_S"
+            out[d.name], sources[d.name] = const, "default"
+            why = "its profile measured none" if prof else "no profile"
+            lines.append(f"{what}: {d.name} {const * 1e6:.1f} us (default for a {d.kind} "
+                         f"device, {name}: {why})")
+        elif kind == "stage":
+            slow = STAGE_SLOWDOWN_S[d.kind]
+            out[d.name], sources[d.name] = m + slow, "measured"
+            lines.append(f"{what}: {d.name} {(m + slow) * 1e6:.1f} us (hand-off {m * 1e6:.1f} us "
+                         f"measured by its profile {prof.fingerprint}, + {slow * 1e6:.1f} us "
+                         f"STAGE_SLOWDOWN_S: a {d.kind} stage's call slowed in a pipeline)")
+        else:
+            out[d.name], sources[d.name] = m, "measured"
+            lines.append(f"{what}: {d.name} {m * 1e6:.1f} us (measured by its profile "
+                         f"{prof.fingerprint})")
+    return out, sources, tuple(lines)
+
+
+def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:
+    """``value`` (a figure, or a mapping by device name; a device it leaves out gets 0) per
+    device."""
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - {d.name for d in devices})
         if unknown:

@@ -1,10 +1,12 @@
 """Latency plans built, run and timed as a user runs them, against what a user would run instead.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/latency_plans.py [--models zoo:inception resnet18 ...]
-     [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH] [--json]
+     [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH]
+     [--json [FILE]] [--profile FILE ...] [--overhead]
 
-Per model, ``autoplace.optimize`` (latency; default cost model and tuning records) plans over the
-devices; then, in one process, one round after another:
+Per model, ``autoplace.optimize`` (latency; default cost model and tuning records, or the
+measured profiles given by ``--profile``, with their overheads) plans over the devices; then, in
+one process, one round after another:
 
 - the plan as ``res.compile()`` builds it: the concurrent runner (segments, one worker per device)
   or the single VM, whichever ``res.delivery`` predicts faster; both are timed;
@@ -15,9 +17,10 @@ devices; then, in one process, one round after another:
 
 Latencies are medians of ``--repeat`` calls after a warm-up; the table gives the median over
 ``--rounds`` rounds and measured/predicted for the plan's chosen runner. ``--overhead`` first
-measures what a segment costs (chains of one-add segments alternating over the devices; the
-fit's slope per segment, the add itself subtracted), the figure behind
-``autoplace.solve.problem.SEGMENT_OVERHEAD_S``.
+measures what a segment costs (``autoplace.run.overhead.measure_segment_overhead``: chains of
+one-add segments alternating over the devices; the fit's slope per segment, the adds on one VM
+subtracted), the figure behind ``autoplace.solve.problem.SEGMENT_OVERHEAD_S``; ``autoplace
+profile`` measures and stores it per device.
 
 Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models.py``
 (``resnet18``, ``mobilenet_v3_small``, ``bert``; the ``bench`` extra).
@@ -37,7 +40,7 @@ import numpy as np
 import autoplace
 from autoplace import zoo
 from autoplace.backend import limit_tvm_threads, process_cpus
-from autoplace.run import ConcurrentModel
+from autoplace.run.overhead import measure_segment_overhead
 
 
 def median_ms(fn, inputs, repeat: int) -> float:
@@ -95,42 +98,17 @@ def load(name: str):
     return _models.relax_module(model), model.inputs
 
 
-def segment_overhead(devices, repeat: int, max_segments: int = 8) -> dict:
-    """Seconds per segment: chains of ``k`` one-add segments alternating over ``devices``,
-    timed through :class:`ConcurrentModel`, minus the same adds on one VM; the slope of a
-    least-squares fit over ``k``."""
-    from tvm import relax
-
-    ks, extra = list(range(2, max_segments + 1)), []
-    for k in ks:
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType((16,), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(k):
-                    v = bb.emit(relax.op.add(v, v))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        import tvm
-
-        mod = tvm.IRModule({"main": bb.get()["main"]})
-        graph = autoplace.OpGraph.from_relax(mod)
-        plan = autoplace.Plan.from_assignment(
-            graph, devices, [devices[j % len(devices)].name for j in range(k)])
-        xs = [np.ones(16, "float32")]
-        one = autoplace.compile(mod, autoplace.place(graph, devices, [("*", devices[0].name)]))
-        with ConcurrentModel.from_plan(mod, plan) as run:
-            extra.append(median_ms(run, xs, repeat) - median_ms(one, xs, repeat))
-    slope, fixed = np.polyfit(ks, extra, 1)
-    return {"per_segment_us": slope * 1e3, "fixed_us": fixed * 1e3,
-            "extra_us_by_segments": {k: e * 1e3 for k, e in zip(ks, extra)}}
-
-
 def bench(name: str, devices, args) -> dict:
     mod, inputs = load(name)
     db = None if args.db == "none" else args.db
-    res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit)
+    cost_model = "auto"
+    if args.profile:
+        from autoplace.predict import MeasuredCostModel
+        from autoplace.profile import DeviceProfile
+
+        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit,
+                             cost_model=cost_model)
     graph, dlv = res.graph, res.delivery
     runs = {
         "concurrent": res.compile(concurrent=True),
@@ -172,6 +150,7 @@ def bench(name: str, devices, args) -> dict:
         "plan vs best single (x)": best_single / chosen,
         "plan vs best baseline (x)": baseline / chosen,
         "cost_model": res.cost_model,
+        "overheads": list(res.overheads_note),
     }
 
 
@@ -208,24 +187,35 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
     ap.add_argument("--overhead", action="store_true", help="measure the segment overhead first")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", action="append", default=[],
+                    help="measured profile JSON for the devices of its kind (repeatable; "
+                         "default: optimize's automatic choice)")
+    ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                    help="print the report as JSON instead of a table; with FILE, write it there "
+                         "(after every model) and print the table")
     args = ap.parse_args(argv)
     devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
     print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
     report = {"devices": [d.name for d in devices]}
     if args.overhead:
-        report["segment_overhead"] = segment_overhead(devices, args.repeat * 10)
-        print("segment overhead:", json.dumps(report["segment_overhead"]), flush=True)
-    rows = []
+        fit = measure_segment_overhead(devices, repeat=args.repeat * 10, max_segments=8)
+        report["segment_overhead"] = {"per_segment_us": fit.per_segment_s * 1e6,
+                                      "fixed_us": fit.fixed_s * 1e6,
+                                      "extra_us_by_segments": {k: e * 1e6 for k, e in
+                                                               enumerate(fit.extra_s, 2)}}
+        print("segment overhead:", fit, flush=True)
+    rows = report["rows"] = []
     for name in args.models:
         try:
             rows.append(bench(name, devices, args))
         except Exception as e:  # noqa: BLE001 - one model's failure is a row
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
         print(f"{name} done", flush=True)
-    report["rows"] = rows
-    print(json.dumps(report, indent=1, default=str) if args.json else render(rows))
-    return 0
+        if args.json not in (None, "-"):  # so that a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    print(json.dumps(report, indent=1, default=str) if args.json == "-" else render(rows))
+    return 1 if any("error" in r for r in rows) else 0  # the report holds every row anyway
 
 
 if __name__ == "__main__":

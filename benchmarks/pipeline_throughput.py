@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 
      [--micro-batch 1 8]   (a row per micro-batch size, same plan, same inputs)
      [--threads 1 0]   (a row per TVM thread count of each stage; 0: the executor's default)
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
-     [--no-contiguous] [--stage-overhead SECONDS] [--profile FILE ...]
+     [--no-contiguous] [--stage-overhead SECONDS] [--profile FILE ...] [--json FILE]
 
 For each model: ``optimize(objective="throughput")`` with the default costs, a :class:`Pipeline`
 of the plan's stages (one thread per stage), and the whole model built for the best single device
@@ -18,10 +18,13 @@ measured within 15 % of predicted.
 A second row per model ("halves") runs a hand-made plan beside it: two convex stages split where
 the cumulative FLOPs cross one half (first device, then second), to tell the executor's
 overhead apart from the plan's balance.
+
+``--json FILE`` also writes every row (and where each device's stage overhead came from) to FILE.
 """
 
 import argparse
 import itertools
+import json
 import os
 import time
 
@@ -89,6 +92,10 @@ def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, thre
           f"{piped / pred:>6.2f}{piped / seq:>7.2f}{pred / seq_pred:>7.2f}{err:>9.2g}"
           f"  {len(stages):>3} [{desc}]  busy % {busy}  us busy/pred {per_input}"
           f"  (build {t_build:.1f} s)", flush=True)
+    return {"label": label.strip(), "sequential_in_s": seq, "sequential_pred_in_s": seq_pred,
+            "pipelined_in_s": piped, "pipelined_pred_in_s": pred, "speedup": piped / seq,
+            "speedup_pred": pred / seq_pred, "max_abs_err": err, "stages": len(stages),
+            "workers": desc, "utilisation": list(stats.utilisation), "build_s": t_build}
 
 
 def main():
@@ -116,6 +123,7 @@ def main():
     ap.add_argument("--profile", action="append", default=[],
                     help="measured profile JSON for the devices of its kind (repeatable; default: "
                          "optimize's automatic choice, printed first)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
     args = ap.parse_args()
     devs = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
     rng = np.random.default_rng(0)
@@ -128,11 +136,17 @@ def main():
     print(f"{'':<18}{'sequential (best device)':>24}{'pipelined':>24}{'speed-up':>14}")
     print(f"{'model':<18}{'in/s':>9}{'pred':>9}{'m/p':>6}{'in/s':>9}{'pred':>9}{'m/p':>6}"
           f"{'meas':>7}{'pred':>7}{'max err':>9}  stages [device:nodes], busy % per stage")
+    report = {"devices": [d.name for d in devs], "profiles": args.profile, "models": []}
     for name in args.models.split(","):
         m = zoo.load(name)
         res = autoplace.optimize(m.mod, devs, objective="throughput", contiguous=args.contiguous,
                                  cost_model=cost_model, stage_overhead_s=args.stage_overhead,
                                  replicate=args.replicate)
+        rows = []
+        report["models"].append({"model": name, "plan": str(res.plan), "rows": rows,
+                                 "cost_model": res.cost_model,
+                                 "overheads": list(res.overheads_note),
+                                 "overhead_sources": dict(res.overhead_sources)})
         # Running TVM kernels on a thread can pin it to core 0; the pipeline's workers unpin
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
@@ -147,8 +161,11 @@ def main():
             for mb, threads in itertools.product(args.micro_batch, args.threads):
                 tag = label + (f" mb{mb}" if len(args.micro_batch) > 1 else "") \
                     + (f" t{threads}" if len(args.threads) > 1 else "")
-                _row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb, threads,
-                     res.problem)
+                rows.append(_row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb,
+                                 threads, res.problem))
+        if args.json:  # after every model, so that a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
     print("pred: the solver's cost model (sequential: the sum of the best device's op costs); "
           "m/p: measured / predicted; us busy/pred: per stage, microseconds per input it worked "
           "(uploads, copies, its call) / its ops' predicted cost.\ntargets: speed-up >= 1.6 "

@@ -1,5 +1,7 @@
 """optimize(): the whole path on real modules, its result, and the errors a user can make."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -101,6 +103,47 @@ def _profile(info, latency_s=None):
     from autoplace.profile import DeviceProfile, fingerprint
 
     return DeviceProfile(f"{info['kind']}:0", fingerprint(info), info, latency_s or {}, {}, {})
+
+
+def test_measured_overheads_replace_the_constants_where_a_profile_has_them(devs):
+    from autoplace.devices import Link
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import LocalRunner, OverheadFit
+    from autoplace.solve.problem import SEGMENT_OVERHEAD_S, STAGE_OVERHEAD_S, STAGE_SLOWDOWN_S
+
+    mod = zoo.load("mlp").mod
+    plain = _profile(LocalRunner(devs[0]).info())
+    fp = plain.fingerprint
+    measured = dataclasses.replace(plain, overheads=(
+        OverheadFit(fp, "", "stage", 30e-6), OverheadFit(fp, "", "segment", 60e-6),
+        OverheadFit(fp, fp, "stage", 99e-6)))  # a pair's figure: not the device's own
+    model = MeasuredCostModel({"a": measured, "b": plain})  # b's profile measured none
+    assert model.overheads(devs) == {"a": {"stage": 30e-6, "segment": 60e-6}}
+
+    res = autoplace.optimize(mod, devs, objective="throughput", cost_model=model, time_limit=2)
+    # a: its measured hand-off and the slowdown no profile measures; b: the constant.
+    assert res.problem.stage_overhead_s.tolist() == [30e-6 + STAGE_SLOWDOWN_S["cpu"],
+                                                     STAGE_OVERHEAD_S["cpu"]]
+    assert res.overhead_sources == {"a": "measured", "b": "default"}
+    assert "hand-off 30.0 us measured by its profile" in res.summary()
+    assert "STAGE_OVERHEAD_S: its profile measured none" in res.overheads_note[1]
+
+    res = autoplace.optimize(mod, devs, cost_model=model, time_limit=2, baseline_guard=False)
+    # Every copy pays the segment figures of both its devices (build_problem).
+    link = Link.default(devs[0], devs[1])
+    assert res.problem.alpha[0, 1] == pytest.approx(link.alpha + 60e-6 + SEGMENT_OVERHEAD_S["cpu"])
+    assert res.overhead_sources == {"a": "measured", "b": "default"}
+    assert any("segment overhead: a 60.0 us (measured" in line
+               for line in res.explain().overheads)
+    # What the caller passes wins; without a profile, the constants.
+    given = autoplace.optimize(mod, devs, objective="throughput", cost_model=model,
+                               stage_overhead_s=0.0, time_limit=2)
+    assert not given.problem.stage_overhead_s.any()
+    assert given.overhead_sources == {"a": "given", "b": "given"}
+    bare = autoplace.optimize(mod, devs, objective="throughput", time_limit=2,
+                              cost_model=autoplace.RooflineCostModel())
+    assert bare.problem.stage_overhead_s.tolist() == [STAGE_OVERHEAD_S["cpu"]] * 2
+    assert bare.overhead_sources == {"a": "default", "b": "default"}
 
 
 def test_which_profile_applies_to_which_device_is_said_and_mismatches_warned(devs, caplog):

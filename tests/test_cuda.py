@@ -61,3 +61,14 @@ def test_the_gpu_is_profiled_like_any_device():
     assert info["kind"] == "cuda" and info["hardware"] != "absent"
     t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
     assert 0 < t.min_s <= t.median_s < 1e-2
+
+
+def test_the_overheads_of_the_gpu_and_the_cpu_are_measured():
+    from autoplace.run.overhead import measure_overheads
+
+    figures = measure_overheads(DEVS, rounds=1, max_stages=3, max_segments=3)
+    own = {(f.device, f.kind): f.seconds for f in figures if f.peer is None}
+    assert {k for _, k in own} == {"call", "stage", "segment"}
+    assert all(s >= 0 for s in own.values()) and own["cuda0", "stage"] > 0
+    assert {(f.device, f.peer) for f in figures if f.peer} == {("cpu0", "cuda0"),
+                                                               ("cuda0", "cpu0")}

@@ -108,6 +108,8 @@ def _optimize_and_run(args) -> dict:
             "cost_model": res.cost_model,
             "cost_sources": sorted(set(res.plan.cost_sources)),
             "profiles": list(res.profiles_note),
+            "overheads": list(res.overheads_note),
+            "overhead_sources": dict(res.overhead_sources),
             "max_abs_err_vs_single_device": err,
             "kernels": dict(run.kernels),
             "optimize_s": t_opt,

@@ -15,16 +15,26 @@ EPILOG = """examples:
   autoplace profile --sweep nn.conv2d:64 --device cpu:0 --db prof.db --dry-run --json
   autoplace profile --sweep nn.conv2d:64:small --sweep matmul:48:small --db prof.db
   autoplace profile --refine 3 --device cpu:0 --db prof.db
+  autoplace profile --only-overheads --device cpu:0 --device cuda:0 --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out mycpu.json
 
-A campaign stopped at any point (Ctrl-C, kill) resumes where it was when run again:
-what the store already holds is not measured again.
+After the ops, the overheads of running a plan on each local device are measured (a pipeline
+stage's hand-off, a concurrent latency run's segment, a direct call; see docs/profiling.md),
+unless --no-overheads. A campaign stopped at any point (Ctrl-C, kill) resumes where it was when
+run again: what the store already holds is not measured again.
 """
 
 
 def _models(args):
     from autoplace import zoo
 
+    if args.only_overheads:
+        if args.no_overheads:
+            raise ValueError("--only-overheads and --no-overheads exclude each other: pass one")
+        if args.model or args.sweep or args.refine:
+            raise ValueError("--only-overheads measures no ops: drop --model, --sweep and "
+                             "--refine, or drop --only-overheads")
+        return []
     out = []
     for spec in args.model:
         out.append((spec, zoo.from_spec(spec).mod))
@@ -52,33 +62,53 @@ def _cmd_profile(args) -> int:
         store = ProfileStore(args.db, readonly=True)
     else:
         store = ProfileStore(":memory:" if args.dry_run else args.db)
+    specs = args.device or ["cpu:0"]
     with store:
         try:
-            report = run_campaign(
-                models, args.device or ["cpu:0"], store, policy=policy, dry_run=args.dry_run,
+            report = None if args.only_overheads else run_campaign(
+                models, specs, store, policy=policy, dry_run=args.dry_run,
                 links=not args.no_links, progress=not args.json, passes=args.passes,
                 drift_tolerance=tolerance,
                 runner_kwargs=options.rpc_options(args))
             rounds = (_refine(args, store, policy, tolerance) if args.refine and not args.dry_run
                       else [])
+            overheads = None if args.no_overheads else _overheads(args, specs, store)
         except KeyboardInterrupt:
             print(f"interrupted; everything measured so far is in {args.db}: run the same "
                   "command again to resume", file=sys.stderr)
             return 130
         counts = store.counts()
     if args.json:
-        print(json.dumps({**report.to_dict(), "store": counts,
-                          "refine": [r.to_dict() for r in rounds]}, indent=1))
+        print(json.dumps({**(report.to_dict() if report else {}), "store": counts,
+                          "refine": [r.to_dict() for r in rounds],
+                          "overheads": overheads.to_dict() if overheads else None}, indent=1))
     else:
-        print(report.table())
+        if report is not None:
+            print(report.table())
+        for line in overheads.lines() if overheads else []:
+            print(line)
         for r in rounds:
             print(f"refine round {r.round}: trained on {r.trained_on}, measured the {r.measured} "
                   f"least sure (mean P90/P10 {r.mean_band:.2f}); error on them before learning "
                   f"them: MAPE {r.mape:.1%}, {r.within_25:.0%} within 25%")
         print(f"store {args.db}: {counts['measurements']} measurements "
-              f"({counts['unsupported']} unsupported), {counts['links']} links")
-    failed = [d for d in report.devices if d.error]
-    return 1 if failed and not args.dry_run else 0
+              f"({counts['unsupported']} unsupported), {counts['links']} links, "
+              f"{counts['overheads']} overheads")
+    failed = [d for d in report.devices if d.error] if report else []
+    return 1 if (failed or (overheads and overheads.error)) and not args.dry_run else 0
+
+
+def _overheads(args, specs, store):
+    """Measure (or with --dry-run, count) the overheads ``store`` lacks of the local devices."""
+    from autoplace.profile.overheads import record_overheads
+
+    measure = None
+    if not args.dry_run:
+        from autoplace.run.overhead import measure_overheads as measure
+    return record_overheads(specs, store, measure, dry_run=args.dry_run,
+                            runner_kwargs=options.rpc_options(args),
+                            announce=None if args.json else
+                            lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _refine(args, store, policy, tolerance):
@@ -137,6 +167,11 @@ def register_cli(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="only count what is still to measure")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--no-links", action="store_true", help="do not time copies between devices")
+    p.add_argument("--no-overheads", action="store_true",
+                   help="do not measure what a pipeline stage, a segment of a latency plan and a "
+                        "call cost on each local device (measured after the ops, once per store)")
+    p.add_argument("--only-overheads", action="store_true",
+                   help="measure only those overheads (no ops: no --model, --sweep or --refine)")
     p.add_argument("--cv", type=float, default=0.03,
                    help="repeat until the spread (std/mean) is below this (default 0.03)")
     p.add_argument("--budget", type=float, default=2.0,

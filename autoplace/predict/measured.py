@@ -105,6 +105,18 @@ class MeasuredCostModel:
                 "unsupported" if n.workload_key in prof.unsupported else other
                 for n in graph.nodes]
 
+    def overheads(self, devices: Sequence[Device]) -> dict[str, dict[str, float]]:
+        """Seconds of each overhead kind (``"stage"``, ``"segment"``, ``"call"``; see
+        :data:`autoplace.profile.store.OVERHEAD_KINDS`) that each device's profile measured on
+        that device alone, by device name; a device whose profile measured none is left out."""
+        out = {}
+        for d in devices:
+            prof = self.profile_for(d)
+            found = {f.kind: f.seconds for f in (prof.overheads if prof else ()) if not f.peer}
+            if found:
+                out[d.name] = found
+        return out
+
     def links(self, devices: Sequence[Device]):
         """Measured :class:`autoplace.Link` for each ordered pair of ``devices`` the profiles
         cover (a copy between two devices of one profile uses that profile's own link)."""

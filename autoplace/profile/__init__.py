@@ -5,13 +5,13 @@ from autoplace.profile.campaign import (CampaignReport, as_runner, collect, run_
 from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
                                        check_present, fingerprint)
-from autoplace.profile.store import (DeviceProfile, LinkFit, Measurement, ProfileStore,
-                                     ProfileStoreError, shipped_dir)
+from autoplace.profile.store import (OVERHEAD_KINDS, DeviceProfile, LinkFit, Measurement,
+                                     OverheadFit, ProfileStore, ProfileStoreError, shipped_dir)
 from autoplace.profile.workload import single_op_modules
 
 __all__ = [
-    "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit", "LocalRunner",
-    "Measurement", "OpFailed", "ProfileStore", "ProfileStoreError", "TimingPolicy", "as_runner",
-    "check_present", "collect", "copy_times", "fingerprint", "fit_link", "run_campaign",
-    "runner_from_spec", "shipped_dir", "single_op_modules",
+    "OVERHEAD_KINDS", "CampaignReport", "DeviceProfile", "DeviceUnavailable", "LinkFit",
+    "LocalRunner", "Measurement", "OpFailed", "OverheadFit", "ProfileStore", "ProfileStoreError",
+    "TimingPolicy", "as_runner", "check_present", "collect", "copy_times", "fingerprint",
+    "fit_link", "run_campaign", "runner_from_spec", "shipped_dir", "single_op_modules",
 ]

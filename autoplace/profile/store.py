@@ -1,4 +1,4 @@
-"""The profile store: measured op latencies and link fits in one SQLite file.
+"""The profile store: measured op latencies, link fits and run overheads in one SQLite file.
 
 Every measurement is committed on its own, so a campaign killed at any point keeps everything it
 measured; WAL mode and a busy timeout let several processes write to one store. A profile of one
@@ -20,13 +20,29 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had no passes or slowest_s column: one pass each
+SCHEMA_VERSION = 3
+# Version 1 had no passes or slowest_s column (one pass each); versions 1 and 2 had no overheads.
+READABLE_VERSIONS = (1, 2, 3)
 PROFILE_FORMAT = "autoplace-profile"
+
+#: What an overhead row measures (:func:`autoplace.run.overhead.measure_overheads`): a
+#: pipeline stage's hand-off, a concurrent latency run's segment, a direct call.
+OVERHEAD_KINDS = ("stage", "segment", "call")
+
+_OVERHEADS_TABLE = """
+CREATE TABLE overheads (
+    device TEXT NOT NULL REFERENCES devices(fingerprint),
+    peer TEXT NOT NULL,          -- '' for the device's own figure, else the other device's
+    kind TEXT NOT NULL,          -- one of OVERHEAD_KINDS
+    seconds REAL NOT NULL CHECK (seconds >= 0),
+    detail TEXT NOT NULL,        -- JSON: how it was measured (fits, partner device)
+    measured_at TEXT NOT NULL,
+    PRIMARY KEY (device, peer, kind)
+)"""
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,7 +86,7 @@ CREATE TABLE links (
     measured_at TEXT NOT NULL,
     PRIMARY KEY (src, dst)
 );
-"""
+""" + _OVERHEADS_TABLE + ";\n"
 
 
 class ProfileStoreError(RuntimeError):
@@ -145,6 +161,43 @@ class LinkFit:
     r2: float
     points: tuple[tuple[int, float], ...]
     measured_at: str = ""
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    """Seconds of one overhead ``kind`` (:data:`OVERHEAD_KINDS`) measured on device ``device``
+    (a fingerprint): its own figure (``peer == ""``), or with stages or segments alternating
+    between it and ``peer``. ``detail`` says how it was measured."""
+
+    device: str
+    peer: str
+    kind: str
+    seconds: float
+    detail: dict = field(default_factory=dict)
+    measured_at: str = ""
+
+
+def _overhead_row(f: OverheadFit) -> tuple:
+    """The row of a well-formed overhead; ValueError or TypeError says what is wrong."""
+    if not all(isinstance(v, str) for v in (f.device, f.peer, f.kind, f.measured_at)):
+        raise TypeError(f"overhead {f.kind!r} of {f.device!r}: device, peer, kind and "
+                        "measured_at must be strings")
+    if f.kind not in OVERHEAD_KINDS:
+        raise ValueError(f"overhead kind {f.kind!r} is not one of {OVERHEAD_KINDS}")
+    seconds = f.seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not 0 <= seconds < float("inf"):
+        raise ValueError(f"overhead {f.kind!r} of {f.device}: seconds must be a finite number "
+                         f">= 0, got {seconds!r}")
+    if not isinstance(f.detail, dict):
+        raise TypeError(f"overhead {f.kind!r} of {f.device}: detail must be a JSON object")
+    return (f.device, f.peer, f.kind, float(seconds), json.dumps(f.detail, sort_keys=True),
+            f.measured_at or _now())
+
+
+def _checked(f: OverheadFit) -> OverheadFit:
+    _overhead_row(f)
+    return f
 
 
 @dataclass(frozen=True)
@@ -292,25 +345,35 @@ class ProfileStore:
                 f"{self.path} is an SQLite database but not an autoplace profile store "
                 f"(tables: {', '.join(sorted(tables))}); nothing was changed. Pass a new --db path.")
         version = int(meta.get("schema_version", -1))
-        if version == 1 and self.readonly:  # read it as version 2, changing nothing
-            self._db.execute("CREATE TEMP VIEW measurements AS SELECT *, 1 AS passes, "
-                             "NULL AS slowest_s FROM main.measurements")
-            return
-        if version == 1:  # add the passes columns: every row so far is one pass
-            with self._tx() as db:
-                if int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
-                       .fetchone()[0]) == 1:  # not migrated meanwhile by another process
-                    db.execute("ALTER TABLE measurements ADD COLUMN passes INTEGER NOT NULL "
-                               "DEFAULT 1")
-                    db.execute("ALTER TABLE measurements ADD COLUMN slowest_s REAL")
-                    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                               (str(SCHEMA_VERSION),))
-            return
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ProfileStoreError(
                 f"{self.path} has profile schema version {version}; this autoplace reads version "
                 f"{SCHEMA_VERSION} ({meta.get('created_by', 'unknown writer')}). Nothing was "
                 "changed: use the autoplace that wrote it, or export/import the profile as JSON.")
+        if self.readonly:  # read an older store as the current version, changing nothing
+            if version == 1:
+                self._db.execute("CREATE TEMP VIEW measurements AS SELECT *, 1 AS passes, "
+                                 "NULL AS slowest_s FROM main.measurements")
+            if "overheads" not in tables:
+                self._db.execute(_OVERHEADS_TABLE.replace("CREATE TABLE", "CREATE TEMP TABLE"))
+            return
+        if version != SCHEMA_VERSION or "overheads" not in tables:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older store up to :data:`SCHEMA_VERSION` (what it holds is kept)."""
+        with self._tx() as db:  # checked again inside: another process may have migrated it
+            version = int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+                          .fetchone()[0])
+            if version == 1:  # add the passes columns: every row so far is one pass
+                db.execute("ALTER TABLE measurements ADD COLUMN passes INTEGER NOT NULL "
+                           "DEFAULT 1")
+                db.execute("ALTER TABLE measurements ADD COLUMN slowest_s REAL")
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                              "AND name = 'overheads'").fetchone():
+                db.execute(_OVERHEADS_TABLE)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                       (str(SCHEMA_VERSION),))
 
     class _Tx:
         def __init__(self, db):
@@ -479,17 +542,42 @@ class ProfileStore:
         return [LinkFit(s, d, a, b, r2, tuple(tuple(p) for p in json.loads(pts)), at)
                 for s, d, a, b, r2, pts, at in self._db.execute("SELECT * FROM links")]
 
+    # ------------------------------------------------------------------ overheads
+
+    @_guarded
+    def put_overhead(self, fit: OverheadFit) -> None:
+        """Store one overhead figure (replacing the one of the same device, peer and kind).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A kind not in :data:`OVERHEAD_KINDS`, or seconds not a finite number >= 0.
+        """
+        row = _overhead_row(fit)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO overheads VALUES (?, ?, ?, ?, ?, ?)", row)
+
+    @_guarded
+    def overheads(self, device: str | None = None) -> list[OverheadFit]:
+        """The overhead figures of ``device`` (fingerprint; default every device's)."""
+        where, args = ("WHERE device = ?", (device,)) if device is not None else ("", ())
+        return [OverheadFit(d, p, k, s, json.loads(detail), at) for d, p, k, s, detail, at in
+                self._db.execute(f"SELECT * FROM overheads {where} ORDER BY rowid", args)]
+
     # ------------------------------------------------------------------ JSON profiles
 
     def export_profile(self, device: str) -> dict:
-        """One device's profile as JSON-able data: its info, workloads, measurements, links."""
+        """One device's profile as JSON-able data: its info, workloads, measurements, links
+        and overheads (its own, and with each peer)."""
         dev = self.device(device)
         ms = self.measurements(dev.fingerprint)
         keys = {m.workload for m in ms}
         wl = [w for w in self.workloads() if w["key"] in keys]
         wm = self.workload_models()
         links = [asdict(f) for f in self.links() if dev.fingerprint in (f.src, f.dst)]
-        others = {f[k] for f in links for k in ("src", "dst")} - {dev.fingerprint}
+        overheads = [asdict(f) for f in self.overheads(dev.fingerprint)]
+        others = ({f[k] for f in links for k in ("src", "dst")}
+                  | {f["peer"] for f in overheads if f["peer"]}) - {dev.fingerprint}
         return {
             "format": PROFILE_FORMAT, "schema_version": SCHEMA_VERSION,
             "device": asdict(dev),
@@ -497,12 +585,14 @@ class ProfileStore:
             "workloads": [{**w, "models": wm.get(w["key"], {})} for w in wl],
             "measurements": [{k: v for k, v in asdict(m).items() if k != "device"} for m in ms],
             "links": links,
+            "overheads": overheads,
         }
 
     @_guarded
     def import_profile(self, data: dict) -> int:
         """Merge an exported profile; returns how many measurements were new. Existing
-        measurements are kept (nothing is overwritten)."""
+        measurements, links and overheads are kept (nothing is overwritten). A profile from
+        before overheads (schema 1 or 2) has none. A malformed one is refused whole."""
         version = data.get("schema_version")
         if data.get("format") != PROFILE_FORMAT or version not in READABLE_VERSIONS:
             raise ProfileStoreError(
@@ -531,7 +621,15 @@ class ProfileStore:
                     db.execute("INSERT OR IGNORE INTO links VALUES (?, ?, ?, ?, ?, ?, ?)",
                                (f["src"], f["dst"], f["alpha_s"], f["beta_bps"], f["r2"],
                                 json.dumps(f["points"]), f["measured_at"]))
-        except (KeyError, TypeError, sqlite3.IntegrityError) as e:
+                overheads = data.get("overheads", [])
+                if not isinstance(overheads, list):
+                    raise TypeError("overheads must be a list")
+                for f in overheads:
+                    if not isinstance(f, dict) or f.get("device") != fp:
+                        raise ValueError(f"an overhead of another device than {fp}: {f!r}")
+                    db.execute("INSERT OR IGNORE INTO overheads VALUES (?, ?, ?, ?, ?, ?)",
+                               _overhead_row(OverheadFit(**f)))
+        except (KeyError, TypeError, ValueError, sqlite3.IntegrityError) as e:
             raise ProfileStoreError(f"malformed profile: {type(e).__name__}: {e}; "
                                     "nothing was imported") from None
         return added
@@ -543,7 +641,8 @@ class ProfileStore:
                 "workloads": q("SELECT count(*) FROM workloads"),
                 "measurements": q("SELECT count(*) FROM measurements"),
                 "unsupported": q("SELECT count(*) FROM measurements WHERE status = 'unsupported'"),
-                "links": q("SELECT count(*) FROM links")}
+                "links": q("SELECT count(*) FROM links"),
+                "overheads": q("SELECT count(*) FROM overheads")}
 
 
 def load_profile_json(path: str | Path) -> dict:
@@ -563,7 +662,8 @@ def load_profile_json(path: str | Path) -> dict:
     return data
 
 
-_TABLES = ("devices", "workloads", "workload_models", "measurements", "links")  # referenced first
+_TABLES = ("devices", "workloads", "workload_models", "measurements", "links",
+           "overheads")  # referenced first
 
 
 def recover(damaged: str | Path, out: str | Path) -> dict[str, int]:
@@ -596,6 +696,8 @@ def recover(damaged: str | Path, out: str | Path) -> dict[str, int]:
             with store._tx() as db:
                 for table in _TABLES:
                     have = _columns(src, table)
+                    if table == "overheads" and not have:
+                        continue  # a store from before overheads (or its schema is lost)
                     cols = [c for c in _columns(db, table) if c in have or not have]
                     insert = (f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
                               f"VALUES ({', '.join('?' * len(cols))})")
@@ -694,7 +796,8 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """What was measured on one device: latency or failure per workload, and copy fits.
+    """What was measured on one device: latency or failure per workload, copy fits, and the
+    overheads of running a plan on it (:meth:`overhead`).
 
     Read from an exported JSON file (:meth:`load`) or straight from a store (:meth:`from_store`).
     """
@@ -706,6 +809,7 @@ class DeviceProfile:
     cv: dict[str, float]               # workload key -> spread of the repeats
     unsupported: dict[str, str]        # workload key -> why it failed there
     links: tuple[LinkFit, ...] = ()
+    overheads: tuple[OverheadFit, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -722,14 +826,18 @@ class DeviceProfile:
                    {m["workload"]: m["error"] or "" for m in data["measurements"]
                     if m["status"] == "unsupported"},
                    tuple(LinkFit(**{**f, "points": tuple(map(tuple, f["points"]))})
-                         for f in data.get("links", [])))
+                         for f in data.get("links", [])),
+                   tuple(_checked(OverheadFit(**f)) for f in data.get("overheads", [])
+                         if f["device"] == dev["fingerprint"]))
 
     @classmethod
     def load(cls, path: str | Path) -> DeviceProfile:
         try:
             return cls.from_export(load_profile_json(path))
-        except (KeyError, TypeError) as e:
+        except KeyError as e:
             raise ProfileStoreError(f"malformed profile {path}: missing {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ProfileStoreError(f"malformed profile {path}: {e}") from None
 
     @classmethod
     def from_store(cls, store: ProfileStore, device: str) -> DeviceProfile:
@@ -739,6 +847,12 @@ class DeviceProfile:
         """The measured copy from this device to ``dst_fingerprint`` (default: its own kind)."""
         dst = dst_fingerprint or self.fingerprint
         return next((f for f in self.links if f.src == self.fingerprint and f.dst == dst), None)
+
+    def overhead(self, kind: str, peer_fingerprint: str | None = None) -> OverheadFit | None:
+        """The measured overhead ``kind`` (:data:`OVERHEAD_KINDS`) of this device: its own
+        figure, or with ``peer_fingerprint``, the pair's; None where none was measured."""
+        peer = peer_fingerprint or ""
+        return next((f for f in self.overheads if f.kind == kind and f.peer == peer), None)
 
 
 def shipped_dir() -> Path:

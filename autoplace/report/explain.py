@@ -103,6 +103,7 @@ class Explanation:
     runs: str = ""                              # how the build runs it (latency plans)
     baseline_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     guard: str = ""                             # why this plan, not the solver's or a baseline
+    overheads: tuple[str, ...] = ()             # per device, the overhead charged and its source
 
     @property
     def bytes_moved(self) -> float:
@@ -138,6 +139,7 @@ class Explanation:
             "cost_sources": dict(self.sources),
             "baseline_notes": dict(self.baseline_notes),
             "guard": self.guard or None,
+            "overheads": list(self.overheads),
         }
 
     def summary(self) -> str:
@@ -149,6 +151,7 @@ class Explanation:
             lines[-1] += f", {1 / self.value_s:.1f} inputs/s"
         if self.runs:
             lines.append(f"runs as: {self.runs}")
+        lines += self.overheads
         gains = []
         single = self.best_single
         if single is not None:
@@ -274,7 +277,7 @@ def explain(result: PlacementResult) -> Explanation:
         cost_model=result.cost_model, plan=str(plan),
         runs=str(result.delivery or ""),
         baseline_notes=dict(getattr(result, "baseline_notes", None) or {}),
-        guard=_guard_text(result))
+        guard=_guard_text(result), overheads=tuple(getattr(result, "overheads_note", ())))
 
 
 def _device_s(problem, sol, a) -> np.ndarray:

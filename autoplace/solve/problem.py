@@ -208,12 +208,21 @@ class InfeasibleError(ValueError):
 
 
 #: Default seconds per input that one pipeline stage costs beyond its ops' profiled time, by
-#: device kind: the hand-off between stages (``benchmarks/stage_overhead.py``) plus the slowdown
-#: of a stage's own call inside a pipeline (``benchmarks/stage_slowdown.py``); a GPU stage's
-#: inputs and outputs also cross pageable memory. docs/results.md gives the measurements.
+#: device kind, where the device's profile measured no hand-off: the hand-off between stages
+#: (``benchmarks/stage_overhead.py``; 45 us on the 2-core CPU, 80 us on an H100, whose stage's
+#: inputs and outputs also cross pageable memory) plus :data:`STAGE_SLOWDOWN_S`.
+#: docs/results.md gives the measurements.
 STAGE_OVERHEAD_S = {"cpu": 115e-6, "cuda": 80e-6}
+
+#: Seconds per input by which a stage's own call runs slower inside a pipeline than alone, by
+#: device kind (``benchmarks/stage_slowdown.py``: a median 70 us over 12 CPU stages; not
+#: measured on a GPU). Part of :data:`STAGE_OVERHEAD_S`; a profile's measured hand-off
+#: (``autoplace profile``, :func:`autoplace.run.overhead.measure_overheads`) does not include
+#: it, so ``optimize`` charges the two together.
+STAGE_SLOWDOWN_S = {"cpu": 70e-6, "cuda": 0.0}
 
 #: Default seconds a segment of a latency plan run concurrently costs its device beyond its ops
 #: (:mod:`autoplace.solve.segments`): the worker's wake-up on its inputs and the VM call
-#: (``benchmarks/concurrent_latency.py`` measures it). Used where the profile measured none.
+#: (:func:`autoplace.run.overhead.measure_segment_overhead`; ``benchmarks/latency_plans.py
+#: --overhead``). Used where the device's profile measured none.
 SEGMENT_OVERHEAD_S = {"cpu": 40e-6, "cuda": 40e-6}

@@ -113,7 +113,8 @@ def test_measured_profile_drives_costs_and_links(tmp_path):
     run_campaign([("b", mod)], ["cpu:0", "cpu:1"], store, policy=FAST, progress=False)
     prof = DeviceProfile.from_store(store, "cpu:0")
     devs = [autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")]
-    res = autoplace.optimize(mod, devs, cost_model=MeasuredCostModel(prof))
+    # No segment overhead: the copies' alpha is then the link's alone (build_problem adds it).
+    res = autoplace.optimize(mod, devs, cost_model=MeasuredCostModel(prof), segment_overhead_s=0)
     graph = res.graph
     assert np.allclose(res.problem.cost[:, 0], [prof.latency_s[n.workload_key] for n in graph.nodes])
     assert set(res.plan.cost_sources) == {"measured"}
@@ -161,7 +162,7 @@ def test_killed_campaign_resumes_without_remeasuring(tmp_path):
     db = tmp_path / "p.db"
     # --cv 0 makes every workload use its whole budget, so the kill lands mid-campaign.
     args = ("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
-            "--cv", "0", "--budget", "0.4", "--no-links")
+            "--cv", "0", "--budget", "0.4", "--no-links", "--no-overheads")
     p = _cli(*args)
     deadline = time.time() + 120
     while time.time() < deadline and (not db.exists() or len(_rows(db)) < 2):
@@ -187,7 +188,7 @@ def test_killed_campaign_resumes_without_remeasuring(tmp_path):
 def test_interrupted_campaign_says_how_to_resume(tmp_path):
     db = tmp_path / "p.db"
     p = _cli("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
-             "--cv", "0", "--budget", "0.4", "--no-links")
+             "--cv", "0", "--budget", "0.4", "--no-links", "--no-overheads")
     while not db.exists() or len(_rows(db)) < 1:
         assert p.poll() is None, p.communicate()
         time.sleep(0.05)
@@ -234,7 +235,7 @@ def test_ctrl_c_during_a_build_stops_the_campaign_and_marks_no_op_unsupported(tm
 def test_concurrent_campaigns_share_one_store(tmp_path):
     db = tmp_path / "p.db"
     args = ("profile", "--model", "zoo:branchy_cnn", "--model", "zoo:mlp", "--device", "cpu:0",
-            "--db", str(db), "--budget", "0.2", "--no-links", "--json")
+            "--db", str(db), "--budget", "0.2", "--no-links", "--no-overheads", "--json")
     procs = [_cli(*args) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
@@ -303,3 +304,37 @@ def test_a_campaign_timing_a_device_another_process_times_warns(tmp_path, caplog
     assert second.contended is None  # its workloads were all measured already, by cpu:0
     assert any(r.levelname == "WARNING" and "process" in r.getMessage() for r in caplog.records)
     assert "these timings may be slowed" in rep.table()
+
+
+def test_the_cli_measures_the_overheads_of_local_devices_once(tmp_path):
+    from autoplace.backend import process_cpus
+
+    db, out = tmp_path / "p.db", tmp_path / "cpu.json"
+    p = _cli("profile", "--only-overheads", "--device", "cpu:0", "--device", "rpc:x@127.0.0.1:9",
+             "--db", str(db), "--json")
+    stdout, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    report = json.loads(stdout)["overheads"]
+    assert "rpc:x@127.0.0.1:9: overheads are measured only for local devices" in report["notes"][0]
+    with ProfileStore(db) as store:
+        assert store.counts()["measurements"] == 0  # no ops
+        figures = {f.kind: f for f in store.overheads()}
+    # One core share: no second device to alternate with, so no segment figure (one device runs
+    # any chain as one segment); two or more: cpu:0 alternates with cpu:1.
+    kinds = {"call", "stage"} | ({"segment"} if len(process_cpus()) > 1 else set())
+    assert set(figures) == kinds and all(f.seconds > 0 for f in figures.values())
+    assert {f.peer for f in figures.values()} == {""} and figures["stage"].detail["method"]
+    # Run again with a model: its ops are measured, the overheads the store holds are not.
+    p = _cli("profile", "--model", "zoo:mlp", "--device", "cpu:0", "--db", str(db), "--budget",
+             "0.02", "--no-links", "--json")
+    stdout, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    again = json.loads(stdout)
+    assert again["devices"][0]["measured"] == 3 and again["overheads"]["stored"] == []
+    assert "already stored for cpu:0" in again["overheads"]["notes"][0]
+    p = _cli("profile-export", "--db", str(db), "--device", "cpu:0", "--out", str(out))
+    assert p.wait(timeout=120) == 0, p.communicate()
+    prof = DeviceProfile.load(out)
+    assert prof.overhead("stage").seconds == figures["stage"].seconds
+    p = _cli("profile", "--only-overheads", "--model", "zoo:mlp", "--db", str(db))
+    assert p.wait(timeout=120) == 2 and "--only-overheads measures no ops" in p.communicate()[1]

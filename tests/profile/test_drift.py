@@ -69,7 +69,7 @@ def test_the_cli_refuses_a_drifted_store_unless_allowed(tmp_path):
     db = tmp_path / "p.db"
     _measured_earlier(db, speedup=3.0).close()
     args = [sys.executable, "-m", "autoplace", "profile", "--model", "zoo:branchy_cnn",
-            "--db", str(db), "--no-links", "--budget", "0.3", "--json"]
+            "--db", str(db), "--no-links", "--no-overheads", "--budget", "0.3", "--json"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "--allow-drift" in p.stderr and "Nothing was measured" in p.stderr
     p = subprocess.run([*args, "--allow-drift"], capture_output=True, text=True, timeout=300)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoplace.profile import (DeviceProfile, LinkFit, Measurement, ProfileStore,
+from autoplace.profile import (DeviceProfile, LinkFit, Measurement, OverheadFit, ProfileStore,
                                ProfileStoreError, fit_link, shipped_dir)
 from autoplace.profile.store import SCHEMA_VERSION
 
@@ -25,6 +25,7 @@ def _filled(path):
     store.put(Measurement("k1", "fp0", "ok", 1e-5, 9e-6, 1.1e-5, 0.01, 5, 100))
     store.put(Measurement("k2", "fp0", "unsupported", error="build failed: no"))
     store.put_link(LinkFit("fp0", "fp0", 1e-6, 1e10, 0.99, ((4096, 2e-6), (8192, 3e-6))))
+    store.put_overhead(OverheadFit("fp0", "", "stage", 4.5e-5, {"method": "test"}))
     return store
 
 
@@ -35,7 +36,7 @@ def test_round_trip_and_pending(tmp_path):
     [ok] = [m for m in store.measurements("fp0") if m.ok]
     assert (ok.median_s, ok.repeats, ok.number) == (1e-5, 5, 100) and ok.measured_at
     assert store.counts() == {"devices": 1, "workloads": 2, "measurements": 2, "unsupported": 1,
-                              "links": 1}
+                              "links": 1, "overheads": 1}
     store.close()
     # Reopening sees the same data (nothing is cached in the object).
     assert ProfileStore(tmp_path / "p.db").counts()["measurements"] == 2
@@ -100,11 +101,77 @@ def test_a_version_1_store_gains_the_passes_column(tmp_path):
     assert [m.passes for m in store.measurements("fp0")] == [1, 1]
     assert store.pending(["k1", "k3"], "fp0", passes=2) == ["k1", "k3"]
     data = store.export_profile("fp0")
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
     data["schema_version"] = 1  # an export written before passes existed still imports
     for m in data["measurements"]:
         del m["passes"], m["slowest_s"]
+    del data["overheads"]
     assert ProfileStore(tmp_path / "other.db").import_profile(data) == 2
+
+
+def test_overheads_round_trip_through_the_store_and_json(tmp_path):
+    store = _filled(tmp_path / "a.db")
+    store.add_device("fp1", "cuda:0", {"kind": "cuda", "hardware": "gpu"})
+    store.put_overhead(OverheadFit("fp0", "fp1", "segment", 6e-5, {"fit": {"per_segment_s": 6e-5}}))
+    store.put_overhead(OverheadFit("fp1", "", "stage", 8e-5))  # another device's: not exported
+    store.put_overhead(OverheadFit("fp0", "", "stage", 5e-5))  # replaces the first figure
+    assert [(f.peer, f.kind, f.seconds) for f in store.overheads("fp0")] == [
+        ("fp1", "segment", 6e-5), ("", "stage", 5e-5)]
+    data = store.export_profile("cpu:0")
+    json.loads(json.dumps(data))
+    assert {d["name"] for d in data["other_devices"]} == {"cuda:0"}  # the pair's peer
+    prof = DeviceProfile.from_export(data)
+    assert prof.overhead("stage").seconds == 5e-5 and prof.overhead("segment") is None
+    assert prof.overhead("segment", "fp1").detail == {"fit": {"per_segment_s": 6e-5}}
+    other = ProfileStore(tmp_path / "b.db")
+    assert other.import_profile(data) == 2
+    assert other.export_profile("fp0") == data
+    # Import keeps what a store holds: a figure measured there is not overwritten.
+    data["overheads"][1]["seconds"] = 1.0
+    other.import_profile(data)
+    assert DeviceProfile.from_store(other, "fp0").overhead("stage").seconds == 5e-5
+
+
+def test_a_version_2_store_and_export_gain_an_empty_overheads_table(tmp_path):
+    path = tmp_path / "v2.db"
+    _filled(path).close()
+    with sqlite3.connect(path) as db:  # what autoplace wrote before overheads existed
+        db.execute("DROP TABLE overheads")
+        db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with ProfileStore(path, readonly=True) as store:  # read, not migrated
+        assert store.overheads() == [] and store.counts()["measurements"] == 2
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == ("2",)  # a read-only open changes nothing
+    store = ProfileStore(path)
+    assert store.overheads() == [] and store.counts()["links"] == 1
+    store.put_overhead(OverheadFit("fp0", "", "call", 1e-5))
+    assert [f.kind for f in store.overheads()] == ["call"]
+    data = store.export_profile("fp0")
+    data["schema_version"] = 2  # an export written before overheads existed still imports
+    del data["overheads"]
+    other = ProfileStore(tmp_path / "other.db")
+    assert other.import_profile(data) == 2 and other.overheads() == []
+    assert DeviceProfile.from_export(data).overheads == ()
+
+
+@pytest.mark.parametrize("bad", [
+    {"kind": "warp"}, {"seconds": -1e-6}, {"seconds": float("nan")}, {"seconds": "fast"},
+    {"seconds": float("inf")}, {"device": "fp9"}, {"detail": [1]}, {"peer": None},
+    {"colour": "red"}])
+def test_malformed_overheads_are_refused_and_nothing_is_imported(tmp_path, bad):
+    data = _filled(tmp_path / "a.db").export_profile("cpu:0")
+    data["overheads"][0].update(bad)
+    store = ProfileStore(tmp_path / "b.db")
+    with pytest.raises(ProfileStoreError, match="malformed.*nothing was imported"):
+        store.import_profile(data)
+    assert store.counts()["measurements"] == store.counts()["overheads"] == 0
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    if bad != {"device": "fp9"}:  # a profile file reads only its own device's figures
+        with pytest.raises(ProfileStoreError, match="malformed profile"):
+            DeviceProfile.load(tmp_path / "p.json")
+    with pytest.raises((ValueError, TypeError, sqlite3.IntegrityError)):  # fp9: no such device
+        _filled(tmp_path / "c.db").put_overhead(OverheadFit(**data["overheads"][0]))
 
 
 def test_not_a_database_is_left_untouched(tmp_path):

@@ -21,7 +21,8 @@ from autoplace.profile import ProfileStore, ProfileStoreError
 from autoplace.profile.store import PROFILE_FORMAT, SCHEMA_VERSION, recover
 
 MODELS = ["--model", "zoo:mlp", "--model", "zoo:branchy_cnn"]  # 12 workloads, a few seconds
-CAMPAIGN = ["profile", *MODELS, "--device", "cpu:0", "--budget", "0.02", "--no-links"]
+CAMPAIGN = ["profile", *MODELS, "--device", "cpu:0", "--budget", "0.02", "--no-links",
+            "--no-overheads"]
 
 
 def _run(*args, preexec_fn=None):
@@ -42,12 +43,22 @@ def _sha(path):
 
 
 def _garble_middle_page(path, seed=0):
-    """Overwrite the page in the middle of an SQLite file with random bytes: a torn write."""
+    """Overwrite a page in the middle of an SQLite file with random bytes: a torn write. The
+    middle one of the pages holding rows of measurements where SQLite can say which those are
+    (its dbstat table; otherwise the file's middle page), so that rows are lost whatever the
+    order of the tables' pages."""
     with sqlite3.connect(path) as db:
         page_size, pages = (db.execute(f"PRAGMA {p}").fetchone()[0]
                             for p in ("page_size", "page_count"))
+        try:
+            rows = [p for (p,) in db.execute("SELECT pageno FROM dbstat WHERE name = "
+                                             "'measurements' AND pagetype = 'leaf' "
+                                             "ORDER BY pageno")]
+        except sqlite3.OperationalError:  # SQLite built without dbstat
+            rows = []
+    page = rows[len(rows) // 2] - 1 if len(rows) > 2 else pages // 2  # from 0
     with open(path, "r+b") as f:
-        f.seek(pages // 2 * page_size)
+        f.seek(page * page_size)
         f.write(np.random.default_rng(seed).bytes(page_size))
 
 
@@ -150,7 +161,8 @@ def test_a_damaged_store_is_refused_unchanged_and_what_is_readable_recovered(tmp
 def test_recover_reads_a_healthy_store_whole_and_refuses_to_write_into_its_source(tmp_path):
     rows = _store_with_rows(tmp_path / "p.db", n=50)
     assert recover(tmp_path / "p.db", tmp_path / "copy.db") == {
-        "devices": 1, "workloads": 50, "workload_models": 50, "measurements": 50, "links": 0}
+        "devices": 1, "workloads": 50, "workload_models": 50, "measurements": 50, "links": 0,
+        "overheads": 0}
     with pytest.raises(ProfileStoreError, match="into a new file"):
         recover(tmp_path / "p.db", tmp_path / "p.db")
     (tmp_path / "junk.db").write_bytes(b"not SQLite at all" * 300)
@@ -205,9 +217,10 @@ def test_read_only_opens_create_migrate_and_write_nothing(tmp_path):
         db.execute("ALTER TABLE measurements DROP COLUMN slowest_s")
         db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     before = _sha(path)
-    with ProfileStore(path, readonly=True) as store:  # read as version 2, not migrated
+    with ProfileStore(path, readonly=True) as store:  # read as version 3, not migrated
         assert [m.passes for m in store.measurements("fp0")] == [1] * 5
         assert store.pending(["nope"], "fp0", passes=2) == ["nope"]
+        assert store.overheads() == []
         with pytest.raises(ProfileStoreError, match="v1.db is read-only"):
             store.add_device("fp1", "cpu:1", {})
     assert _sha(path) == before

@@ -1,0 +1,101 @@
+"""measure_overheads: which fits make each device's figures (stubbed fits, worked out by hand),
+and the robust line they rest on."""
+
+import json
+
+import pytest
+
+import autoplace.run.overhead as overhead
+from autoplace import Device
+from autoplace.run.overhead import (OverheadFigure, SegmentOverhead, StageOverhead,
+                                    measure_overheads, robust_line)
+
+US = 1e-6
+
+
+def test_robust_line_ignores_one_point_thrown_off_by_load():
+    # y = 5 + 2x, but the point at x = 4 was slowed by 30: pairwise slopes
+    # 2, 17, 2, 32, 2, -28 -> median 2; y - 2x = 5, 5, 35, 5 -> median 5.
+    assert robust_line([2, 3, 4, 5], [9.0, 11.0, 43.0, 15.0]) == (2.0, 5.0)
+
+
+def _stubbed(monkeypatch, stage_slope, segment_slope, present):
+    """Fits that return the given slopes per device-name tuple, and a machine that has
+    ``present`` devices (kind, index)."""
+    import autoplace.profile.measure as measure
+
+    taken = []
+
+    def stage(devices, **_):
+        key = tuple(d.name for d in devices)
+        taken.append(("stage", key))
+        return StageOverhead(key, (5 * US, 0, 0), 1 * US, stage_slope[key])
+
+    def segment(devices, **_):
+        key = tuple(d.name for d in devices)
+        taken.append(("segment", key))
+        return SegmentOverhead(key, (0, 0), 2 * US, segment_slope[key])
+
+    def check_present(device, spec=None):
+        if (device.kind, device.index) not in present:
+            raise measure.DeviceUnavailable(f"{device.kind}:{device.index}: absent")
+
+    monkeypatch.setattr(overhead, "measure_stage_overhead", stage)
+    monkeypatch.setattr(overhead, "measure_segment_overhead", segment)
+    monkeypatch.setattr(measure, "check_present", check_present)
+    return taken
+
+
+def test_a_gpu_is_measured_against_the_cpu_and_its_figure_is_what_the_pair_leaves(monkeypatch):
+    cpu, gpu = Device.cpu(0, name="c"), Device.cuda(0, name="g")
+    taken = _stubbed(
+        monkeypatch,
+        # alone: c 10 us, g 20 us; c with this machine's cpu:1 40 us; c and g alternating 60 us.
+        {("c",): 10 * US, ("g",): 20 * US, ("c", "cpu1"): 40 * US, ("g", "c"): 60 * US,
+         ("c", "g"): 62 * US},
+        {("c", "cpu1"): 30 * US, ("g", "c"): 50 * US, ("c", "g"): 51 * US},
+        present={("cpu", 0), ("cpu", 1), ("cuda", 0)})
+    figures = {(f.device, f.kind, f.peer): f for f in measure_overheads([cpu, gpu])}
+    # c: its partner is the machine's cpu:1, same kind: the pair's slopes are its figures.
+    assert figures["c", "stage", None].seconds == pytest.approx(40 * US)
+    assert figures["c", "segment", None].seconds == pytest.approx(30 * US)
+    assert figures["c", "call", None].seconds == 5 * US  # one stage called directly
+    # g: alternating with c; the pair costs 60 us a stage on average, so g's stage is
+    # 2 * 60 - 40 = 80 us, and its segment 2 * 50 - 30 = 70 us.
+    assert figures["g", "stage", None].seconds == pytest.approx(80 * US)
+    assert figures["g", "segment", None].seconds == pytest.approx(70 * US)
+    assert "twice the pair's slope less c's own figure" in figures["g", "stage", None].detail[
+        "method"]
+    # The pairs, in both orders: their own slopes.
+    assert figures["c", "stage", "g"].seconds == pytest.approx(62 * US)
+    assert figures["g", "segment", "c"].seconds == pytest.approx(50 * US)
+    assert len(figures) == 3 + 3 + 4
+    # Each fit is taken once, however many figures rest on it.
+    assert len(taken) == len(set(taken))
+    json.dumps([f.detail for f in figures.values()])  # stored as JSON
+
+
+def test_figures_never_fall_below_the_alone_slope_or_zero(monkeypatch):
+    cpu, gpu = Device.cpu(0, name="c"), Device.cuda(0, name="g")
+    # One core: c has no partner, so its stage is its alone slope and it has no segment figure;
+    # g's pair with c leaves 2 * 25 - 10 = 40 us... below g's alone slope of 45: 45 us. Its
+    # segment is the pair's slope (c has none of its own), and a negative slope counts as 0.
+    _stubbed(monkeypatch, {("c",): 10 * US, ("g",): 45 * US, ("g", "c"): 25 * US},
+             {("g", "c"): -3 * US}, present={("cpu", 0), ("cuda", 0)})
+    figures = {(f.device, f.kind): f for f in measure_overheads([cpu, gpu], pairs=())}
+    assert figures["c", "stage"].seconds == pytest.approx(10 * US)
+    assert "alone" in figures["c", "stage"].detail["method"]
+    assert ("c", "segment") not in figures
+    assert figures["g", "stage"].seconds == pytest.approx(45 * US)
+    assert figures["g", "segment"].seconds == 0.0
+    assert "c has no figure of its own" in figures["g", "segment"].detail["method"]
+
+
+def test_what_to_measure_is_checked():
+    a, b = Device.cpu(0, name="a"), Device.cpu(1, name="b")
+    with pytest.raises(ValueError, match="distinct names"):
+        measure_overheads([a, Device.cpu(1, name="a")])
+    with pytest.raises(ValueError, match=r"pair \('a', 'c'\)"):
+        measure_overheads([a, b], pairs=[("a", "c")])
+    with pytest.raises(ValueError, match="not one of"):
+        OverheadFigure("a", "warp", 1e-6)

@@ -33,7 +33,6 @@ import json
 import os
 import statistics
 import threading
-import time
 
 import numpy as np
 
@@ -41,16 +40,11 @@ import autoplace
 from autoplace import zoo
 from autoplace.backend import limit_tvm_threads, process_cpus
 from autoplace.run.overhead import measure_segment_overhead
+from _timing import aligned, median_call_s
 
 
 def median_ms(fn, inputs, repeat: int) -> float:
-    fn(*inputs)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn(*inputs)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return median_call_s(fn, inputs, repeat) * 1e3
 
 
 class AllCores:
@@ -170,12 +164,10 @@ def render(rows) -> str:
                       f"{m['all cores']:.3f}" if "all cores" in m else "-",
                       f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
                       f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x"])
-    widths = [max(len(row[c]) for row in table) for c in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
-    lines.append("ms, medians. 'runs as': the runner res.compile() builds; meas/pred: of that "
-                 "runner; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
-                 "(> 1: the plan is faster); all cores: the best single device with every core.")
-    return "\n".join(lines)
+    return aligned(
+        table, "ms, medians. 'runs as': the runner res.compile() builds; meas/pred: of that "
+        "runner; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
+        "(> 1: the plan is faster); all cores: the best single device with every core.")
 
 
 def main(argv=None) -> int:

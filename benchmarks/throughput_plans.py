@@ -33,6 +33,7 @@ from types import SimpleNamespace
 import autoplace
 from autoplace import zoo
 from autoplace.cli.optimize import pipeline_report
+from _timing import aligned
 from latency_plans import load
 
 BASELINES = ("sequential", "all_threads", "replicas")
@@ -78,11 +79,9 @@ def render(rows) -> str:
                       *(f"{rate[b]:.1f}" if b in rate else "-" for b in BASELINES),
                       *(f"{vs[b]:.2f}x" if b in vs else "-" for b in BASELINES),
                       f"{min(vs.values()):.2f}x"])
-    widths = [max(len(row[c]) for row in table) for c in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
-    lines.append("inputs/s, medians over the rounds; 'vs': the plan's rate / the baseline's "
-                 "(> 1: the plan is faster); 'vs best': against the best baseline measured.")
-    return "\n".join(lines)
+    return aligned(
+        table, "inputs/s, medians over the rounds; 'vs': the plan's rate / the baseline's "
+        "(> 1: the plan is faster); 'vs best': against the best baseline measured.")
 
 
 def main(argv=None) -> int:

@@ -73,8 +73,9 @@ class PositionIds:
         return out
 
 
-def test_folded_constants_of_ops_without_inputs_reach_their_device(devs, rng):
-    """Every placement of the position-id pattern runs and gives the single-device result."""
+def check_every_position_id_placement(devs, rng, run) -> None:
+    """Every two-device placement of the position-id pattern, run by ``run(mod, plan, *inputs)``
+    (the first output), gives the single-device result."""
     import itertools
 
     x = rng.standard_normal((1, 8, 16)).astype("float32")
@@ -83,8 +84,14 @@ def test_folded_constants_of_ops_without_inputs_reach_their_device(devs, rng):
     graph = autoplace.OpGraph.from_relax(PositionIds)
     for bits in itertools.product(range(2), repeat=len(graph.nodes)):
         plan = autoplace.Plan.from_assignment(graph, devs, [devs[b].name for b in bits])
-        [out] = autoplace.compile(PositionIds, plan)(x, table)
-        np.testing.assert_allclose(out, expected, rtol=1e-6, err_msg=str(bits))
+        np.testing.assert_allclose(run(PositionIds, plan, x, table), expected, rtol=1e-6,
+                                   err_msg=str(bits))
+
+
+def test_folded_constants_of_ops_without_inputs_reach_their_device(devs, rng):
+    """Every placement of the position-id pattern runs and gives the single-device result."""
+    check_every_position_id_placement(
+        devs, rng, lambda mod, plan, *xs: autoplace.compile(mod, plan)(*xs)[0])
 
 
 def test_wrong_number_of_inputs_is_a_clear_error(devs):

@@ -1,6 +1,5 @@
 """Latency plans run as segments, one worker per device: outputs, overlap, errors, the model."""
 
-import itertools
 import threading
 
 import numpy as np
@@ -16,7 +15,7 @@ from autoplace.run import ConcurrentModel, PipelineError
 from autoplace.solve import Problem, simulate_latency
 from autoplace.solve.segments import concurrent_latency, segments, serial_latency
 
-from test_compile import PositionIds
+from test_compile import check_every_position_id_placement
 
 
 # Two branches of the same work from one input, joined at the end.
@@ -64,15 +63,11 @@ def test_branches_on_two_devices_run_at_the_same_time(devs, rng):
 
 def test_every_placement_of_the_position_id_pattern_runs(devs, rng):
     """BERT's ``arange + offset`` position ids, on every two-device placement."""
-    x = rng.standard_normal((1, 8, 16)).astype("float32")
-    table = rng.standard_normal((64, 16)).astype("float32")
-    expected = x + table[np.arange(8) + 2]
-    graph = autoplace.OpGraph.from_relax(PositionIds)
-    for bits in itertools.product(range(2), repeat=len(graph.nodes)):
-        plan = autoplace.Plan.from_assignment(graph, devs, [devs[b].name for b in bits])
-        with ConcurrentModel.from_plan(PositionIds, plan) as run:
-            [out] = run(x, table)
-        np.testing.assert_allclose(out, expected, rtol=1e-6, err_msg=str(bits))
+    def run(mod, plan, *xs):
+        with ConcurrentModel.from_plan(mod, plan) as model:
+            return model(*xs)[0]
+
+    check_every_position_id_placement(devs, rng, run)
 
 
 @pytest.mark.parametrize("name", ["zoo:inception", "zoo:transformer"])

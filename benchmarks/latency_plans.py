@@ -170,14 +170,46 @@ def render(rows) -> str:
         "(> 1: the plan is faster); all cores: the best single device with every core.")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=[f"zoo:{n}" for n in zoo.names(include_torch=False)])
+def common_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every plan benchmark takes: models, devices, rounds, tuning records, JSON."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--models", nargs="+",
+                    default=[f"zoo:{n}" for n in zoo.names(include_torch=False)])
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
-    ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
+    return ap
+
+
+def start(args):
+    """The devices of ``args`` and the report's head; prints the load and the devices."""
+    devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
+    print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
+    return devices, {"devices": [d.name for d in devices]}
+
+
+def bench_all(bench, render, devices, args, report: dict) -> int:
+    """``bench(name, devices, args)`` per model (a failure is a row), then the table or JSON
+    (``--json FILE`` is written after every model, so that a run cut short keeps what it
+    measured). Exit status 1 when a model failed."""
+    rows = report["rows"] = []
+    for name in args.models:
+        try:
+            rows.append(bench(name, devices, args))
+        except Exception as e:  # noqa: BLE001 - one model's failure is a row
+            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
+        print(f"{name} done", flush=True)
+        if args.json not in (None, "-"):
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    print(json.dumps(report, indent=1, default=str) if args.json == "-" else render(rows))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def main(argv=None) -> int:
+    ap = common_parser(__doc__)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--overhead", action="store_true", help="measure the segment overhead first")
     ap.add_argument("--profile", action="append", default=[],
                     help="measured profile JSON for the devices of its kind (repeatable; "
@@ -186,9 +218,7 @@ def main(argv=None) -> int:
                     help="print the report as JSON instead of a table; with FILE, write it there "
                          "(after every model) and print the table")
     args = ap.parse_args(argv)
-    devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
-    print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
-    report = {"devices": [d.name for d in devices]}
+    devices, report = start(args)
     if args.overhead:
         fit = measure_segment_overhead(devices, repeat=args.repeat * 10, max_segments=8)
         report["segment_overhead"] = {"per_segment_us": fit.per_segment_s * 1e6,
@@ -196,18 +226,7 @@ def main(argv=None) -> int:
                                       "extra_us_by_segments": {k: e * 1e6 for k, e in
                                                                enumerate(fit.extra_s, 2)}}
         print("segment overhead:", fit, flush=True)
-    rows = report["rows"] = []
-    for name in args.models:
-        try:
-            rows.append(bench(name, devices, args))
-        except Exception as e:  # noqa: BLE001 - one model's failure is a row
-            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
-        print(f"{name} done", flush=True)
-        if args.json not in (None, "-"):  # so that a run cut short keeps what it measured
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1, default=str)
-    print(json.dumps(report, indent=1, default=str) if args.json == "-" else render(rows))
-    return 1 if any("error" in r for r in rows) else 0  # the report holds every row anyway
+    return bench_all(bench, render, devices, args, report)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/throughput_plans.py [--models zoo:resnet resnet18 ...]
      [--device cpu:0 --device cpu:1] [--inputs 64] [--rounds 3] [--db auto|none|PATH]
-     [--no-guard] [--json]
+     [--no-guard] [--json [FILE]]
 
 Per model, ``autoplace.optimize(objective="throughput")`` (default cost model, tuning records,
 replication allowed, the baseline guard on unless ``--no-guard``) plans over the devices; then,
@@ -24,17 +24,13 @@ Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 from types import SimpleNamespace
 
 import autoplace
-from autoplace import zoo
 from autoplace.cli.optimize import pipeline_report
 from _timing import aligned
-from latency_plans import load
+from latency_plans import bench_all, common_parser, load, start
 
 BASELINES = ("sequential", "all_threads", "replicas")
 
@@ -85,27 +81,15 @@ def render(rows) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=[f"zoo:{n}" for n in zoo.names(include_torch=False)])
-    ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
+    ap = common_parser(__doc__)
     ap.add_argument("--inputs", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
     ap.add_argument("--no-guard", action="store_true", help="keep the solver's plan")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                    help="print the report as JSON instead of a table; with FILE, write it there "
+                         "(after every model) and print the table")
     args = ap.parse_args(argv)
-    devices = [autoplace.Device.from_spec(s) for s in args.device or ["cpu:0", "cpu:1"]]
-    print(f"uptime: {os.getloadavg()}; devices {[d.name for d in devices]}", flush=True)
-    rows = []
-    for name in args.models:
-        try:
-            rows.append(bench(name, devices, args))
-        except Exception as e:  # noqa: BLE001 - one model's failure is a row
-            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
-        print(f"{name} done", flush=True)
-    report = {"devices": [d.name for d in devices], "rows": rows}
-    print(json.dumps(report, indent=1, default=str) if args.json else render(rows))
-    return 0
+    devices, report = start(args)
+    return bench_all(bench, render, devices, args, report)
 
 
 if __name__ == "__main__":

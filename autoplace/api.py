@@ -258,6 +258,8 @@ class OptimizeResult:
             ratio = (value / self.predicted_latency_s if self.predicted_latency_s > 0
                      else float("nan"))
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
+            if self.delivery is not None and name not in self.baseline_plans:
+                note += "; its schedule: a build of it would also pay its segments"
             lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
                          f"({ratio:.2f}x the plan{note})")
         for name, note in self.baseline_notes.items():

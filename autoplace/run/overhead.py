@@ -238,7 +238,7 @@ class OverheadFigure:
 
 
 def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = None,
-                      pairs: Iterable[tuple[str, str]] | None = None, rounds: int = 5,
+                      pairs: Iterable[tuple[str, str]] | None = None, rounds: int = 15,
                       max_stages: int = 6, max_segments: int = 6) -> tuple[OverheadFigure, ...]:
     """Measure each device's overheads (:class:`OverheadFigure`) and those of pairs of them.
 

@@ -259,7 +259,7 @@ class OptimizeResult:
                      else float("nan"))
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
             if self.delivery is not None and name not in self.baseline_plans:
-                note += "; its schedule: a build of it would also pay its segments"
+                note += "; a schedule: over several devices its build would also pay segments"
             lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
                          f"({ratio:.2f}x the plan{note})")
         for name, note in self.baseline_notes.items():
@@ -278,30 +278,41 @@ class Delivery:
     ``segment_overhead_s`` (:func:`autoplace.solve.segments.concurrent_latency`); ``serial_s``:
     one VM, one kernel after another (:func:`~autoplace.solve.segments.serial_latency`).
     ``runner`` is the faster, ``"concurrent"`` or ``"vm"``; a plan on one device is ``"vm"``.
+    ``call_s``: what a call from Python costs beyond the kernels (the device's measured
+    ``call`` overhead; 0 where no profile measured it), the same whichever runner.
     """
 
     runner: str
     concurrent_s: float
     serial_s: float
     segments: int
+    call_s: float = 0.0
+
+    @property
+    def run_s(self) -> float:
+        """The runner's kernels, copies and segments, without the call."""
+        return self.concurrent_s if self.runner == "concurrent" else self.serial_s
 
     @property
     def predicted_s(self) -> float:
-        return self.concurrent_s if self.runner == "concurrent" else self.serial_s
+        """What one call of the build is predicted to take."""
+        return self.run_s + self.call_s
 
     def __str__(self) -> str:
+        call = f" + {self.call_s * 1e6:.1f} us a call" if self.call_s else ""
         if self.segments <= 1:
-            return f"one VM, predicted {self.serial_s * 1e3:.4f} ms"
+            return f"one VM, predicted {self.serial_s * 1e3:.4f} ms{call}"
         conc = (f"{self.segments} segments on one worker per device, predicted "
                 f"{self.concurrent_s * 1e3:.4f} ms")
         vm = f"one VM, one kernel after another, predicted {self.serial_s * 1e3:.4f} ms"
-        return f"{conc} (rather than {vm})" if self.runner == "concurrent" else \
-            f"{vm} (rather than {conc})"
+        return (f"{conc} (rather than {vm}){call}" if self.runner == "concurrent" else
+                f"{vm} (rather than {conc}){call}")
 
 
-def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float]) -> Delivery:
+def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float],
+              call_s: float = 0.0) -> Delivery:
     """Both ways of running a latency solution on ``problem`` (without the segment overhead the
-    solver saw on its copies), and which is faster."""
+    solver saw on its copies), and which is faster; ``call_s`` is added to either."""
     from autoplace.solve.segments import concurrent_latency, segments, serial_latency
 
     a = solution.assignment
@@ -310,7 +321,7 @@ def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float
     serial = serial_latency(problem, a)
     count = int(segments(problem, a, solution.order).max(initial=-1)) + 1
     runner = "concurrent" if len(set(a.tolist())) > 1 and conc < serial else "vm"
-    return Delivery(runner, conc, serial, count)
+    return Delivery(runner, conc, serial, count, call_s)
 
 
 def _ms(seconds: float, rate: bool) -> str:
@@ -500,24 +511,27 @@ def optimize(
                                                              described, threads_all))
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
-    delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s)
+    call_s, call_note = _call_overhead(devices, cost_model) if plain is not None else (0.0, ())
+    overheads_note += call_note
+    delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s, call_s)
     decision = None
     if baseline_guard:
         # A latency plan is worth what its build delivers (one VM, or segments side by side).
-        judged = solution if delivery is None else replace(solution, value=delivery.predicted_s)
+        # The call costs every plan and baseline alike: compared without it.
+        judged = solution if delivery is None else replace(solution, value=delivery.run_s)
         chosen, decision = guard(problem, judged, spread, found, str(plan))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution,
-                                     segment_overhead_s)
+                                     segment_overhead_s, call_s)
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
         plan = replace(plan, predicted_s=delivery.predicted_s)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          {b.name: b.value for b in found if b.value is not None}, mod,
+                          {b.name: b.value + call_s for b in found if b.value is not None}, mod,
                           described, predictor=cost_model, records=records, records_note=note,
                           profiles_note=profiles_note, overheads_note=overheads_note,
                           overhead_sources=overhead_sources, delivery=delivery,
@@ -567,6 +581,20 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, given):
             lines.append(f"{what}: {d.name} {m * 1e6:.1f} us (measured by its profile "
                          f"{prof.fingerprint})")
     return out, sources, tuple(lines)
+
+
+def _call_overhead(devices: Sequence[Device], cost_model) -> tuple[float, tuple[str, ...]]:
+    """What a call of a latency plan's build costs beyond its kernels: the largest ``call``
+    overhead the devices' profiles measured (a call runs on the caller's thread whichever device
+    the kernels run on), else 0; and a line saying which."""
+    overheads = getattr(cost_model, "overheads", None)
+    measured = overheads(devices) if callable(overheads) else {}
+    calls = {name: kinds["call"] for name, kinds in measured.items() if "call" in kinds}
+    if not calls:
+        return 0.0, ("call overhead: not charged (no profile of these devices measured it)",)
+    name = max(calls, key=calls.get)
+    return calls[name], (f"call overhead: {calls[name] * 1e6:.1f} us (measured by {name}'s "
+                         "profile), added to the plan's and every baseline's prediction",)
 
 
 def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:

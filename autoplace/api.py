@@ -652,9 +652,11 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
     k = next((k for k in cpus if all(devices[k].can_run(n.op_type) for n in graph.nodes)),
              cpus[0])
     if any("tuned" in s for s in sources):
-        return k, threads, ThreadedCosts(None, None, "not predicted: the plan's costs include "
-                                                     "tuned kernels, timed with the planned "
-                                                     "threads only")
+        return k, threads, ThreadedCosts(
+            None, None, f"not predicted: the plan's costs include tuned kernels, which autoplace "
+                        f"times only at each device's own thread count; a build of one device "
+                        f"with all {threads} threads may well be faster: time it beside the plan "
+                        f"(benchmarks/latency_plans.py, or optimize --run for a pipeline)")
     extra = []
     if described.startswith("measured") and isinstance(cost_model, ProfiledCostModel):
         from autoplace.profile import LocalRunner, fingerprint

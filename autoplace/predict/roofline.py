@@ -27,6 +27,10 @@ class RooflineCostModel:
     """
 
     source = "roofline"
+    #: Relative spread of an estimate, for the guard against losing plans. A roofline fitted to
+    #: a profile missed held-out op shapes by a median 65-106 % (docs/results.md); one that
+    #: uses a device's rough peaks misses by more.
+    spread = 1.0
 
     def __init__(self, launch_s: float = 2e-6):
         self.launch_s = launch_s

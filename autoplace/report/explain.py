@@ -321,9 +321,14 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
 
     Measured costs: the spread (std / mean) of the profile's repeats. Learned costs from a
     model with ``quantiles`` (:class:`~autoplace.predict.XGBCostModel`, also as a measured
-    model's fallback): half the P10-P90 band over the P50. Roofline estimates have none.
+    model's fallback): half the P10-P90 band over the P50. Roofline estimates:
+    :attr:`RooflineCostModel.spread <autoplace.predict.RooflineCostModel.spread>`.
     """
+    from autoplace.predict.roofline import RooflineCostModel
+
     out = np.full((len(graph.nodes), len(devices)), np.nan)
+    if isinstance(cost_model, RooflineCostModel):
+        out[:] = cost_model.spread
     if not isinstance(cost_model, SourcedCostModel):
         return out
     profiled = isinstance(cost_model, ProfiledCostModel)
@@ -339,6 +344,8 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
                 q = learned.quantiles(graph, dev) if q is None else q
                 lo, mid, hi = q[n.index, 0], q[n.index, q.shape[1] // 2], q[n.index, -1]
                 out[n.index, k] = (hi - lo) / (2 * mid)
+            elif sources[n.index] == RooflineCostModel.source:
+                out[n.index, k] = RooflineCostModel.spread
     return out
 
 

@@ -477,8 +477,10 @@ def optimize(
                      else type(cost_model).__name__)
     threads_all = _all_threads(devices)
     profiles_note = _profile_notes(cost_model, devices, check_devices, threads_all)
+    overheads = getattr(cost_model, "overheads", None)
+    measured = overheads(devices) if callable(overheads) else {}
     overhead, overhead_sources, overheads_note = _overheads(
-        objective, devices, cost_model,
+        objective, devices, cost_model, measured,
         stage_overhead_s if objective == "throughput" else segment_overhead_s)
     if objective == "throughput":
         stage_overhead_s = overhead
@@ -511,7 +513,7 @@ def optimize(
                                                              described, threads_all))
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
-    call_s, call_note = _call_overhead(devices, cost_model) if plain is not None else (0.0, ())
+    call_s, call_note = _call_overhead(measured) if plain is not None else (0.0, ())
     overheads_note += call_note
     delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s, call_s)
     decision = None
@@ -540,10 +542,10 @@ def optimize(
                           guard=decision)
 
 
-def _overheads(objective: str, devices: Sequence[Device], cost_model, given):
+def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, given):
     """The overhead the solver charges each device: a throughput plan's stage (per input), a
     latency plan's segment. ``given`` (the caller's figure or mapping) wins; else each device's
-    measured figure (``cost_model.overheads``, a measured stage hand-off with
+    figure in ``measured`` (``cost_model.overheads(devices)``; a stage hand-off gets
     ``STAGE_SLOWDOWN_S`` added), else the constant of its kind.
 
     Returns ``(figure or {name: seconds}, {name: "given" | "measured" | "default"}, lines)``.
@@ -557,8 +559,6 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, given):
                  if isinstance(given, Mapping) else f"{given * 1e6:.1f} us per device")
         return (given, {d.name: "given" for d in devices},
                 (f"{what}: {shown} (given: {kind}_overhead_s)",))
-    overheads = getattr(cost_model, "overheads", None)
-    measured = overheads(devices) if callable(overheads) else {}
     out, sources, lines = {}, {}, []
     for d in devices:
         m = measured.get(d.name, {}).get(kind)
@@ -583,12 +583,10 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, given):
     return out, sources, tuple(lines)
 
 
-def _call_overhead(devices: Sequence[Device], cost_model) -> tuple[float, tuple[str, ...]]:
+def _call_overhead(measured: Mapping[str, Mapping[str, float]]) -> tuple[float, tuple[str, ...]]:
     """What a call of a latency plan's build costs beyond its kernels: the largest ``call``
     overhead the devices' profiles measured (a call runs on the caller's thread whichever device
     the kernels run on), else 0; and a line saying which."""
-    overheads = getattr(cost_model, "overheads", None)
-    measured = overheads(devices) if callable(overheads) else {}
     calls = {name: kinds["call"] for name, kinds in measured.items() if "call" in kinds}
     if not calls:
         return 0.0, ("call overhead: not charged (no profile of these devices measured it)",)

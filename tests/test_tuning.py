@@ -146,6 +146,80 @@ def test_a_time_limit_stops_the_campaign_before_its_next_kernel(tuned):
         autoplace.tune(_model(False), [CPU], db, time_limit_s=-1)
 
 
+def test_kernels_count_their_calls_across_models():
+    from autoplace.tuning import device_kernels
+
+    kernels = device_kernels([_model(False), _model(True)], CPU.tvm_target())
+    assert sorted(k.calls for k in kernels) == [1, 2]  # the shared matmul is called twice
+    [shared] = [k for k in kernels if k.calls == 2]
+    assert shared.flops == max(k.flops for k in kernels)
+
+
+def _two_matmuls():
+    """relu(x @ w) @ v: a 16x32x32 matmul, then a 16x32x8 one (fewer FLOPs)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 32), "float32"))
+    v = relax.Var("v", relax.TensorType((32, 8), "float32"))
+    with bb.function("main", [x, w, v]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+            out = bb.emit_output(relax.op.matmul(y, v))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_each_kernel_s_default_time_is_measured_once_and_kept(tuned):
+    from autoplace.tuning.records import default_times
+
+    db, report = tuned
+    [kernel] = report.kernels
+    [folder] = [p for p in records_root(db).iterdir() if p.is_dir()]
+    assert list(default_times(folder).values()) == [kernel.default_s] and kernel.default_s > 0
+    assert "of the time the default kernels take" in describe(report)
+    again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, dry_run=True)
+    assert again.kernels[0].default_s == kernel.default_s
+
+
+def test_a_campaign_tunes_the_slowest_kernels_first_in_two_passes(tmp_path):
+    """The kernel that takes the most default time goes first even with fewer FLOPs, and every
+    kernel gets a round before any gets a second."""
+    from autoplace.backend.tuned import kernel_key
+    from autoplace.tuning.records import device_folder, save_default_times
+
+    db = tmp_path / "prof.db"
+    folder = device_folder(db, fingerprint(LocalRunner(CPU).info()))
+    big, small = sorted(_kernels(), key=lambda k: -k.flops)
+    # Timed before (a campaign times only what it does not know): the small matmul is slower.
+    save_default_times(folder, {kernel_key(big.workload): 1e-6, kernel_key(small.workload): 1e-3})
+    report = autoplace.tune(_two_matmuls(), [CPU], db, trials=2, trials_per_iter=1,
+                            progress=False)
+    assert _workload_order(folder) == [small.name, big.name] * 2
+    assert [k.default_s for k in sorted(report.kernels, key=lambda k: -k.flops)] == [1e-6, 1e-3]
+
+
+def _kernels():
+    from autoplace.tuning import device_kernels
+
+    return device_kernels([_two_matmuls()], CPU.tvm_target())
+
+
+def _workload_order(folder):
+    """The kernel of each record, in the order the records were committed (a record's line
+    starts with the index of its workload's line)."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    names = {tvm_ffi.structural_hash(k.workload): k.name for k in _kernels()}
+    lines = (folder / "database_workload.json").read_text().splitlines()
+    workloads = [names[tvm_ffi.structural_hash(ms.database.Workload.from_json(json.loads(ln)).mod)]
+                 for ln in lines]
+    return [workloads[json.loads(ln)[0]]
+            for ln in (folder / "database_tuning_record.json").read_text().splitlines()]
+
+
 def test_the_tuned_build_differs_in_its_tir_and_equals_the_default_in_numerics(tuned):
     db, _ = tuned
     records, lines = open_records(db, [CPU], [fingerprint(LocalRunner(CPU).info())])

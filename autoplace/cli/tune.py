@@ -16,7 +16,10 @@ EPILOG = """examples:
 
 Records go beside the store (prof.db.tuning/<device fingerprint>/). A campaign stopped at any
 point (Ctrl-C, kill) resumes where it was when run again; a kernel shared by several models, or
-tuned by an earlier campaign, is tuned once. Kernels with the most FLOPs are tuned first.
+tuned by an earlier campaign, is tuned once. Each kernel's default schedule is timed once
+(a few calls), and the kernels that take the most time are tuned first, in two passes: one
+round each, then the rest of their trials. A campaign stopped early (--minutes, Ctrl-C) has
+spent its time where the model spends it.
 An rpc: device is reached through a TVM RPC tracker, as `autoplace profile` reaches it:
 candidates are compiled here and run there by MetaSchedule's RPC runner.
 """

@@ -68,6 +68,31 @@ def mark_exhausted(folder: Path, key: str) -> None:
         f.write(key + "\n")
 
 
+_DEFAULT_TIMES = "default_times.json"
+
+
+def default_times(folder: Path) -> dict[str, float | None]:
+    """Seconds each kernel (:func:`autoplace.backend.tuned.kernel_key`) took with its default
+    schedule on the device, as a campaign timed them to choose what to tune first; ``None``
+    where the default kernel did not build or run."""
+    try:
+        data = json.loads((folder / _DEFAULT_TIMES).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) if isinstance(v, (int, float)) else None for k, v in data.items()}
+
+
+def save_default_times(folder: Path, times: dict[str, float | None]) -> None:
+    """Write ``times`` (as :func:`default_times` reads them) whole, so a kill leaves the old
+    file or the new one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (_DEFAULT_TIMES + ".tmp")
+    tmp.write_text(json.dumps(times, indent=0, sort_keys=True) + "\n")
+    tmp.replace(folder / _DEFAULT_TIMES)
+
+
 def write_device(folder: Path, device: Device | str, info: dict[str, Any],
                  target: tvm.target.Target):
     """Say in ``folder/device.json`` which device (a :class:`Device`, or the spec of a remote

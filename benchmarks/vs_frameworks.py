@@ -15,14 +15,11 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
 1. PyTorch eager: the reference outputs, the latency, and an ONNX export (``dynamo=False``).
 2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = ``--threads``).
 3. Tuning with ``autoplace.tune`` for this CPU (``-mcpu`` of the host, ``num-cores`` =
-   ``--threads``), records kept beside ``--db``. ``autoplace.tune`` brings every kernel of the
-   model to N trials, heaviest first, and has no time limit, so the benchmark calls it twice:
-   N = 16 (one MetaSchedule round per kernel: every kernel gets a tuned schedule), then
-   N = ``--trials`` (the heavy kernels first), and kills it when ``--minutes`` are spent (every
-   finished round of 16 trials is kept; the kernels it did not reach keep fewer trials). Each
-   call costs every kernel a fixed setup (the evolutionary search's first population), which is
-   why there are only two. A second run with the same ``--db`` and ``--trials`` finds nothing
-   pending and tunes nothing.
+   ``--threads``), records kept beside ``--db``, to ``--trials`` per kernel with a time limit of
+   ``--minutes``: the campaign times each kernel's default schedule, gives every kernel one
+   round of 16 trials, the slowest first, then the rest of their trials, and starts nothing past
+   the limit (the worker is killed if it runs on well past it; finished rounds are kept). A
+   second run with the same ``--db`` and ``--trials`` finds nothing pending and tunes nothing.
 4. TVM: ``autoplace.compile`` of the model on one CPU (``--device``), without records (default
    schedules) and with them (tuned); latencies, relative errors against PyTorch, and, for the
    tuned build, each kernel's share of the run (timed with the VM's instrument hook).
@@ -50,7 +47,7 @@ import _models
 
 WARMUP = 2
 TIME_CAP_S = 30.0
-FIRST_RUNG = 16  # trials per kernel before any kernel gets more: one MetaSchedule round
+ROUND = 16  # trials per MetaSchedule round: every kernel gets one before any gets more
 TOP_KERNELS = 5
 WORKER_TIMEOUT_S = 45 * 60
 
@@ -149,25 +146,24 @@ def _device(cfg: dict):
 
 
 def _worker_tune(cfg: dict) -> dict:
-    """Tune to ``FIRST_RUNG`` trials per kernel, then to ``--trials``; write the progress after
-    each (the parent may kill this process at any moment)."""
+    """One campaign to ``--trials`` per kernel within ``--minutes``."""
     import autoplace
 
     model = _models.load(cfg["model"], cfg["seed"])
     mod = _models.relax_module(model, cfg["seed"])
-    progress_path = Path(cfg["work"]) / "tune_progress.json"
-    rungs = sorted({min(FIRST_RUNG, cfg["trials"]), cfg["trials"]})
-    done = []
-    for trials in rungs:
-        t0 = time.perf_counter()
-        report = autoplace.tune(mod, [_device(cfg)], cfg["db"], trials=trials, trials_per_iter=16,
-                                progress=False)
-        done.append({"trials": trials, "wall_s": time.perf_counter() - t0,
-                     "tuned_now": sum(k.tuned_now for k in report.kernels),
-                     "kernels": len(report.kernels),
-                     "failed": sum(k.failed for k in report.kernels)})
-        progress_path.write_text(json.dumps(done))
-    return {"rungs": done}
+    report = autoplace.tune(mod, [_device(cfg)], cfg["db"], trials=cfg["trials"],
+                            trials_per_iter=ROUND, progress=False,
+                            time_limit_s=cfg["minutes"] * 60)
+    kernels = report.kernels
+    timed = [k for k in kernels if k.default_s is not None]
+    total = sum(k.default_s * k.calls for k in timed)
+    return {"kernels": len(kernels), "failed": sum(k.failed for k in kernels),
+            "reached": sum(k.done(cfg["trials"]) for k in kernels),
+            "with_records": sum(k.valid > 0 for k in kernels),
+            "default_share_tuned": (sum(k.default_s * k.calls for k in timed if k.valid) / total
+                                    if total else None),
+            "tuned_now": sum(k.tuned_now for k in kernels), "out_of_time": report.out_of_time,
+            "campaign_s": report.wall_s}
 
 
 def _worker_tvm(cfg: dict) -> dict:
@@ -336,7 +332,8 @@ def bench_model(name: str, args, work: Path, say) -> dict:
     """Every framework's numbers for one model (errors in their place, never raised)."""
     work.mkdir(parents=True, exist_ok=True)
     cfg = {"model": name, "seed": 0, "threads": args.threads, "repeats": args.repeats,
-           "trials": args.trials, "db": str(args.db), "device": args.device, "work": str(work)}
+           "trials": args.trials, "minutes": args.minutes, "db": str(args.db),
+           "device": args.device, "work": str(work)}
     row: dict = {"model": name}
     with open(work / "log.txt", "w") as log:
         say(f"{name}: PyTorch eager ...")
@@ -350,13 +347,12 @@ def bench_model(name: str, args, work: Path, say) -> dict:
         if args.minutes > 0:
             say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
             before = _records(args.db)
-            progress = work / "tune_progress.json"
-            progress.unlink(missing_ok=True)
+            # The campaign stops itself; a kernel started just before the limit may take the
+            # rest of its trials (a few minutes) before it does.
             row["tune"] = _spawn("tune", cfg, log, timeout_s=WORKER_TIMEOUT_S,
-                                 tvm_threads=args.threads, soft_deadline_s=args.minutes * 60)
+                                 tvm_threads=args.threads,
+                                 soft_deadline_s=args.minutes * 60 * 1.25 + 180)
             row["tune"]["trials_run"] = _records(args.db) - before
-            if "rungs" not in row["tune"] and progress.exists():
-                row["tune"]["rungs"] = json.loads(progress.read_text())
         say(f"{name}: TVM default and tuned builds ...")
         row["tvm"] = _spawn("tvm", cfg, log, timeout_s=WORKER_TIMEOUT_S, tvm_threads=args.threads)
     return row
@@ -419,18 +415,18 @@ def _tuning_note(row: dict, args) -> str:
         return "not tuned this run (--minutes 0): the records as they were"
     if tune.get("error"):
         return f"tuning failed: {tune['error']}"
-    finished = {r["trials"]: r for r in tune.get("rungs") or []}
-    failed = max((r["failed"] for r in finished.values()), default=0)
-    failed = f"; {failed} kernel(s) failed to tune" if failed else ""
-    if not tune["trials_run"] and not tune["stopped"]:
+    if tune["stopped"]:
+        return (f"{tune['trials_run']} trials in {tune['wall_s']:.0f} s; killed well past the "
+                f"{args.minutes:g}-min limit (finished rounds kept)")
+    failed = f"; {tune['failed']} kernel(s) failed to tune" if tune["failed"] else ""
+    if not tune["trials_run"]:
         return f"nothing to tune: every kernel had {args.trials} trials in {args.db}{failed}"
-    steps = []
-    for trials in sorted({min(FIRST_RUNG, args.trials), args.trials}):
-        state = (f"done in {finished[trials]['wall_s']:.0f} s" if trials in finished
-                 else f"stopped at the {args.minutes:g}-min budget" if tune["stopped"]
-                 else "not reached")
-        steps.append(f"every kernel to {trials} trials, heaviest first: {state}")
-    return f"{tune['trials_run']} trials in {tune['wall_s']:.0f} s ({'; '.join(steps)}){failed}"
+    share = tune.get("default_share_tuned")
+    share = f", {share:.0%} of the default build's time" if share is not None else ""
+    limit = f"; the {args.minutes:g}-min limit stopped it" if tune["out_of_time"] else ""
+    return (f"{tune['trials_run']} trials in {tune['wall_s']:.0f} s: {tune['with_records']} of "
+            f"{tune['kernels']} kernels tuned{share}, {tune['reached']} to {args.trials} "
+            f"trials{limit}{failed}")
 
 
 def _bottlenecks(row: dict) -> list[str]:

@@ -69,9 +69,11 @@ def test_records_are_filed_under_the_remotes_fingerprint(cluster, tuned):
 
 def test_candidates_and_the_tuned_kernel_run_on_the_remote(tuned):
     spec, db, report, sessions = tuned
-    # Two to ask what the device is (before the campaign, before the kernel), one per candidate
-    # (MetaSchedule's RPC runner: the local one would open none), one to time the tuned kernel.
-    assert sessions == 2 + TRIALS + 1
+    # Two to ask what the device is (before the campaign, before the kernel), one to time the
+    # default kernel (what the campaign orders kernels by), one per candidate (MetaSchedule's
+    # RPC runner: the local one would open none), one to time the tuned kernel.
+    assert sessions == 2 + 1 + TRIALS + 1
+    assert report.kernels[0].default_s > 0
     assert report.timed == 1
     with ProfileStore(db) as store:
         [row] = [m for m in store.measurements(schedule=None) if m.schedule.startswith("tuned:")]

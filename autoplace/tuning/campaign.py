@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoplace.backend import fused_kernels
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Seconds one MetaSchedule trial took on a 2-core machine: what ``--dry-run`` estimates with.
-SECONDS_PER_TRIAL = 3.0
+SECONDS_PER_TRIAL = 1.5
 
 #: Seconds a candidate may take to run (here, or on a remote session) before it counts as failed.
 RUN_TIMEOUT_S = 60
@@ -213,6 +213,7 @@ class _DeviceTasks:
     kernels: list[_Kernel]
     ms_runner: Any = None  # MetaSchedule's runner and builder for its candidates, made when
     ms_builder: Any = None  # first needed and kept for the campaign
+    cost_models: dict = field(default_factory=dict)  # kernel key -> its MetaSchedule cost model
 
 
 def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False,
@@ -379,27 +380,41 @@ def _tune_in_passes(tasks, trials, trials_per_iter, progress, deadline, pending)
 
 
 def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -> None:
-    """``todo`` more trials of kernel ``k`` on ``t``'s device; its state updated."""
+    """``todo`` more trials of kernel ``k`` on ``t``'s device, a round at a time; its state
+    updated. A round that finds fewer new candidates than it asked for ends the kernel for
+    good: MetaSchedule has no other schedule for it (it would search again, round after round,
+    and find none)."""
+    from tvm.s_tir import meta_schedule as ms
+
     # A remote gone away stops the campaign here (DeviceUnavailable), before its candidates
     # would be recorded as failed runs of this kernel.
     t.runner.info()
     t.runner.close()
-    before = k.recorded + k.tuned_now
     try:
         if t.ms_runner is None:
             t.ms_runner, t.ms_builder = _ms_runner(t.runner), _ms_builder()
-        _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, todo,
-                  trials_per_iter, t.ms_runner, t.ms_builder)
+        # One cost model per kernel, trained by every round of this campaign.
+        model = t.cost_models.setdefault(
+            k.key, ms.CostModel.create("xgb", num_tuning_cores=_search_threads(),
+                                       tree_method="auto"))
+        while todo > 0:
+            ask = min(trials_per_iter, todo)
+            before = _recorded(t.database, k.use.workload)[0]
+            _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
+                      t.ms_runner, t.ms_builder, model)
+            now, k.valid = _recorded(t.database, k.use.workload)
+            k.tuned_now = now - k.recorded
+            todo -= ask
+            if now - before < ask:
+                k.spent = True
+                mark_exhausted(t.folder, k.key)
+                break
     except Exception as e:  # noqa: BLE001 - one kernel's failure must not stop the rest
         k.error = str(op_failed("tuning failed", e))  # Ctrl-C raises here
         log.warning("%s %s: %s; it keeps its default schedule", t.runner.name, k.use.name,
                     k.error)
-    now_recorded, k.valid = _recorded(t.database, k.use.workload)
-    k.tuned_now = now_recorded - k.recorded
-    if k.error is None and now_recorded < before + todo:
-        # MetaSchedule ran out of new candidates: more trials find nothing.
-        k.spent = True
-        mark_exhausted(t.folder, k.key)
+        now, k.valid = _recorded(t.database, k.use.workload)
+        k.tuned_now = now - k.recorded
 
 
 def _time_all(tasks, db, progress: bool) -> int:
@@ -439,7 +454,17 @@ def _ms_builder():
     """MetaSchedule's local builder, building candidates with :func:`build_candidate`."""
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.builder.LocalBuilder(max_workers=1, timeout_sec=120, f_build=build_candidate)
+    return ms.builder.LocalBuilder(max_workers=_search_threads(), timeout_sec=120,
+                                   f_build=build_candidate)
+
+
+def _search_threads() -> int:
+    """Threads for MetaSchedule's search, cost model and builds: every core this process may
+    use (they run between measurements; candidates run with the device's own thread count,
+    its target's ``num-cores``)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def build_candidate(mod, target, params):
@@ -459,20 +484,23 @@ def build_candidate(mod, target, params):
     return build(mod, target=target)
 
 
-def _tune_one(workload, target, database, folder, name, trials, per_iter, runner,
-              builder) -> None:
+def _tune_one(workload, target, database, folder, name, trials, runner, builder,
+              cost_model) -> None:
+    """One MetaSchedule round of ``trials`` candidates of ``workload``, into ``database``."""
     from tvm.s_tir import meta_schedule as ms
 
     work = folder / "work"
     work.mkdir(parents=True, exist_ok=True)
     context = ms.TuneContext(workload, target=target, space_generator="post-order-apply",
                              search_strategy="evolutionary", task_name=name,
-                             num_threads=max(1, int(target.attrs.get("num-cores", 1))))
+                             num_threads=_search_threads())
+    # A global budget of one trial: the scheduler stops once a round's candidates are counted,
+    # so this is exactly one round of up to ``trials`` (it would otherwise search again, round
+    # after round, for a kernel whose few schedules are all measured).
     ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=str(work),
-                  max_trials_global=trials, max_trials_per_task=trials,
-                  num_trials_per_iter=min(per_iter, trials), database=database,
-                  builder=builder, runner=runner,
-                  task_scheduler="round-robin")
+                  max_trials_global=1, max_trials_per_task=trials,
+                  num_trials_per_iter=trials, database=database, builder=builder,
+                  runner=runner, cost_model=cost_model, task_scheduler="round-robin")
 
 
 def _recorded(database, workload) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def register_cli(sub) -> None:
     p.add_argument("--db", required=True,
                    help="the profile store the records live beside (need not exist)")
     p.add_argument("--trials", type=int, default=64,
-                   help="candidates measured per kernel (default 64; about 3 s each on 2 cores)")
+                   help="candidates measured per kernel (default 64; about 1.5 s each on 2 cores)")
     p.add_argument("--round", type=int, default=16, metavar="N",
                    help="candidates measured per round; records are saved after each (default 16)")
     p.add_argument("--minutes", type=float, metavar="M",

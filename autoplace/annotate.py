@@ -136,6 +136,13 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         for _ in block.bindings:
             b = next(binding_iter)
             var, value = b.var, b.value
+            if is_op_call(value) and lift_constants \
+                    and (folded := _folded(value, consts)) is not None:
+                # An op of constants only (a weight's transpose): computed now, as the
+                # unlifted build's FoldConstant would, not run on every call.
+                node_index += 1
+                consts[var] = folded
+                continue
             if is_op_call(value):
                 k = dev_of_node[node_index]
                 node_index += 1
@@ -181,6 +188,39 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     new_mod[func_name] = new_func
     new_mod.update_global_info("vdevice", vdevs)
     return relax.transform.Normalize()(new_mod), lifted
+
+
+def _folded(call, consts):
+    """The value of op ``call`` when its every argument is a tensor constant (or no tensor at
+    all, e.g. a shape), computed now on the CPU as ``FoldConstant`` computes it; None when any
+    argument is not a constant, none is a tensor, or the op does not fold."""
+    import tvm
+    from tvm import relax
+
+    args = [consts.get(a, a) if isinstance(a, relax.Var) else a for a in call.args]
+    if call.op.name.startswith("relax.call") or not any(_is_tensor_const(a) for a in args) \
+            or any(isinstance(a, (relax.Var, relax.Tuple)) for a in args):
+        return None
+    bb = relax.BlockBuilder()
+    with bb.function("main", []):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(call.op, args, call.attrs, call.ty_args))
+        bb.emit_func_output(out)
+    try:
+        with tvm.target.Target("llvm"):
+            mod = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                            relax.transform.FoldConstant()])(bb.get())
+    except Exception:  # noqa: BLE001 - an op that does not fold stays an op
+        return None
+    body = mod["main"].body
+    result = body.body
+    for block in body.blocks:
+        for b in block.bindings:
+            if isinstance(result, relax.Var) and b.var.same_as(result):
+                result = b.value
+    if not _is_tensor_const(result):
+        return None
+    return relax.const(result.value, result.ty.dtype)
 
 
 def _type_of(expr):

@@ -1,5 +1,7 @@
 """Multi-device builds run and give the single-device results, for every placement tried."""
 
+import itertools
+
 import numpy as np
 import pytest
 import tvm
@@ -76,7 +78,6 @@ class PositionIds:
 def check_every_position_id_placement(devs, rng, run) -> None:
     """Every two-device placement of the position-id pattern, run by ``run(mod, plan, *inputs)``
     (the first output), gives the single-device result."""
-    import itertools
 
     x = rng.standard_normal((1, 8, 16)).astype("float32")
     table = rng.standard_normal((64, 16)).astype("float32")
@@ -92,6 +93,27 @@ def test_folded_constants_of_ops_without_inputs_reach_their_device(devs, rng):
     """Every placement of the position-id pattern runs and gives the single-device result."""
     check_every_position_id_placement(
         devs, rng, lambda mod, plan, *xs: autoplace.compile(mod, plan)(*xs)[0])
+
+
+def test_ops_of_constants_only_are_computed_at_build_not_on_every_call(devs, rng):
+    """A weight's transpose (an op whose every input is a constant) is folded into the constant
+    the build uploads, as the unlifted lowering folds it: on every placement the build runs the
+    matmul kernel alone, with the outputs of numpy."""
+    w = rng.standard_normal((16, 8)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(relax.const(w)))
+            out = bb.emit_output(relax.op.matmul(x, t))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    graph = autoplace.OpGraph.from_relax(mod)
+    xs = rng.standard_normal((4, 8)).astype("float32")
+    for names in itertools.product([d.name for d in devs], repeat=len(graph.nodes)):
+        run = autoplace.compile(mod, autoplace.Plan.from_assignment(graph, devs, list(names)))
+        assert run.kernels == {"tuned": 0, "default": 1}, names
+        np.testing.assert_allclose(run(xs)[0], xs @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_wrong_number_of_inputs_is_a_clear_error(devs):

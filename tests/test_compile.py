@@ -78,7 +78,6 @@ class PositionIds:
 def check_every_position_id_placement(devs, rng, run) -> None:
     """Every two-device placement of the position-id pattern, run by ``run(mod, plan, *inputs)``
     (the first output), gives the single-device result."""
-
     x = rng.standard_normal((1, 8, 16)).astype("float32")
     table = rng.standard_normal((64, 16)).astype("float32")
     expected = x + table[np.arange(8) + 2]

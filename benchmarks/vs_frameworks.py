@@ -155,13 +155,11 @@ def _worker_tune(cfg: dict) -> dict:
                             trials_per_iter=ROUND, progress=False,
                             time_limit_s=cfg["minutes"] * 60)
     kernels = report.kernels
-    timed = [k for k in kernels if k.default_s is not None]
-    total = sum(k.default_s * k.calls for k in timed)
+    shared = report.tuned_share()
     return {"kernels": len(kernels), "failed": sum(k.failed for k in kernels),
             "reached": sum(k.done(cfg["trials"]) for k in kernels),
             "with_records": sum(k.valid > 0 for k in kernels),
-            "default_share_tuned": (sum(k.default_s * k.calls for k in timed if k.valid) / total
-                                    if total else None),
+            "default_share_tuned": shared[0] if shared else None,
             "tuned_now": sum(k.tuned_now for k in kernels), "out_of_time": report.out_of_time,
             "campaign_s": report.wall_s}
 

@@ -91,6 +91,17 @@ class TuneReport:
     def estimate_s(self) -> float:
         return self.pending * SECONDS_PER_TRIAL
 
+    def tuned_share(self, device: str | None = None) -> tuple[float, float] | None:
+        """``(share, seconds)``: the default kernels' time (default seconds x calls, one call of
+        each model) of ``device`` (every device: ``None``), and the share of it that kernels with
+        tuned records take; ``None`` where no kernel's default time is known."""
+        timed = [k for k in self.kernels if k.default_s is not None
+                 and (device is None or k.device == device)]
+        total = sum(k.default_s * k.calls for k in timed)
+        if not total > 0:
+            return None
+        return sum(k.default_s * k.calls for k in timed if k.valid) / total, total
+
     def to_dict(self) -> dict[str, Any]:
         return {"trials": self.trials, "pending": self.pending_kernels,
                 "pending_trials": self.pending, "estimate_s": self.estimate_s(),
@@ -318,10 +329,10 @@ def _time_defaults(tasks, trials: int, progress: bool, deadline: float | None) -
     from tqdm.auto import tqdm
 
     for t in tasks:
-        todo = [k for k in t.kernels if k.missing(trials) and k.key not in default_times(t.folder)]
+        times = default_times(t.folder)
+        todo = [k for k in t.kernels if k.missing(trials) and k.key not in times]
         if not todo or (deadline is not None and time.perf_counter() >= deadline):
             continue
-        times = default_times(t.folder)
         try:
             for k in tqdm(todo, desc=f"timing default kernels ({t.runner.name})", unit="kernel",
                           disable=not progress):
@@ -399,7 +410,7 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
                                        tree_method="auto"))
         while todo > 0:
             ask = min(trials_per_iter, todo)
-            before = _recorded(t.database, k.use.workload)[0]
+            before = k.recorded + k.tuned_now
             _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
                       t.ms_runner, t.ms_builder, model)
             now, k.valid = _recorded(t.database, k.use.workload)
@@ -536,10 +547,8 @@ def describe(report: TuneReport) -> str:
         lines.append(f"{device}: {len(mine)} kernels, {done} tuned to {report.trials} trials, "
                      f"{spent} with every schedule MetaSchedule has for them, {failed} failed; "
                      f"records in {folder}")
-        timed = [k for k in mine if k.default_s is not None]
-        total = sum(k.default_s * k.calls for k in timed)
-        if total > 0:
-            share = sum(k.default_s * k.calls for k in timed if k.valid) / total
+        if (shared := report.tuned_share(device)) is not None:
+            share, total = shared
             lines.append(f"  kernels with tuned records take {share:.0%} of the time the "
                          f"default kernels take ({total * 1e3:.1f} ms, one call of each model)")
     if report.pending:

@@ -513,27 +513,34 @@ def optimize(
                                                              described, threads_all))
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
-    call_s, call_note = _call_overhead(measured) if plain is not None else (0.0, ())
+    calls, call_note = _call_overheads(measured) if plain is not None else ({}, ())
     overheads_note += call_note
-    delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s, call_s)
+    if calls:  # a latency build's call costs what the devices it uses charge
+        found = [replace(b, value=b.value + _call_of(calls, problem.device_names, b.solution))
+                 if b.value is not None else b for b in found]
+    delivery = None if plain is None else _delivery(
+        plain, solution, segment_overhead_s,
+        _call_of(calls, problem.device_names, solution))
     decision = None
     if baseline_guard:
-        # A latency plan is worth what its build delivers (one VM, or segments side by side).
-        # The call costs every plan and baseline alike: compared without it.
-        judged = solution if delivery is None else replace(solution, value=delivery.run_s)
+        # A latency plan is worth what its build delivers (one VM, or segments side by side),
+        # and its call.
+        judged = (solution if delivery is None
+                  else replace(solution, value=delivery.predicted_s))
         chosen, decision = guard(problem, judged, spread, found, str(plan))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution,
-                                     segment_overhead_s, call_s)
+                                     segment_overhead_s,
+                                     _call_of(calls, problem.device_names, solution))
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
         plan = replace(plan, predicted_s=delivery.predicted_s)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          {b.name: b.value + call_s for b in found if b.value is not None}, mod,
+                          {b.name: b.value for b in found if b.value is not None}, mod,
                           described, predictor=cost_model, records=records, records_note=note,
                           profiles_note=profiles_note, overheads_note=overheads_note,
                           overhead_sources=overhead_sources, delivery=delivery,
@@ -583,16 +590,32 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, 
     return out, sources, tuple(lines)
 
 
-def _call_overhead(measured: Mapping[str, Mapping[str, float]]) -> tuple[float, tuple[str, ...]]:
-    """What a call of a latency plan's build costs beyond its kernels: the largest ``call``
-    overhead the devices' profiles measured (a call runs on the caller's thread whichever device
-    the kernels run on), else 0; and a line saying which."""
+def _call_overheads(measured: Mapping[str, Mapping[str, float]]
+                    ) -> tuple[dict[str, float], tuple[str, ...]]:
+    """What a call of a latency plan's build costs beyond its kernels, by device: the ``call``
+    overhead each device's profile measured (one stage called directly, the inputs' upload and
+    the outputs' download included), and a line saying so. A build pays the largest figure of
+    the devices it runs kernels on (:func:`_call_of`): a GPU's call moves the inputs and outputs
+    between host and GPU, a CPU's does not."""
     calls = {name: kinds["call"] for name, kinds in measured.items() if "call" in kinds}
     if not calls:
-        return 0.0, ("call overhead: not charged (no profile of these devices measured it)",)
-    name = max(calls, key=calls.get)
-    return calls[name], (f"call overhead: {calls[name] * 1e6:.1f} us (measured by {name}'s "
-                         "profile), added to the plan's and every baseline's prediction",)
+        return {}, ("call overhead: not charged (no profile of these devices measured it)",)
+    shown = ", ".join(f"{name} {s * 1e6:.1f} us" for name, s in calls.items())
+    return calls, (f"call overhead: {shown} (measured by their profiles); a build pays the "
+                   "largest of the devices it uses, added to the plan's and every baseline's "
+                   "prediction",)
+
+
+def _call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | None) -> float:
+    """The call overhead of ``sol``'s build: the largest of ``calls`` over the devices it uses
+    (a device no profile measured charges nothing); with no solution (a heuristic's value),
+    the largest of all."""
+    if sol is None:
+        return max(calls.values(), default=0.0)
+    used = set(np.asarray(sol.assignment).tolist())
+    if sol.replicas is not None:
+        used |= {int(k) for k in sol.replicas}
+    return max((calls.get(names[k], 0.0) for k in used), default=0.0)
 
 
 def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]:

@@ -141,6 +141,37 @@ def test_the_gain_must_clear_two_sigma_of_its_spread(spread, kept):
         assert chosen.name == "only d0" and chosen.solution.value == 2.0
 
 
+class FlatWithCalls(Flat):
+    """Flat costs, and a call overhead measured per device (as profiles give them)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def overheads(self, devices):
+        return {d.name: {"call": self.calls[d.name]} for d in devices if d.name in self.calls}
+
+
+def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
+    # mlp: a chain of 12 ops of 1 ms on either device. A call on a costs 2 ms (a GPU's call
+    # moves the inputs and outputs between host and device), on b 0.1 ms: the model runs on b,
+    # and each baseline carries its own device's call.
+    m = zoo.load("mlp")
+    res = autoplace.optimize(m.mod, devs, cost_model=FlatWithCalls({"a": 2e-3, "b": 1e-4}),
+                             time_limit=5)
+    assert res.baselines["only a"] == pytest.approx(14e-3)
+    assert res.baselines["only b"] == pytest.approx(12.1e-3)
+    assert res.plan.used_devices() == (devs[1],)
+    assert res.predicted_latency_s == pytest.approx(12.1e-3)
+    assert res.delivery.call_s == pytest.approx(1e-4)
+    assert any("a 2000.0 us, b 100.0 us" in n and "largest of the devices it uses" in n
+               for n in res.overheads_note)
+    # The calls swapped: the model runs on a.
+    swapped = autoplace.optimize(m.mod, devs, time_limit=5,
+                                 cost_model=FlatWithCalls({"a": 1e-4, "b": 2e-3}))
+    assert swapped.plan.used_devices() == (devs[0],)
+    assert swapped.predicted_latency_s == pytest.approx(12.1e-3)
+
+
 def test_a_plan_no_faster_than_a_baseline_is_never_returned():
     from autoplace.report.baselines import guard, predict_baselines
     from autoplace.solve._common import make_solution

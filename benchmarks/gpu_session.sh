@@ -31,7 +31,8 @@
 # the end if any failed or was skipped for want of time.
 #
 # CPU_DEVICE and GPU_DEVICE (default cpu:0, cuda:0) name the two devices; MODELS_LATENCY and
-# MODELS_PIPELINE the models (zoo names; see the defaults below).
+# MODELS_PIPELINE the models (zoo names; see the defaults below); ROUNDS the rounds of each
+# benchmark (default 3).
 #
 # The device tool runs one command for at most 10 minutes: there, run the steps over two calls,
 # e.g. `benchmarks/gpu_session.sh env setup overheads latency`, then unpack, commit (the profile
@@ -48,6 +49,7 @@ CPU=${CPU_DEVICE:-cpu:0}
 GPU=${GPU_DEVICE:-cuda:0}
 MODELS_LATENCY=${MODELS_LATENCY:-"zoo:resnet zoo:inception zoo:transformer zoo:mobilenet zoo:mlp"}
 MODELS_PIPELINE=${MODELS_PIPELINE:-"resnet,inception,transformer,mobilenet,mlp"}
+ROUNDS=${ROUNDS:-3}
 DB=$RESULTS/overheads.db
 SHIPPED=autoplace/profile/shipped
 SUMMARY=$RESULTS/summary.txt
@@ -218,13 +220,14 @@ for s in "${STEPS[@]}"; do
             profile_args
             # shellcheck disable=SC2086 # the model list is words
             step latency 540 "$PY" benchmarks/latency_plans.py --models $MODELS_LATENCY \
-                --device "$CPU" --device "$GPU" --rounds 3 --repeat 30 \
+                --device "$CPU" --device "$GPU" --rounds "$ROUNDS" --repeat 30 \
                 --json "$RESULTS/latency_plans.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
             ;;
         pipeline)
             profile_args
             step pipeline 540 "$PY" benchmarks/pipeline_throughput.py --device "$CPU" \
-                --device "$GPU" --inputs 64 --rounds 3 --no-halves --models "$MODELS_PIPELINE" \
+                --device "$GPU" --inputs 64 --rounds "$ROUNDS" --no-halves \
+                --models "$MODELS_PIPELINE" \
                 --json "$RESULTS/pipeline_throughput.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
             ;;
         *)

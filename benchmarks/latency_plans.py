@@ -15,6 +15,8 @@ one process, one round after another:
 - the best single device with all the cores the plan's CPU devices have together (what a user
   with these cores runs instead of a two-device plan).
 
+Each round times every runner, starting one runner later than the round before.
+
 Latencies are medians of ``--repeat`` calls after a warm-up; the table gives the median over
 ``--rounds`` rounds and measured/predicted for the plan's chosen runner. ``--overhead`` first
 measures what a segment costs (``autoplace.run.overhead.measure_segment_overhead``: chains of
@@ -116,14 +118,14 @@ def bench(name: str, devices, args) -> dict:
         errors[key] = max(float(np.max(np.abs(a - b))) for a, b in zip(run(*inputs), ref))
     cpu = [d for d in devices if not d.is_gpu]
     all_cores = AllCores(singles[cpu[0].name]) if cpu else None
-    rounds: dict[str, list[float]] = {}
-    for _ in range(args.rounds):
-        for key, run in runs.items():
-            rounds.setdefault(key, []).append(median_ms(run, inputs, args.repeat))
-        for dname, run in singles.items():
-            rounds.setdefault(f"only {dname}", []).append(median_ms(run, inputs, args.repeat))
-        if all_cores is not None:
-            rounds.setdefault("all cores", []).append(median_ms(all_cores, inputs, args.repeat))
+    timed = [*runs.items(), *((f"only {d}", run) for d, run in singles.items()),
+             *([("all cores", all_cores)] if all_cores is not None else [])]
+    rounds: dict[str, list[float]] = {key: [] for key, _ in timed}
+    for r in range(args.rounds):
+        # Each round starts one runner later: none is always timed right after the same one
+        # (a concurrent runner's worker threads, say).
+        for key, run in timed[r % len(timed):] + timed[:r % len(timed)]:
+            rounds[key].append(median_ms(run, inputs, args.repeat))
     runs["concurrent"].close()
     if all_cores is not None:
         all_cores.close()

@@ -179,7 +179,9 @@ class OptimizeResult:
     def predicted_latency_s(self) -> float:
         """Predicted seconds per inference (latency: of the runner :meth:`compile` returns, see
         :attr:`delivery`) or per input (throughput)."""
-        return self.plan.predicted_s
+        if self.delivery is not None:
+            return self.delivery.predicted_s
+        return self.solution.value
 
     @property
     def copies(self) -> int:
@@ -511,34 +513,32 @@ def optimize(
                                                              described, threads_all))
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
-    calls, call_note = _call_overheads(measured, objective)
+    calls, call_note = _call_overheads(measured) if plain is not None else ({}, ())
     overheads_note += call_note
-
-    def call_of(sol: Solution | None) -> float:
-        return _call_of(calls, problem.device_names, sol, objective)
-
-    # A build's call costs what the devices it uses charge.
-    found = [replace(b, value=b.value + call_of(b.solution)) if b.value is not None else b
-             for b in found]
-    delivery = None if plain is None else _delivery(plain, solution, segment_overhead_s,
-                                                    call_of(solution))
-    # A latency plan is worth what its build delivers (one VM, or segments side by side).
-    predicted = (delivery.predicted_s if delivery is not None
-                 else solution.value + call_of(solution))
+    if calls:  # a latency build's call costs what the devices it uses charge
+        found = [replace(b, value=b.value + _call_of(calls, problem.device_names, b.solution))
+                 if b.value is not None else b for b in found]
+    delivery = None if plain is None else _delivery(
+        plain, solution, segment_overhead_s,
+        _call_of(calls, problem.device_names, solution))
     decision = None
     if baseline_guard:
-        chosen, decision = guard(problem, replace(solution, value=predicted), spread, found,
-                                 str(plan))
+        # A latency plan is worth what its build delivers (one VM, or segments side by side),
+        # and its call.
+        judged = (solution if delivery is None
+                  else replace(solution, value=delivery.predicted_s))
+        chosen, decision = guard(problem, judged, spread, found, str(plan))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
-            plan, predicted = plans[chosen.name], chosen.value
+            plan = plans[chosen.name]
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution,
-                                     segment_overhead_s, call_of(solution))
-                predicted = delivery.predicted_s
+                                     segment_overhead_s,
+                                     _call_of(calls, problem.device_names, solution))
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
-    plan = replace(plan, predicted_s=predicted)
+    if delivery is not None:
+        plan = replace(plan, predicted_s=delivery.predicted_s)
     return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
                           {b.name: b.value for b in found if b.value is not None}, mod,
                           described, predictor=cost_model, records=records, records_note=note,
@@ -590,36 +590,31 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, 
     return out, sources, tuple(lines)
 
 
-def _call_overheads(measured: Mapping[str, Mapping[str, float]], objective: str
+def _call_overheads(measured: Mapping[str, Mapping[str, float]]
                     ) -> tuple[dict[str, float], tuple[str, ...]]:
-    """What calling a build costs beyond its kernels, by device: the ``call`` overhead each
-    device's profile measured (one stage called directly, the inputs' upload and the outputs'
-    download included), and a line saying so. A build pays the largest figure of the devices it
-    runs kernels on (:func:`_call_of`): a GPU's call moves the inputs and outputs between host
-    and GPU, a CPU's does not."""
+    """What a call of a latency plan's build costs beyond its kernels, by device: the ``call``
+    overhead each device's profile measured (one stage called directly, the inputs' upload and
+    the outputs' download included), and a line saying so. A build pays the largest figure of
+    the devices it runs kernels on (:func:`_call_of`): a GPU's call moves the inputs and outputs
+    between host and GPU, a CPU's does not."""
     calls = {name: kinds["call"] for name, kinds in measured.items() if "call" in kinds}
     if not calls:
         return {}, ("call overhead: not charged (no profile of these devices measured it)",)
     shown = ", ".join(f"{name} {s * 1e6:.1f} us" for name, s in calls.items())
-    who = ("a build pays the largest of the devices it uses, added to the plan's and every "
-           "baseline's prediction" if objective == "latency" else
-           "a plan of one stage pays its device's per input, as does each single-device "
-           "baseline (a pipeline's or replicas' fixed cost per input is not charged)")
-    return calls, (f"call overhead: {shown} (measured by their profiles); {who}",)
+    return calls, (f"call overhead: {shown} (measured by their profiles); a build pays the "
+                   "largest of the devices it uses, added to the plan's and every baseline's "
+                   "prediction",)
 
 
-def _call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | None,
-             objective: str = "latency") -> float:
+def _call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | None) -> float:
     """The call overhead of ``sol``'s build: the largest of ``calls`` over the devices it uses
-    (a device no profile measured charges nothing). A throughput plan pays it only with one
-    stage on one device (it is called directly; a pipeline's stages and replicas are charged
-    their stage overheads instead). With no solution (a heuristic's value): the largest of
-    all for latency, nothing for throughput (the heuristics' plans are pipelines)."""
+    (a device no profile measured charges nothing); with no solution (a heuristic's value),
+    the largest of all."""
     if sol is None:
-        return max(calls.values(), default=0.0) if objective == "latency" else 0.0
+        return max(calls.values(), default=0.0)
     used = set(np.asarray(sol.assignment).tolist())
-    if objective == "throughput" and (sol.replicas is not None or len(used) > 1):
-        return 0.0
+    if sol.replicas is not None:
+        used |= {int(k) for k in sol.replicas}
     return max((calls.get(names[k], 0.0) for k in used), default=0.0)
 
 

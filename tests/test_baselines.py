@@ -172,24 +172,6 @@ def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
     assert swapped.predicted_latency_s == pytest.approx(12.1e-3)
 
 
-def test_a_throughput_plan_of_one_stage_pays_its_device_s_call_per_input(devs):
-    # One stage (max_stages=1): called directly, each input pays the call of its device. A
-    # pipeline's stages pay their hand-offs instead, and no call.
-    m = zoo.load("mlp")
-    calls = FlatWithCalls({"a": 2e-3, "b": 1e-4})
-    one = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=calls,
-                             max_stages=1, replicate=False, time_limit=5)
-    assert one.plan.used_devices() == (devs[1],)
-    assert one.predicted_latency_s == pytest.approx(12.1e-3)
-    assert one.baselines["only a"] == pytest.approx(14e-3)
-    assert any("a plan of one stage pays its device's per input" in n
-               for n in one.overheads_note)
-    piped = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=calls,
-                               stage_overhead_s=1e-4, replicate=False, time_limit=5)
-    assert len(piped.plan.used_devices()) == 2
-    assert piped.predicted_latency_s == pytest.approx(piped.solution.value)
-
-
 def test_a_plan_no_faster_than_a_baseline_is_never_returned():
     from autoplace.report.baselines import guard, predict_baselines
     from autoplace.solve._common import make_solution

@@ -62,7 +62,7 @@ def fused_groups(mod: tvm.IRModule, func_name: str = "main", *,
     env: dict[Any, int] = {p: ids(("param", k)) for k, p in enumerate(legal[func_name].params)}
     for b in _bindings(legal[func_name]):
         env[b.var] = vid = _value_id(b.value, env, ids, legal)
-        if _is_call_tir(b.value):
+        if is_call_tir(b.value):
             pending.append(vid)
         if b.var.name.startswith(_TAG):
             node = int(b.var.name[len(_TAG):])
@@ -73,7 +73,7 @@ def fused_groups(mod: tvm.IRModule, func_name: str = "main", *,
     # FuseTIR keeps each fused function's name for its kernel and drops aliases, and
     # RewriteDataflowReshape turns reshape kernels into views: count the kernels that remain.
     remaining = Counter(b.value.args[0].name_hint for b in _bindings(final[func_name])
-                        if _is_call_tir(b.value))
+                        if is_call_tir(b.value))
     groups: list[tuple[str, tuple[int, ...]]] = []
     env = {p: ids(("param", k)) for k, p in enumerate(fused[func_name].params)}
     for b in _bindings(fused[func_name]):
@@ -131,7 +131,8 @@ def _bindings(func):
         yield from block.bindings
 
 
-def _is_call_tir(value) -> bool:
+def is_call_tir(value) -> bool:
+    """Whether ``value`` is a Relax ``call_tir`` (of any flavour: ``call_tir_inplace`` ...)."""
     from tvm import ir, relax
 
     return (isinstance(value, relax.Call) and isinstance(value.op, ir.Op)
@@ -162,7 +163,7 @@ def _value_id(expr, env, ids, mod, inner: list[int] | None = None) -> int:
             sub[b.var] = _value_id(b.value, sub, ids, mod, inner)
         return _value_id(callee.body.body, sub, ids, mod, inner)
     if isinstance(expr, relax.Call):
-        if _is_call_tir(expr):
+        if is_call_tir(expr):
             key = ("tir", expr.args[0].name_hint, arg(expr.args[1]),
                    tuple(str(a) for a in expr.args[2:]))
             vid = ids(key)

@@ -183,7 +183,7 @@ def measure_segment_overhead(devices: Sequence[Device], *, max_segments: int = 6
         for _ in range(rounds):
             for i, pair in enumerate(runs):
                 for j, run in enumerate(pair):
-                    best[i, j] = min(best[i, j], _median_call(run, xs, repeat))
+                    best[i, j] = min(best[i, j], median_call_s(run, xs, repeat))
     finally:
         for conc, _ in runs:
             conc.close()
@@ -194,7 +194,8 @@ def measure_segment_overhead(devices: Sequence[Device], *, max_segments: int = 6
                            fixed, slope)
 
 
-def _median_call(fn, xs, repeat: int) -> float:
+def median_call_s(fn, xs, repeat: int) -> float:
+    """Median wall time of ``fn(*xs)`` over ``repeat`` calls, after one warm-up call."""
     fn(*xs)  # warm-up
     times = []
     for _ in range(repeat):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import kernel_key, kernel_workload
+from autoplace.graph.fusion import is_call_tir
 from autoplace.profile.campaign import as_runner
 from autoplace.profile.measure import (OpFailed, TimingPolicy, fingerprint, interrupts_kept,
                                       op_failed)
@@ -166,9 +167,7 @@ def kernel_calls(mod: tvm.IRModule) -> dict[str, int]:
     counts: dict[str, int] = {}
 
     def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, ir.Op)
-                and expr.op.name.startswith("relax.call_tir")
-                and isinstance(expr.args[0], ir.GlobalVar)):
+        if is_call_tir(expr) and isinstance(expr.args[0], ir.GlobalVar):
             name = expr.args[0].name_hint
             counts[name] = counts.get(name, 0) + 1
 

@@ -6,9 +6,12 @@
 #
 # Steps:
 #   env        nvidia-smi, uptime, cores, commit, Python/TVM versions        -> env.txt
+#   collect    (not run by default) keep the parts of benchmarks/gpu_pack.sh's pack carried in
+#              this call (.gpu-pack/pN/) in $PARTS (default /root/gpu-parts), outside the
+#              working tree, for `setup` in a later call
 #   setup      a Python that imports autoplace and TVM: $PY if set, else .venv/bin/python,
-#              else wheels carried in .whl/ installed into .gpu-site/ (no network needed),
-#              else `make .venv/.installed` (needs the network)              -> setup.log
+#              else python3 with the pack unpacked into $SITE (default /root/gpu-site; every
+#              part collected), else `make .venv/.installed` (needs the network) -> setup.log
 #   overheads  the shipped profiles (H100, its host CPU...) imported into a store, then
 #              `autoplace profile --only-overheads --device cpu:0 --device cuda:0` into it, and
 #              both devices exported                  -> overheads.{json,log}, profile-*.json
@@ -34,9 +37,12 @@
 # MODELS_PIPELINE the models (zoo names; see the defaults below); ROUNDS the rounds of each
 # benchmark (default 3).
 #
-# The device tool runs one command for at most 10 minutes: there, run the steps over two calls,
-# e.g. `benchmarks/gpu_session.sh env setup overheads latency`, then unpack, commit (the profile
-# exports then travel with the tree) and `benchmarks/gpu_session.sh env setup pipeline`.
+# The device tool runs one command for at most 10 minutes and carries at most 64 MiB: pack
+# TVM and the rest here with benchmarks/gpu_pack.sh, carry one part per call (`collect`), then
+# run the steps over two calls, e.g. `benchmarks/gpu_session.sh collect setup env overheads
+# latency` with the last part, then `benchmarks/gpu_session.sh pipeline` while the machine is
+# still warm (set RESULTS outside the working tree, e.g. /root/gpu-results, so that the second
+# call finds the first's exports). On the H100 machine the steps took about 5 minutes in all.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -50,6 +56,8 @@ GPU=${GPU_DEVICE:-cuda:0}
 MODELS_LATENCY=${MODELS_LATENCY:-"zoo:resnet zoo:inception zoo:transformer zoo:mobilenet zoo:mlp"}
 MODELS_PIPELINE=${MODELS_PIPELINE:-"resnet,inception,transformer,mobilenet,mlp"}
 ROUNDS=${ROUNDS:-3}
+SITE=${SITE:-/root/gpu-site}
+PARTS=${PARTS:-/root/gpu-parts}
 DB=$RESULTS/overheads.db
 SHIPPED=autoplace/profile/shipped
 SUMMARY=$RESULTS/summary.txt
@@ -102,9 +110,10 @@ choose_python() {
     fi
     if [[ -x .venv/bin/python ]]; then
         PY=$REPO/.venv/bin/python
-    elif [[ -d .gpu-site ]] || compgen -G ".whl/*.whl" >/dev/null; then
+    elif [[ -d $SITE ]] || compgen -G ".gpu-pack/p*/part.*" >/dev/null \
+            || compgen -G "$PARTS/part.*" >/dev/null; then
         PY=python3
-        export PYTHONPATH="$REPO/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     else
         PY=$REPO/.venv/bin/python
     fi
@@ -129,16 +138,43 @@ do_setup() {
         echo "using $PY"
     elif [[ -x .venv/bin/python ]]; then
         echo "using .venv"
-    elif compgen -G ".whl/*.whl" >/dev/null; then
-        if [[ ! -d .gpu-site ]]; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-                --upgrade --target .gpu-site .whl/*.whl
+    elif [[ -f $SITE/.unpacked ]]; then
+        echo "using python3 with $SITE"
+    elif compgen -G "$PARTS/part.*" >/dev/null || compgen -G ".gpu-pack/p*/part.*" >/dev/null
+    then
+        do_collect
+        local want have
+        want=$(sed -n 's/^parts=//p' "$PARTS/manifest.txt")
+        have=$(find "$PARTS" -name 'part.*' | wc -l)
+        if ((have != want)); then
+            echo "only $have of the $want parts are in $PARTS: carry the others (collect)" >&2
+            return 1
         fi
-        echo "using python3 with the wheels of .whl/ in .gpu-site"
+        if [[ $(cat "$PARTS"/part.* | sha256sum | cut -d' ' -f1) \
+              != $(sed -n 's/^sha256=//p' "$PARTS/manifest.txt") ]]; then
+            echo "the parts in $PARTS do not make the pack they came from" >&2
+            return 1
+        fi
+        mkdir -p "$SITE"
+        cat "$PARTS"/part.* | xz -d | tar -x -C "$SITE"
+        touch "$SITE/.unpacked"
+        echo "using python3 with the pack unpacked into $SITE"
     else
         make .venv/.installed
     fi
     "$PY" -c 'import tvm, autoplace; print("tvm", tvm.__version__, "cuda:0:", tvm.cuda(0).exist)'
+}
+
+do_collect() {
+    local f n=0
+    mkdir -p "$PARTS"
+    for f in .gpu-pack/p*/part.* .gpu-pack/p*/manifest.txt; do
+        if [[ -f $f ]]; then
+            cp "$f" "$PARTS/"
+            n=$((n + 1))
+        fi
+    done
+    echo "collected $n files into $PARTS: $(cd "$PARTS" && ls part.* 2>/dev/null | xargs)"
 }
 
 do_overheads() {
@@ -208,12 +244,13 @@ fi
 choose_python
 log "gpu_session: steps ${STEPS[*]}; results in $RESULTS; budget ${BUDGET_S}s; python $PY"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-export -f do_env do_setup do_overheads
-export PY REPO RESULTS DB SHIPPED CPU GPU
+export -f do_env do_setup do_collect do_overheads
+export PY REPO RESULTS DB SHIPPED CPU GPU SITE PARTS
 
 for s in "${STEPS[@]}"; do
     case $s in
         env) step env 60 bash -c do_env ;;
+        collect) step collect 120 bash -euo pipefail -c do_collect ;;
         setup) step setup 600 bash -euo pipefail -c do_setup ;;
         overheads) step overheads 420 bash -euo pipefail -c do_overheads ;;
         latency)
@@ -231,7 +268,7 @@ for s in "${STEPS[@]}"; do
                 --json "$RESULTS/pipeline_throughput.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
             ;;
         *)
-            log "unknown step $s (steps: env setup overheads latency pipeline)"
+            log "unknown step $s (steps: collect env setup overheads latency pipeline)"
             FAILED+=("$s (unknown)")
             ;;
     esac

@@ -613,8 +613,6 @@ def _call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | N
     if sol is None:
         return max(calls.values(), default=0.0)
     used = set(np.asarray(sol.assignment).tolist())
-    if sol.replicas is not None:
-        used |= {int(k) for k in sol.replicas}
     return max((calls.get(names[k], 0.0) for k in used), default=0.0)
 
 

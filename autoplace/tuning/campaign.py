@@ -198,6 +198,13 @@ class _Kernel:
             return 0
         return max(goal - done, 0)
 
+    def reread(self, database) -> int:
+        """Count the kernel's records in ``database`` again (``tuned_now``, ``valid``); returns
+        how many it has."""
+        now, self.valid = _recorded(database, self.use.workload)
+        self.tuned_now = now - self.recorded
+        return now
+
     def priority(self) -> tuple:
         """Sort key, largest first: default seconds x calls where timed, then FLOPs."""
         timed = self.default_s is not None
@@ -412,10 +419,8 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
             before = k.recorded + k.tuned_now
             _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
                       t.ms_runner, t.ms_builder, model)
-            now, k.valid = _recorded(t.database, k.use.workload)
-            k.tuned_now = now - k.recorded
             todo -= ask
-            if now - before < ask:
+            if k.reread(t.database) - before < ask:
                 k.spent = True
                 mark_exhausted(t.folder, k.key)
                 break
@@ -423,8 +428,7 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
         k.error = str(op_failed("tuning failed", e))  # Ctrl-C raises here
         log.warning("%s %s: %s; it keeps its default schedule", t.runner.name, k.use.name,
                     k.error)
-        now, k.valid = _recorded(t.database, k.use.workload)
-        k.tuned_now = now - k.recorded
+        k.reread(t.database)
 
 
 def _time_all(tasks, db, progress: bool) -> int:

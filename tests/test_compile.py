@@ -263,3 +263,43 @@ def test_to_tvm_and_to_numpy_copy_exactly_and_keep_nothing_shared(dtype, shape, 
             np.testing.assert_array_equal(to_numpy(t), before)
         np.testing.assert_array_equal(to_numpy(to_tvm(before, tvm.cpu(1))), before)
 
+
+
+@I.ir_module
+class TwoGelus:
+    @R.function
+    def main(x: R.Tensor((16, 256), "float32")):
+        with R.dataflow():
+            a = R.nn.gelu(x)
+            b = R.nn.gelu(R.multiply(a, R.const(2.0, "float32")))
+            R.output(b)
+        return b
+
+
+def test_gelu_on_a_cpu_uses_the_fast_erf_and_matches_a_float64_gelu(devs, rng):
+    """A CPU build lowers GELU with ``topi.fast_erf`` (arithmetic that vectorizes) instead of
+    TVM's scalar ``erf``; a GPU kernel keeps TVM's. Outputs stay within float32 rounding of a
+    float64 GELU, on one device and on two."""
+    import math
+
+    from autoplace.backend.lowering import legalize
+
+    assert "T.erf(" not in legalize(TwoGelus, "llvm").script()
+    assert "T.erf(" in legalize(TwoGelus, "cuda").script()
+    assert "T.erf(" in legalize(TwoGelus).script()    # no target: TVM's own lowering
+    g = autoplace.OpGraph.from_relax(TwoGelus)
+    cpu_gpu = [autoplace.Device.cpu(0), autoplace.Device.cuda(0)]
+    plan = autoplace.Plan.from_assignment(g, cpu_gpu, [d.name for d in cpu_gpu[:1] + cpu_gpu])
+    lowered = autoplace.backend.fused_kernels(annotate_lifted(TwoGelus, plan)[0])
+    erf_by_kind = {f.attrs["target"].kind.name: "T.erf(" in f.script()
+                   for gv, f in lowered.functions.items() if "gelu" in gv.name_hint}
+    assert erf_by_kind == {"llvm": False, "cuda": True}
+
+    def gelu(v):
+        return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+
+    x = (rng.standard_normal((16, 256)) * 3).astype("float32")
+    want = gelu(2 * gelu(x.astype("float64")))
+    for names in (["a"] * len(g.nodes), ["a", "b", "b"][:len(g.nodes)]):
+        out = autoplace.compile(TwoGelus, autoplace.Plan.from_assignment(g, devs, names))(x)
+        np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=5e-6)

@@ -79,6 +79,65 @@ def fused_kernels(mod: tvm.IRModule, target=None) -> tvm.IRModule:
         return tvm.transform.Sequential(passes[:names.index("AttachTargets") + 1])(mod)
 
 
+def legalize(mod: tvm.IRModule, target=None) -> tvm.IRModule:
+    """``mod``'s Relax ops lowered to TIR as an autoplace build lowers them for ``target`` (a
+    target or its string; ``None``: as TVM's ``LegalizeOps`` does): :func:`legalize_map` on top
+    of TVM's default legalization."""
+    import tvm
+    from tvm import relax
+
+    with tvm.target.Target(target) if target is not None else contextlib.nullcontext():
+        return relax.transform.LegalizeOps(legalize_map())(mod)
+
+
+def legalize_map() -> dict:
+    """Where an autoplace build lowers an op differently from TVM's ``LegalizeOps``: a map for
+    its ``customize_legalize_map``.
+
+    On a CPU (an ``llvm`` target), ``erf`` and GELU use ``topi.fast_erf``, the rational
+    approximation TVM's ``FastMathTransform`` uses: plain arithmetic that LLVM vectorizes, where
+    TVM's exact ``erf`` is a scalar libm call per element (``benchmarks/fast_erf.py``: about 30x
+    faster on a GELU, and closer to a float64 GELU than PyTorch's float32 one). An op's target
+    is its output's virtual device, else the target being built for; any other target keeps
+    TVM's lowering.
+    """
+    return {"relax.nn.gelu": _on_cpu("relax.nn.gelu", _fast_gelu),
+            "relax.erf": _on_cpu("relax.erf", _fast_erf)}
+
+
+def _on_cpu(op_name: str, cpu_legalize):
+    """A legalization of ``op_name`` that is ``cpu_legalize`` for a float32 op on a CPU target,
+    TVM's own otherwise."""
+    import tvm
+
+    def legalize(bb, call):
+        ty = call.ty
+        vdevice = getattr(ty, "vdevice", None)
+        target = (vdevice.target if vdevice is not None
+                  else tvm.target.Target.current(allow_none=True))
+        if (target is not None and target.kind.name == "llvm"
+                and getattr(ty, "dtype", None) == "float32"):
+            return cpu_legalize(bb, call)
+        return tvm.ir.Op.get(op_name).get_attr("FLegalize")(bb, call)
+
+    return legalize
+
+
+def _fast_gelu(bb, call):
+    from tvm import topi
+
+    def gelu(x):
+        return x * (topi.fast_erf(x * 0.5 ** 0.5) * 0.5 + 0.5)
+
+    return bb.call_te(gelu, call.args[0], primfunc_name_hint="gelu")
+
+
+def _fast_erf(bb, call):
+    from tvm import topi
+
+    return bb.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="erf")
+
+
 def _legalize_keeping_vdevices():
     """``LegalizeOps``, then give every new ``call_tir`` the vdevice its binding had before.
 
@@ -118,7 +177,7 @@ def _legalize_keeping_vdevices():
             before[name] = None if name in seen else b.var.ty
             seen.add(name)
         before = {k: v for k, v in before.items() if v is not None and has_vdevice(v)}
-        mod = relax.transform.LegalizeOps()(mod)
+        mod = relax.transform.LegalizeOps(legalize_map())(mod)
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
                 continue

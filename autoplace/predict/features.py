@@ -225,14 +225,15 @@ def feature_matrix(workloads, devices) -> np.ndarray:
     return np.stack([features(w, d)[0] for w, d in zip(workloads, devices)])
 
 
-def tir_features(workloads, analysis: KernelAnalysis | None = None) -> np.ndarray:
+def tir_features(workloads, analysis: KernelAnalysis | None = None, targets=None) -> np.ndarray:
     """MetaSchedule ``PerStoreFeature`` of each workload's legalized PrimFunc, max over stores.
 
-    The op is rebuilt from its workload key, legalized (``LegalizeOps``: TVM's default lowering,
-    as a default build compiles it) and each store's 164 features are extracted; a workload gets
-    their element-wise maximum. Workloads whose op cannot be rebuilt from the key (attributes the
-    key does not carry, e.g. ``strided_slice``'s bounds) get ``nan``. About 10 ms per workload on
-    a small CPU; each distinct key is extracted once per ``analysis``.
+    The op is rebuilt from its workload key, legalized as a default build for its target lowers
+    it (:func:`autoplace.backend.lowering.legalize`) and each store's 164 features are
+    extracted; a workload gets their element-wise maximum. Workloads whose op cannot be rebuilt
+    from the key (attributes the key does not carry, e.g. ``strided_slice``'s bounds) get
+    ``nan``. About 10 ms per workload on a small CPU; each distinct key is extracted once per
+    ``analysis`` and kind of target (CPU or not).
 
     Parameters
     ----------
@@ -240,6 +241,8 @@ def tir_features(workloads, analysis: KernelAnalysis | None = None) -> np.ndarra
         As for :func:`features`.
     analysis : KernelAnalysis, optional
         Where each key's PrimFuncs and features are remembered; default: a new one.
+    targets : str, tvm Target or None, or a list of them (one per workload)
+        The device's TVM target; ``None`` (the default): TVM's own ``LegalizeOps``.
 
     Returns
     -------
@@ -247,7 +250,10 @@ def tir_features(workloads, analysis: KernelAnalysis | None = None) -> np.ndarra
         Columns named by :data:`TIR_FEATURE_NAMES`, in TVM's order (``per_store_feature.cc``).
     """
     keys, analysis = _keys(workloads), analysis or KernelAnalysis()
-    return (np.stack([analysis.tir_vector(k) for k in keys]) if keys
+    if not isinstance(targets, (list, tuple)):
+        targets = [targets] * len(keys)
+    return (np.stack([analysis.tir_vector(k, None if t is None else str(t))
+                      for k, t in zip(keys, targets)]) if keys
             else np.zeros((0, len(TIR_FEATURE_NAMES))))
 
 

@@ -2,7 +2,8 @@
 :class:`KernelAnalysis`.
 
 The op is rebuilt from its key (:func:`autoplace.profile.workload.module_from_key`) and legalized
-(``LegalizeOps``: TVM's default lowering, as a default build compiles it). From its PrimFuncs come
+as a build for the device's target lowers it (:func:`autoplace.backend.lowering.legalize`: TVM's
+``LegalizeOps``, GELU with a fast ``erf`` on a CPU). From its PrimFuncs come
 MetaSchedule's per-store features, the LLVM IR a CPU target compiles them to, and the loop nest's
 cache misses. The feature functions of :mod:`autoplace.predict.features` read them through an
 analysis object: pass one object to every call (and every cost model) that sees the same workloads.
@@ -10,12 +11,14 @@ analysis object: pass one object to every call (and every cost model) that sees 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter
 
 import numpy as np
 
+from autoplace.backend.lowering import legalize
 from autoplace.predict.cache import MISS_NAMES
 from autoplace.predict.cache import misses as cache_misses
 from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
@@ -47,24 +50,28 @@ class KernelAnalysis:
     """
 
     def __init__(self):
-        self._funcs: dict[str, dict | None] = {}
-        self._tir: dict[str, np.ndarray] = {}
+        self._funcs: dict[tuple[str, bool], dict | None] = {}
+        self._tir: dict[tuple[str, bool], np.ndarray] = {}
         self._code: dict[tuple[str, str | None], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._misses: dict[str, dict[str, float] | None] = {}
         self._context = None
 
-    def prim_funcs(self, key: str) -> dict | None:
-        """The legalized PrimFuncs of the key's op (named for building), or ``None`` when the key
-        cannot rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds)."""
-        if key not in self._funcs:
-            self._funcs[key] = _legalized(key)
-        return self._funcs[key]
+    def prim_funcs(self, key: str, target: str | None = None) -> dict | None:
+        """The PrimFuncs of the key's op legalized for ``target`` (a target string or its JSON;
+        ``None``: TVM's own ``LegalizeOps``), named for building; ``None`` when the key cannot
+        rebuild the op (attributes it does not carry, e.g. ``strided_slice``'s bounds)."""
+        cpu = _is_cpu(target)
+        if (key, cpu) not in self._funcs:
+            self._funcs[key, cpu] = _legalized(key, "llvm" if cpu else None)
+        return self._funcs[key, cpu]
 
-    def tir_vector(self, key: str) -> np.ndarray:
-        """MetaSchedule ``PerStoreFeature`` of the key's PrimFuncs, the maximum over stores."""
-        if key not in self._tir:
-            self._tir[key] = self._extract_tir(key)
-        return self._tir[key]
+    def tir_vector(self, key: str, target: str | None = None) -> np.ndarray:
+        """MetaSchedule ``PerStoreFeature`` of the key's PrimFuncs for ``target``, the maximum
+        over stores."""
+        cpu = _is_cpu(target)
+        if (key, cpu) not in self._tir:
+            self._tir[key, cpu] = self._extract_tir(key, "llvm" if cpu else None)
+        return self._tir[key, cpu]
 
     def code_counts(self, key: str, target: str | None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -75,21 +82,21 @@ class KernelAnalysis:
         return self._code[key, target]
 
     def loop_misses(self, key: str) -> dict[str, float] | None:
-        """:func:`autoplace.predict.cache.misses` of the key's PrimFuncs (the same on every
-        target); ``None`` for a nest the estimate cannot follow (symbolic extents, other
+        """:func:`autoplace.predict.cache.misses` of the key's PrimFuncs as a CPU build lowers
+        them; ``None`` for a nest the estimate cannot follow (symbolic extents, other
         indices)."""
         if key not in self._misses:
             try:
-                self._misses[key] = cache_misses(self.prim_funcs(key).values())
+                self._misses[key] = cache_misses(self.prim_funcs(key, "llvm").values())
             except ValueError:
                 self._misses[key] = None
         return self._misses[key]
 
-    def _extract_tir(self, key: str) -> np.ndarray:
+    def _extract_tir(self, key: str, target: str | None) -> np.ndarray:
         import tvm
         from tvm.s_tir import meta_schedule as ms
 
-        funcs = self.prim_funcs(key)
+        funcs = self.prim_funcs(key, target)
         if funcs is None:
             return np.full(len(TIR_FEATURE_NAMES), np.nan)
         context, extractor = self._tune_context(), ms.feature_extractor.PerStoreFeature()
@@ -107,7 +114,7 @@ class KernelAnalysis:
         if target is None:
             return nan
         target_ = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
-        funcs = self.prim_funcs(key) if target_.kind.name == "llvm" else None
+        funcs = self.prim_funcs(key, "llvm") if target_.kind.name == "llvm" else None
         if funcs is None:
             return nan
         if not funcs:
@@ -153,11 +160,21 @@ class KernelAnalysis:
         return self._context
 
 
-def _legalized(key: str) -> dict | None:
+@functools.lru_cache(maxsize=64)
+def _is_cpu(target: str | None) -> bool:
+    import tvm
+
+    if target is None:
+        return False
+    return tvm.target.Target(json.loads(target) if target.startswith("{") else target
+                             ).kind.name == "llvm"
+
+
+def _legalized(key: str, target: str | None) -> dict | None:
     import tvm
 
     try:
-        mod = tvm.relax.transform.LegalizeOps()(module_from_key(key))
+        mod = legalize(module_from_key(key), target)
     except Exception:  # noqa: BLE001 - any op the key cannot rebuild has no such features
         return None
     return {gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in mod.functions.items()

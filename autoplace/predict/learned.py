@@ -179,7 +179,8 @@ class XGBCostModel(_Learned):
         counted = self.instructions_.predict(rows, fps, targets, self._kernels)
         base = np.log(counted, out=base.copy(), where=counted > 0)  # nan: no counts, keep roofline
         kernels = self._kernels
-        return (np.hstack([x, tir_features(rows, kernels), code_features(rows, targets, kernels),
+        return (np.hstack([x, tir_features(rows, kernels, targets),
+                           code_features(rows, targets, kernels),
                            cache_features(rows, targets, kernels)]), base)
 
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:

@@ -40,6 +40,16 @@ def test_ops_with_extra_arguments_rebuild_and_unbuildable_keys_are_nan():
     assert tir_features([]).shape == (0, len(TIR_FEATURE_NAMES))
 
 
+def test_features_describe_the_kernel_each_target_builds():
+    """A CPU build lowers GELU with a fast ``erf`` (no transcendental call), a GPU with TVM's: the
+    features of each target describe its own kernel; a ReLU's are the same on both."""
+    gelu = '["relax.nn.gelu",[[[128,1024],"float32"]],{},[]]'
+    cpu, gpu, relu_cpu, relu_gpu = tir_features(
+        [{"key": k} for k in (gelu, gelu, RELU, RELU)], targets=[LLVM, "cuda", LLVM, "cuda"])
+    assert not np.array_equal(cpu, gpu)
+    np.testing.assert_array_equal(relu_cpu, relu_gpu)
+
+
 def test_node_and_store_row_agree():
     graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
     rows = [{"key": n.workload_key} for n in graph.nodes]

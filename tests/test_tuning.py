@@ -273,6 +273,78 @@ def test_records_made_for_another_target_are_not_applied(tuned, caplog):
     assert "made for another target were skipped" in caplog.text
 
 
+def _row_sums(block: str):
+    """A row-sum kernel whose reduction block is named ``block``: two of them differ in that name
+    only, which MetaSchedule's structural matching ignores."""
+    from tvm import te
+
+    a = te.placeholder((64, 64), name="A")
+    k = te.reduce_axis((0, 64), name="k")
+    return te.create_prim_func([a, te.compute((64,), lambda i: te.sum(a[i, k], axis=k),
+                                              name=block)])
+
+
+def test_a_record_tuned_on_a_twin_kernel_is_replayed_where_it_applies(tmp_path, caplog):
+    """Records of two twin kernels share one workload in the database. A kernel gets the fastest
+    record whose trace replays on it; a kernel none replays on keeps its default schedule, with a
+    warning (the campaign and the build go on)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from autoplace.backend.tuned import kernel_workload
+
+    twin_a, twin_b = (kernel_workload(_row_sums(n)) for n in ("a_sum", "b_sum"))
+
+    def record(db, mod, block, secs):
+        entry = db.commit_workload(twin_a)  # the database keeps twin a's block names
+        sch = tvm.s_tir.Schedule(mod)
+        sch.parallel(sch.get_loops(sch.get_sblock(block))[0])
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, entry, [secs],
+                                                         CPU.tvm_target()))
+
+    db = open_database(tmp_path, create=True)
+    record(db, twin_b, "b_sum", 1e-6)  # the fastest, but made on twin b
+    record(db, twin_a, "a_sum", 2e-6)
+    assert db.has_workload(twin_b)
+    records = KernelRecords({target_key(CPU.tvm_target()): db})
+    for mod, secs in ((twin_b, 1e-6), (twin_a, 2e-6)):
+        assert float(records.best(mod["main"], CPU.tvm_target()).run_secs[0]) == secs
+        assert records.scheduled(mod["main"], CPU.tvm_target()).attrs["tirx.is_scheduled"]
+    only_b = open_database(tmp_path / "only_b", create=True)
+    record(only_b, twin_b, "b_sum", 1e-6)
+    records = KernelRecords({target_key(CPU.tvm_target()): only_b})
+    with caplog.at_level(logging.WARNING, logger="autoplace.backend.tuned"):
+        assert records.scheduled(twin_a["main"], CPU.tvm_target()) is None
+    assert "replays on it" in caplog.text
+    # TVM refuses to load a database holding such a record: opening it sets the record aside.
+    del only_b
+    with caplog.at_level(logging.WARNING, logger="autoplace.tuning.records"):
+        reopened = open_database(tmp_path / "only_b")
+    assert len(reopened) == 0 and "1 tuning record(s)" in caplog.text
+    assert len((tmp_path / "only_b" / "database_tuning_record.rejected.json")
+               .read_text().splitlines()) == 1
+
+
+def test_a_twin_of_a_kernel_in_the_database_is_tuned_as_the_database_holds_it(tmp_path,
+                                                                             monkeypatch):
+    """A campaign tunes a kernel structurally equal to one the database holds (another model's,
+    with other block names) as the database's copy, so that its records replay there."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from autoplace.backend.tuned import kernel_workload
+    from autoplace.tuning import campaign
+
+    twin_a, twin_b = (kernel_workload(_row_sums(n)) for n in ("a_sum", "b_sum"))
+    db = open_database(tmp_path, create=True)
+    db.commit_workload(twin_a)
+    tuned = []
+    monkeypatch.setattr(ms, "TuneContext", lambda mod, **_: tuned.append(mod))
+    monkeypatch.setattr(ms, "tune_tasks", lambda **_: None)
+    campaign._tune_one(twin_b, CPU.tvm_target(), db, tmp_path, "b", 2, None, None, None)
+    [mod] = tuned
+    assert 'sblock("a_sum")' in mod.script() and 'sblock("b_sum")' not in mod.script()
+
+
 def _record_lines(db) -> int:
     files = list(records_root(db).glob("*/database_tuning_record.json"))
     return sum(1 for f in files for line in f.read_text().splitlines() if line.strip())

@@ -72,45 +72,74 @@ class KernelRecords:
 
     def __init__(self, databases: Mapping[str, object]):
         self.databases = dict(databases)
+        self._chosen: dict[tuple[str, str], tuple] = {}
 
     def __bool__(self) -> bool:
         return bool(self.databases)
 
     def best(self, func: tvm.tirx.PrimFunc, target):
-        """The best tuning record of the kernel for ``target``; ``None`` if no database of its
-        target has one; ``"other-target"`` if the database's best record was made for another
-        target."""
-        import tvm
-
-        key = target_key(target)
-        db = self.databases.get(key)
-        if db is None:
-            return None
-        workload = kernel_workload(func)
-        if not db.has_workload(workload):
-            return None
-        record = db.query_tuning_record(workload, tvm.target.Target(target), "main")
-        if record is None:
-            return None
-        return "other-target" if target_key(record.target) != key else record
+        """The best tuning record of the kernel for ``target`` whose schedule applies to it;
+        ``None`` if no database of its target has one; ``"other-target"`` if the database's
+        records were made for another target."""
+        return self._choose(func, target)[0]
 
     def scheduled(self, func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | None | str:
-        """The kernel with its best record's schedule applied; ``None`` or ``"other-target"``
-        as :meth:`best` says."""
-        import tvm
-
-        record = self.best(func, target)
+        """The kernel with the schedule of :meth:`best`'s record applied; ``None`` or
+        ``"other-target"`` as :meth:`best` says."""
+        record, new = self._choose(func, target)
         if record is None or isinstance(record, str):
             return record
-        sch = tvm.s_tir.Schedule(record.workload.mod)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
-        new = sch.mod["main"]
         for name in list(new.attrs.keys()):
             if func.attrs is None or name not in func.attrs:
                 new = new.without_attr(name)
         for name, value in (func.attrs.items() if func.attrs is not None else ()):
             new = new.with_attr(name, value)
         return new.with_attr("tirx.is_scheduled", True)
+
+    def _choose(self, func, target, candidates: int = 8) -> tuple:
+        """``(record, scheduled PrimFunc)`` of the fastest of the kernel's best ``candidates``
+        records for ``target`` whose trace replays, on the kernel itself or on the workload the
+        database holds (MetaSchedule matches kernels by structure, ignoring block names, so a
+        record tuned on a twin kernel may name blocks this one lacks); ``(None, None)`` or
+        ``("other-target", None)`` when there is none."""
+        import tvm
+
+        key = target_key(target)
+        workload = kernel_workload(func)
+        cache_key = (kernel_key(workload), key)
+        if cache_key in self._chosen:
+            return self._chosen[cache_key]
+        db = self.databases.get(key)
+        chosen: tuple = (None, None)
+        if db is not None and db.has_workload(workload):
+            records = list(db.get_top_k(db.commit_workload(workload), candidates))
+            mine = [r for r in records if r.target is None or target_key(r.target) == key]
+            if records and not mine:
+                chosen = ("other-target", None)
+            for record in mine:
+                new = _replay(record, workload) or _replay(record, record.workload.mod)
+                if new is not None:
+                    chosen = (record, new)
+                    break
+            else:
+                if mine:
+                    log.warning("none of the %d best records of kernel %s replays on it; it "
+                                "keeps its default schedule", len(mine), cache_key[0])
+        self._chosen[cache_key] = chosen
+        return chosen
+
+
+def _replay(record, mod: tvm.IRModule):
+    """``mod``'s ``main`` scheduled by the record's trace, or ``None`` if the trace does not
+    apply to it."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    try:
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+    except tvm.s_tir.schedule.ScheduleError:
+        return None
+    return sch.mod["main"]
 
 
 def apply_records(records: KernelRecords, counts: dict[str, int]) -> tvm.transform.Pass:

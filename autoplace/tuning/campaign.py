@@ -505,6 +505,11 @@ def _tune_one(workload, target, database, folder, name, trials, runner, builder,
 
     work = folder / "work"
     work.mkdir(parents=True, exist_ok=True)
+    if database.has_workload(workload):
+        # The database's own copy: MetaSchedule matches kernels by structure, ignoring block
+        # names, and files every record under the first copy it saw; a trace made on a twin
+        # with other block names would not replay on it (and TVM would refuse the database).
+        workload = database.commit_workload(workload).mod
     context = ms.TuneContext(workload, target=target, space_generator="post-order-apply",
                              search_strategy="evolutionary", task_name=name,
                              num_threads=_search_threads())

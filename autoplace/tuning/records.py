@@ -45,9 +45,52 @@ def open_database(folder: Path, *, create: bool = False):
     folder.mkdir(parents=True, exist_ok=True)
     for name in _FILES:
         _drop_torn_lines(folder / name)
-    return ms.database.JSONDatabase(path_workload=str(folder / _FILES[0]),
-                                    path_tuning_record=str(folder / _FILES[1]),
-                                    module_equality="structural")
+
+    def load():
+        return ms.database.JSONDatabase(path_workload=str(folder / _FILES[0]),
+                                        path_tuning_record=str(folder / _FILES[1]),
+                                        module_equality="structural")
+
+    try:
+        return load()
+    except Exception:  # noqa: BLE001 - TVM refuses the whole file for one bad record
+        if not _set_aside_unreplayable(folder):
+            raise
+        return load()
+
+
+_REJECTED = "database_tuning_record.rejected.json"
+
+
+def _set_aside_unreplayable(folder: Path) -> int:
+    """Move the records whose schedule does not replay on their workload to
+    ``database_tuning_record.rejected.json``; returns how many (MetaSchedule refuses a whole
+    database for one of them). Campaigns of autoplace before it tuned a kernel as the database
+    holds it wrote such records: a kernel structurally equal to one in the database but with
+    other block names (another model's), its trace naming blocks the stored workload lacks."""
+    from tvm.s_tir import meta_schedule as ms
+
+    workloads = [ms.database.Workload.from_json(json.loads(line)) for line in
+                 (folder / _FILES[0]).read_text().splitlines() if line.strip()]
+    kept, rejected = [], []
+    for line in (folder / _FILES[1]).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            index, record = json.loads(line)
+            ms.database.TuningRecord.from_json(record, workloads[index])
+            kept.append(line)
+        except Exception:  # noqa: BLE001 - any record TVM cannot load is set aside
+            rejected.append(line)
+    if rejected:
+        with (folder / _REJECTED).open("a") as f:
+            f.writelines(line + "\n" for line in rejected)
+        tmp = folder / (_FILES[1] + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(folder / _FILES[1])
+        log.warning("%s: %d tuning record(s) whose schedule does not replay on their kernel were "
+                    "set aside in %s", folder, len(rejected), _REJECTED)
+    return len(rejected)
 
 
 _EXHAUSTED = "exhausted.txt"

@@ -406,8 +406,8 @@ def optimize(
     db : str or Path or None
         A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
         builds of the plan apply (default ``"auto"``: the records shipped for this machine, if
-        its fingerprint has any; ``None``: TVM's default kernels everywhere): each device's kernels that were tuned for it get their tuned
-        schedule, the others TVM's default. ``.kernels`` counts them. The costs the plan is
+        its fingerprint has any; ``None``: TVM's default kernels everywhere): each device's
+        kernels that were tuned for it get their tuned schedule, the others TVM's default. ``.kernels`` counts them. The costs the plan is
         chosen on charge each tuned kernel timed in the store (``autoplace tune`` times them)
         once, at the op with the most FLOPs among those fused into it; the other ops keep the
         cost model's costs, and ``plan.cost_sources`` says ``"tuned"`` where tuned times apply.

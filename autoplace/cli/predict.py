@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 EPILOG = """examples:
   autoplace train --db prof.db --out cpu_model.json
@@ -30,11 +31,14 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from autoplace.predict.evaluate import evaluate, format_table, to_json
+    from autoplace.predict.evaluate import compiled_times, evaluate, format_table, to_json
     from autoplace.profile.store import ProfileStore
 
     with ProfileStore(args.db, readonly=True) as store:
-        result = evaluate(store, args.device)
+        compiled, note = (None, "whole models not timed (--no-whole)") if args.no_whole \
+            else compiled_times(store, args.device)
+        print(note, file=sys.stderr)
+        result = evaluate(store, args.device, compiled=compiled)
     print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
     return 0
 
@@ -53,4 +57,7 @@ def register_cli(sub) -> None:
     p.add_argument("--db", required=True, help="SQLite profile store (autoplace profile)")
     p.add_argument("--device", help="only this device's measurements (spec or fingerprint)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--no-whole", action="store_true",
+                   help="do not compile and time the store's zoo models whole (then the "
+                        "whole-model error is not measured; the sum-of-ops error still is)")
     p.set_defaults(func=_cmd_evaluate)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -20,7 +20,7 @@ METRICS = ("mape", "median_ape", "within_10", "within_25", "roofline_mape", "nn_
 
 def evaluate(store, device: str | None = None, *, seed: int = 0,
              learned: Callable[[], object] | None = None, min_op_rows: int = 3,
-             shape_draws: int = 5) -> dict:
+             shape_draws: int = 5, compiled: Mapping[str, float] | None = None) -> dict:
     """Train on part of a profile and score predictions of the rest, in four splits.
 
     Splits (every fold fits the learned model, a :class:`RooflineCostModel` fitted to the training
@@ -34,11 +34,11 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
     - ``heldout_op_type``: leave one op type out (those with at least ``min_op_rows``
       measurements), metrics averaged over op types.
     - ``heldout_model``: leave one ``zoo:`` model out: train on every workload that model does not
-      use (other models and sweeps), test on its workloads; metrics averaged over models. Also the
-      whole-model error ``|sum(count * predicted) - sum(count * measured)| / sum(count * measured)``
-      over the model's ops. The reference is the count-weighted sum of measured per-op latencies,
-      not a whole-model run (docs/profiling.md: that sum is within -6 % .. +19 % of the measured
-      whole models of the zoo), so this is the cost model's error alone.
+      use (other models and sweeps), test on its workloads; metrics averaged over models. Also,
+      per model, the predicted model ``sum(count * predicted)`` over its ops against two
+      references: the **whole-model error** against the model compiled and run whole
+      (``compiled``: what a user means by it; fused kernels, the VM's own work), and the
+      **sum-of-ops error** against ``sum(count * measured)`` (the cost model's error alone).
 
     Parameters
     ----------
@@ -54,6 +54,11 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
         Op types with fewer measurements are not held out alone.
     shape_draws : int
         Draws of held-out shapes averaged.
+    compiled : mapping of str to float, optional
+        Measured seconds of each model compiled whole on the device, by the store's model name
+        (``zoo:resnet``; :func:`autoplace.profile.whole_model.time_models` times them, with the
+        default kernels the profile measured). Without it, or for a model it lacks, the
+        whole-model error is ``None``.
 
     Returns
     -------
@@ -67,9 +72,11 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
         10 / 25 %,
         ``roofline_mape`` / ``nn_mape`` the baselines' MAPE, ``spearman`` / ``kendall`` rank
         correlation within each op type of the test part (op types with 3+ rows), averaged
-        (``None`` if there is none). ``heldout_model`` adds ``whole_model_error`` and
-        ``whole_model_roofline_error`` (mean over models) and ``models`` (per model:
-        ``measured_s``, ``predicted_s``, ``roofline_s``, ``error``).
+        (``None`` if there is none). ``heldout_model`` adds ``whole_model_error``,
+        ``whole_model_roofline_error``, ``sum_of_ops_error`` and ``sum_of_ops_roofline_error``
+        (means over models; the whole-model ones over the models with a ``compiled`` time, else
+        ``None``) and ``models`` (per model: ``ops``, ``compiled_s``, ``ops_measured_s``,
+        ``predicted_s``, ``roofline_s`` and the four errors).
     """
     rows = profile_rows(store, device)
     check_enough_rows(rows, store.path, "evaluating a cost model")
@@ -111,11 +118,42 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
 
     models = sorted({m for r in rows for m in r["models"] if m.startswith("zoo:")})
     folds = [{i for i, r in enumerate(rows) if m in r["models"]} for m in models]
-    out["heldout_model"] = _folds(rows, folds, learned, whole=models)
+    out["heldout_model"] = _folds(rows, folds, learned, whole=models, compiled=compiled or {})
     return out
 
 
-def _folds(rows, tests: list[set[int]], learned, whole: list[str] | None = None) -> dict:
+def compiled_times(store, device: str | None = None) -> tuple[dict[str, float] | None, str]:
+    """The ``compiled`` argument of :func:`evaluate`: the store's ``zoo:`` models compiled whole
+    and timed on this machine's device that the store measured (same fingerprint), and a line
+    saying what was timed, or why nothing was (several devices, or none of them here).
+    About a second per model plus its build."""
+    from autoplace.devices import Device
+    from autoplace.profile.measure import LocalRunner, fingerprint
+    from autoplace.profile.whole_model import time_models
+
+    rows = profile_rows(store, device)
+    devices = {(r["device"], r["device_name"]) for r in rows}
+    if len(devices) != 1:
+        return None, (f"whole models not timed: the store holds {len(devices)} devices "
+                      "(pass --device)")
+    [(fp, name)] = devices
+    for spec in dict.fromkeys([name, "cpu:0", "cpu:0:native", "cuda:0"]):
+        try:
+            local = Device.from_spec(spec)
+            if fingerprint(LocalRunner(local).info()) == fp:
+                break
+        except Exception:  # noqa: BLE001 - not a spec, or a device this machine lacks
+            continue
+    else:
+        return None, (f"whole models not timed: {name} (fingerprint {fp}) is not a device of "
+                      "this machine")
+    models = sorted({m for r in rows for m in r["models"] if m.startswith("zoo:")})
+    times = time_models(models, local)
+    return times, f"{len(times)} models compiled whole and timed on {local.name}"
+
+
+def _folds(rows, tests: list[set[int]], learned, whole: list[str] | None = None,
+           compiled: Mapping[str, float] | None = None) -> dict:
     """Metrics of each fold (train on the rest), averaged over folds."""
     per_fold, per_model = [], {}
     multi = len({r["device"] for r in rows}) > 1
@@ -134,19 +172,28 @@ def _folds(rows, tests: list[set[int]], learned, whole: list[str] | None = None)
                 c = np.array([held[j]["models"][whole[k]] for j in mine], dtype=float)
                 meas = float(c @ [held[j]["latency_s"] for j in mine])
                 name = f"{whole[k]}@{held[mine[0]]['device_name']}" if multi else whole[k]
-                per_model[name] = {"ops": int(c.sum()), "measured_s": meas,
-                                   "predicted_s": float(c @ pred[mine]),
-                                   "roofline_s": float(c @ roof[mine]),
-                                   "error": abs(float(c @ pred[mine]) - meas) / meas,
-                                   "roofline_error": abs(float(c @ roof[mine]) - meas) / meas}
+                whole_s = (compiled or {}).get(name)
+                predicted, roofline = float(c @ pred[mine]), float(c @ roof[mine])
+                per_model[name] = {
+                    "ops": int(c.sum()), "compiled_s": whole_s, "ops_measured_s": meas,
+                    "predicted_s": predicted, "roofline_s": roofline,
+                    "whole_model_error": _rel_error(predicted, whole_s),
+                    "whole_model_roofline_error": _rel_error(roofline, whole_s),
+                    "sum_of_ops_error": _rel_error(predicted, meas),
+                    "sum_of_ops_roofline_error": _rel_error(roofline, meas)}
     res = {m: _mean([f[m] for f in per_fold]) for m in METRICS}
     res["n_test"] = int(sum(f["n"] for f in per_fold))
     res["folds"] = len(per_fold)
     if whole is not None:
-        res["whole_model_error"] = _mean([v["error"] for v in per_model.values()])
-        res["whole_model_roofline_error"] = _mean([v["roofline_error"] for v in per_model.values()])
+        for key in ("whole_model_error", "whole_model_roofline_error", "sum_of_ops_error",
+                    "sum_of_ops_roofline_error"):
+            res[key] = _mean([v[key] for v in per_model.values()])
         res["models"] = per_model
     return res
+
+
+def _rel_error(predicted: float, reference: float | None) -> float | None:
+    return None if reference is None else abs(predicted - reference) / reference
 
 
 def _metrics(held, pred, roof, near) -> dict:
@@ -192,12 +239,23 @@ def format_table(result: dict) -> str:
                      f"{pct(r['roofline_mape']):>10}{pct(r['nn_mape']):>9}"
                      f"{num(r['spearman']):>7}{num(r['kendall']):>7}")
     hm = result["heldout_model"]
-    lines.append(f"whole-model error (leave one model out): {pct(hm['whole_model_error']).strip()}"
-                 f" (roofline {pct(hm['whole_model_roofline_error']).strip()})")
+    if hm["whole_model_error"] is None:
+        lines.append("whole-model error (leave one model out): not measured (the models were not "
+                     "compiled and timed on this device)")
+    else:
+        lines.append(f"whole-model error (leave one model out; against the model compiled and "
+                     f"timed whole): {pct(hm['whole_model_error']).strip()} (roofline "
+                     f"{pct(hm['whole_model_roofline_error']).strip()})")
+    lines.append(f"sum-of-ops error (the same predictions against the sum of the model's "
+                 f"measured ops): {pct(hm['sum_of_ops_error']).strip()} (roofline "
+                 f"{pct(hm['sum_of_ops_roofline_error']).strip()})")
+    ms = lambda v: "        -" if v is None else f"{1e3 * v:9.3f}"  # noqa: E731
+    lines.append(f"  {'model':<24}{'compiled':>10}{'sum of ops':>11}{'predicted':>10}"
+                 f"{'vs compiled':>12}{'vs ops':>8}{'roofline':>10}   (ms)")
     for name, m in hm["models"].items():
-        lines.append(f"  {name:<24} measured {1e3 * m['measured_s']:9.3f} ms  predicted "
-                     f"{1e3 * m['predicted_s']:9.3f} ms  ({100 * m['error']:5.1f}%)  roofline "
-                     f"{1e3 * m['roofline_s']:9.3f} ms")
+        lines.append(f"  {name:<24}{ms(m['compiled_s']):>10}{ms(m['ops_measured_s']):>11}"
+                     f"{ms(m['predicted_s']):>10}{pct(m['whole_model_error']):>12}"
+                     f"{pct(m['sum_of_ops_error']):>8}{ms(m['roofline_s']):>10}")
     lines.append(f"noise: median cv of one measurement's repeats {pct(result['noise_cv']).strip()} "
                  f"({result['n_workloads']} measured workloads)")
     if result["retest_workloads"]:

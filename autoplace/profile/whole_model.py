@@ -11,7 +11,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -144,6 +144,27 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
               len(kernels))
     return ModelTiming(device.name, float(res.median), float(res.min), cv, kernels,
                        float(builtin), len(runs))
+
+
+def time_models(specs: Iterable[str], device: Device, *, repeat: int = 10) -> dict[str, float]:
+    """Median seconds per inference of each model compiled whole for ``device`` with default
+    kernels (as a profile measures its ops), on random inputs: ``{spec: seconds}``.
+
+    ``specs`` are ``zoo:NAME`` or paths to ``.onnx`` files (the names a profile store gives its
+    models); one that cannot be loaded here (a file that is gone) is left out with a warning.
+    """
+    from autoplace import zoo
+
+    out = {}
+    for spec in specs:
+        try:
+            model = zoo.from_spec(spec)
+        except (KeyError, ValueError, OSError) as e:
+            log.warning("%s not timed whole: %s", spec, e)
+            continue
+        out[spec] = time_model(model.mod, device, model.inputs, repeat=repeat,
+                               instrumented_runs=1).median
+    return out
 
 
 # ----------------------------------------------------------------------------- fused groups

@@ -219,18 +219,40 @@ def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
                            "retest_within_10", *SPLITS}
     assert (result["retest_workloads"], result["retest_within_10"]) == (0, None)  # one pass
     for split in SPLITS:
-        extra = {"whole_model_error", "whole_model_roofline_error", "models"} \
-            if split == "heldout_model" else set()
+        extra = {"whole_model_error", "whole_model_roofline_error", "sum_of_ops_error",
+                 "sum_of_ops_roofline_error", "models"} if split == "heldout_model" else set()
         assert set(result[split]) == {*METRICS, "n_test", "folds", *extra}
         r = result[split]
         assert r["folds"] >= 1 and 0 <= r["within_10"] <= r["within_25"] <= 1
     assert set(result["heldout_model"]["models"]) == {"zoo:mlp", "zoo:branchy_cnn"}
+    assert result["heldout_model"]["whole_model_error"] is None  # nothing compiled was timed
+    assert "whole-model error (leave one model out): not measured" in format_table(result)
     assert result["heldout_shapes"]["folds"] == 5  # draws of held-out shapes, averaged
     json.dumps(result, allow_nan=False)  # strict JSON
     # The roofline, even with peaks fitted to the data, is one line for every op type; the
     # learned model sees op type and shape. On held-out shapes it is clearly better.
     for split in ("random", "heldout_shapes"):
         assert result[split]["mape"] < result[split]["roofline_mape"], format_table(result)
+
+
+def test_whole_model_error_is_against_the_compiled_model(store):
+    """The whole-model error compares a model's predicted ops with the model compiled and timed
+    whole; the sum-of-ops error with its measured ops. Both are reported, each named."""
+    from autoplace.predict.evaluate import compiled_times
+
+    compiled, note = compiled_times(store)
+    assert set(compiled) == {"zoo:mlp", "zoo:branchy_cnn"} and "timed" in note
+    slow = {name: 10 * s for name, s in compiled.items()}  # not the measured ops: told apart
+    result = evaluate(store, seed=0, learned=SMALL, compiled=slow)
+    hm = result["heldout_model"]
+    for name, m in hm["models"].items():
+        assert m["compiled_s"] == slow[name]
+        assert m["whole_model_error"] == pytest.approx(
+            abs(m["predicted_s"] - slow[name]) / slow[name])
+        assert m["sum_of_ops_error"] == pytest.approx(
+            abs(m["predicted_s"] - m["ops_measured_s"]) / m["ops_measured_s"])
+    table = format_table(result)
+    assert "against the model compiled and timed whole" in table and "sum-of-ops error" in table
 
 
 def test_evaluate_reports_the_noise_between_passes(tmp_path):
@@ -259,7 +281,12 @@ def test_cli_train_and_evaluate(store, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     args = parser.parse_args(["evaluate", "--db", str(store.path), "--json"])
     assert args.func(args) == 0
-    report = json.loads(capsys.readouterr().out)  # the JSON scripts read, as the issue wrote it
+    out = capsys.readouterr()
+    assert "2 models compiled whole and timed on cpu0" in out.err
+    report = json.loads(out.out)  # the JSON scripts read, as the issue wrote it
+    models = report["splits"]["heldout_model"]["models"]
+    assert all(m["compiled_s"] > 0 for m in models.values())
+    assert report["splits"]["heldout_model"]["whole_model_error"] is not None
     assert set(report["splits"]) == {"random", "heldout_shapes", "heldout_op_type",
                                      "heldout_model"}
     for m in report["splits"].values():

@@ -24,7 +24,7 @@ def test_surface_from_the_issue(devs):
 
 def test_plan_predicts_no_worse_than_any_baseline(devs):
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=5,
-                             cost_model=autoplace.RooflineCostModel())
+                             cost_model=autoplace.RooflineCostModel(), db=None)
     assert set(res.baselines) == {"only a", "only b", "priority", "greedy"}
     for value in res.baselines.values():
         assert res.predicted_latency_s <= value * (1 + 1e-9)
@@ -208,12 +208,15 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     assert res.cost_model == auto_cost_model(devs)[1] and res.cost_model in res.summary()
     if shipped_profile(fingerprint(LocalRunner(devs[0]).info())) is None:
         assert res.cost_model.startswith("roofline") and set(res.plan.cost_sources) == {"roofline"}
-    else:  # the zoo is in the shipped profile
-        assert res.cost_model.startswith("measured") and set(res.plan.cost_sources) == {"measured"}
+    else:  # the zoo is in the shipped profile, its kernels in the shipped tuning records
+        assert res.cost_model.startswith("measured")
+        assert res.kernels["default"] == 0 and set(res.plan.cost_sources) == {"tuned"}
+        plain = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=2, db=None)
+        assert set(plain.plan.cost_sources) == {"measured"}
     # A GPU is never costed by a model trained on a CPU: it gets the roofline.
     gpu = Device.cuda(0, name="g")
     mixed = autoplace.optimize(zoo.load("mlp").mod, [devs[0], gpu], time_limit=2,
-                               check_devices=False)
+                               check_devices=False, db=None)
     assert all(s.endswith("roofline") for s in mixed.plan.cost_sources)
 
 

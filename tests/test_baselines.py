@@ -35,7 +35,7 @@ def test_throughput_replicates_the_model_when_replicas_win(devs, rng):
     # input and a copy), two replicas deliver one input per (10 + 0.115) / 2 = 5.06 ms.
     m = zoo.load("branchy_cnn")
     res = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=Flat(),
-                             stage_overhead_s=115e-6, time_limit=5)
+                             stage_overhead_s=115e-6, time_limit=5, db=None)
     assert res.plan.replicas == ("a", "b") and res.plan.solver.endswith("+replicas")
     assert res.predicted_latency_s == pytest.approx((10e-3 + 115e-6) / 2)
     assert res.baselines["replicas"] == pytest.approx(res.predicted_latency_s)
@@ -63,7 +63,7 @@ def test_throughput_replicates_the_model_when_replicas_win(devs, rng):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # Asked not to replicate: the pipeline, with the replicas still a baseline beside it.
     pipe_res = autoplace.optimize(m.mod, devs, objective="throughput", cost_model=Flat(),
-                                  stage_overhead_s=115e-6, time_limit=5, replicate=False)
+                                  stage_overhead_s=115e-6, time_limit=5, replicate=False, db=None)
     assert not pipe_res.plan.replicas and len(set(pipe_res.plan.stages)) == 2
     assert "replicas" not in pipe_res.baselines
 
@@ -75,9 +75,9 @@ def test_a_plan_whose_gain_is_within_its_costs_spread_gives_way_to_the_baseline(
     m = zoo.load("branchy_cnn")
     g = autoplace.OpGraph.from_relax(m.mod)
     noisy = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
-                               time_limit=5)
+                               time_limit=5, db=None)
     solver = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
-                                time_limit=5, baseline_guard=False)
+                                time_limit=5, baseline_guard=False, db=None)
     assert len(solver.plan.used_devices()) == 2 and solver.guard is None
     assert noisy.plan.used_devices() == (devs[0],) and noisy.plan.solver == "single:0"
     d = noisy.guard
@@ -90,7 +90,7 @@ def test_a_plan_whose_gain_is_within_its_costs_spread_gives_way_to_the_baseline(
     assert "baseline_guard=False" in why and f"guard: {d}" in noisy.summary()
     assert "the solver's plan was Plan(latency, 10 nodes on 2/2 devices" in why  # what it found
     sure = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 1e-3)),
-                              time_limit=5)
+                              time_limit=5, db=None)
     assert len(sure.plan.used_devices()) == 2 and sure.guard.kept
     assert "kept the solver's plan" in sure.explain().guard
 
@@ -100,14 +100,14 @@ def test_roofline_costs_carry_their_spread(devs):
     # side, predicted a little faster than one device, are not a gain the guard believes.
     m = zoo.load("branchy_cnn")
     res = autoplace.optimize(m.mod, devs, cost_model=autoplace.RooflineCostModel(),
-                             time_limit=5, segment_overhead_s=0)
+                             time_limit=5, segment_overhead_s=0, db=None)
     d = res.guard
     rel = autoplace.RooflineCostModel.spread
     assert not d.kept and d.unknown == 0 and d.plan_s < d.baseline_s
     assert 0 < d.baseline_sigma_s <= rel * d.baseline_s and d.gain_s < d.margin_s
     assert len(res.plan.used_devices()) == 1
     kept = autoplace.optimize(m.mod, devs, cost_model=autoplace.RooflineCostModel(),
-                              time_limit=5, segment_overhead_s=0, baseline_guard=False)
+                              time_limit=5, segment_overhead_s=0, baseline_guard=False, db=None)
     assert len(kept.plan.used_devices()) == 2
 
 
@@ -157,7 +157,7 @@ def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
     # and each baseline carries its own device's call.
     m = zoo.load("mlp")
     res = autoplace.optimize(m.mod, devs, cost_model=FlatWithCalls({"a": 2e-3, "b": 1e-4}),
-                             time_limit=5)
+                             time_limit=5, db=None)
     assert res.baselines["only a"] == pytest.approx(14e-3)
     assert res.baselines["only b"] == pytest.approx(12.1e-3)
     assert res.plan.used_devices() == (devs[1],)
@@ -167,7 +167,7 @@ def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
                for n in res.overheads_note)
     # The calls swapped: the model runs on a.
     swapped = autoplace.optimize(m.mod, devs, time_limit=5,
-                                 cost_model=FlatWithCalls({"a": 1e-4, "b": 2e-3}))
+                                 cost_model=FlatWithCalls({"a": 1e-4, "b": 2e-3}), db=None)
     assert swapped.plan.used_devices() == (devs[0],)
     assert swapped.predicted_latency_s == pytest.approx(12.1e-3)
 
@@ -205,7 +205,7 @@ def test_the_all_threads_baseline_is_predicted_only_from_a_profile_at_that_count
     g = autoplace.OpGraph.from_relax(m.mod)
     threads = all_threads(devs)[0]
     one = _profile(g, 0.01)
-    res = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(one), time_limit=5)
+    res = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(one), time_limit=5, db=None)
     assert "all threads" not in res.baselines
     assert res.baseline_notes["all threads"].startswith(
         f"not predicted: no profile of a measured with {threads} TVM threads")
@@ -214,7 +214,7 @@ def test_the_all_threads_baseline_is_predicted_only_from_a_profile_at_that_count
     # faster than any split, returned: one device with all the threads.
     more = _profile(g, 0.01, threads=threads, scale=0.4)
     model = MeasuredCostModel({"a": one, "b": one, "all threads": more})
-    res = autoplace.optimize(m.mod, devs, cost_model=model, time_limit=5)
+    res = autoplace.optimize(m.mod, devs, cost_model=model, time_limit=5, db=None)
     assert res.baselines["all threads"] == pytest.approx(0.4 * res.baselines["only a"])
     assert res.plan.threads == threads and res.plan.used_devices() == (devs[0],)
     assert res.guard.baseline == "all threads" and not res.guard.kept

@@ -80,7 +80,8 @@ def _optimize_and_run(args) -> dict:
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
                              cost_model=cost_model, contiguous=args.contiguous,
-                             db=getattr(args, "db", None) or "auto",
+                             db=getattr(args, "db", None) or (None if args.no_profile
+                                                              else "auto"),
                              baseline_guard=not getattr(args, "no_guard", False))
     t_opt = time.perf_counter() - t0
     run = res.compile()
@@ -89,8 +90,9 @@ def _optimize_and_run(args) -> dict:
     finally:
         if hasattr(run, "close"):  # a runner with worker threads
             run.close()
-    reference = autoplace.compile(
-        model.mod, autoplace.place(res.graph, devices, [("*", devices[0].name)]))(*model.inputs)
+    reference = autoplace.compile(  # the same kernels on one device: what placement changed
+        model.mod, autoplace.place(res.graph, devices, [("*", devices[0].name)]),
+        records=res.records)(*model.inputs)
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, reference))
     out = {
         "model": model.name, "graph": res.graph.summary(), "result": res,

@@ -85,5 +85,6 @@ def add_run_options(p):
                    help="return the solver's plan even where a baseline (one device, all "
                         "threads, replicas) is predicted as fast or faster")
     p.add_argument("--no-profile", action="store_true",
-                   help="ignore profiles: roofline estimates from device peaks (what a machine "
-                        "without a matching profile gets)")
+                   help="ignore profiles and the tuning records shipped with them: roofline "
+                        "estimates from device peaks (what a machine without a matching "
+                        "profile gets)")

@@ -153,12 +153,12 @@ def time_models(specs: Iterable[str], device: Device, *, repeat: int = 10) -> di
     ``specs`` are ``zoo:NAME`` or paths to ``.onnx`` files (the names a profile store gives its
     models); one that cannot be loaded here (a file that is gone) is left out with a warning.
     """
-    from autoplace import zoo
+    from autoplace.zoo import from_spec
 
     out = {}
     for spec in specs:
         try:
-            model = zoo.from_spec(spec)
+            model = from_spec(spec)
         except (KeyError, ValueError, OSError) as e:
             log.warning("%s not timed whole: %s", spec, e)
             continue

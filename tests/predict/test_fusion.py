@@ -38,7 +38,7 @@ def test_cpu_only_devices_are_left_alone_and_optimize_charges_fused_gpu_kernels(
     cost = np.ones((len(graph.nodes), 1))
     assert fused_gpu_costs(m.mod, graph, [CPU], cost) is cost
     res = autoplace.optimize(m.mod, [CPU, GPU], cost_model=autoplace.RooflineCostModel(),
-                             check_devices=False)  # planned here, whether or not a GPU is
+                             check_devices=False, db=None)  # planned here, GPU or not
     raw, _ = autoplace.node_costs(graph, [CPU, GPU], autoplace.RooflineCostModel())
     np.testing.assert_array_equal(res.problem.cost[:, 0], raw[:, 0])
     gpu = res.problem.cost[:, 1]

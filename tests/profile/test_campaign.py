@@ -114,7 +114,8 @@ def test_measured_profile_drives_costs_and_links(tmp_path):
     prof = DeviceProfile.from_store(store, "cpu:0")
     devs = [autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")]
     # No segment overhead: the copies' alpha is then the link's alone (build_problem adds it).
-    res = autoplace.optimize(mod, devs, cost_model=MeasuredCostModel(prof), segment_overhead_s=0)
+    res = autoplace.optimize(mod, devs, cost_model=MeasuredCostModel(prof), segment_overhead_s=0,
+                             db=None)  # the store's default-kernel costs, not shipped tuned ones
     graph = res.graph
     assert np.allclose(res.problem.cost[:, 0], [prof.latency_s[n.workload_key] for n in graph.nodes])
     assert set(res.plan.cost_sources) == {"measured"}
@@ -258,7 +259,9 @@ def test_optimize_cli_uses_a_given_profile(tmp_path):
         assert p.wait(timeout=120) == 0, p.communicate()
     p = _cli("optimize", "--model", "zoo:mlp", "--profile", str(out), "--json")
     report = json.loads(p.communicate(timeout=300)[0])
-    assert report["cost_sources"] == ["measured"] and report["cost_model"] == "MeasuredCostModel"
+    assert report["cost_model"] == "MeasuredCostModel"
+    # measured, or the tuned kernel's time where this machine's shipped records have zoo:mlp's
+    assert set(report["cost_sources"]) <= {"measured", "tuned"}
     p = _cli("optimize", "--model", "zoo:mlp", "--no-profile", "--json")
     assert json.loads(p.communicate(timeout=300)[0])["cost_sources"] == ["roofline"]
 

@@ -118,7 +118,7 @@ def evaluate(store, device: str | None = None, *, seed: int = 0,
 
     models = sorted({m for r in rows for m in r["models"] if m.startswith("zoo:")})
     folds = [{i for i, r in enumerate(rows) if m in r["models"]} for m in models]
-    out["heldout_model"] = _folds(rows, folds, learned, whole=models, compiled=compiled or {})
+    out["heldout_model"] = _folds(rows, folds, learned, whole=models, compiled=compiled)
     return out
 
 

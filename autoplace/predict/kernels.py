@@ -113,7 +113,7 @@ class KernelAnalysis:
         nan = tuple(np.full(w, np.nan) for w in widths)
         if target is None:
             return nan
-        target_ = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
+        target_ = _parse_target(target)
         funcs = self.prim_funcs(key, "llvm") if target_.kind.name == "llvm" else None
         if funcs is None:
             return nan
@@ -160,14 +160,16 @@ class KernelAnalysis:
         return self._context
 
 
-@functools.lru_cache(maxsize=64)
-def _is_cpu(target: str | None) -> bool:
+def _parse_target(target: str):
+    """A target from its string or its JSON (a profile's ``info["target"]``)."""
     import tvm
 
-    if target is None:
-        return False
-    return tvm.target.Target(json.loads(target) if target.startswith("{") else target
-                             ).kind.name == "llvm"
+    return tvm.target.Target(json.loads(target) if target.startswith("{") else target)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_cpu(target: str | None) -> bool:
+    return target is not None and _parse_target(target).kind.name == "llvm"
 
 
 def _legalized(key: str, target: str | None) -> dict | None:

@@ -6,9 +6,14 @@ Runtime, tuning, TVM) builds the same weights; the benchmark checks that by comp
 
 - ``zoo:NAME``: a torch-backed model of ``autoplace.zoo`` (its Relax module is
   ``autoplace.zoo.load(NAME).mod``).
-- ``resnet18``, ``mobilenet_v3_small``: torchvision (``torchvision==0.28.0``), batch 1, 224x224.
+- torchvision models (``torchvision==0.28.0``), batch 1, 224x224: ``resnet18``,
+  ``mobilenet_v3_small`` and the others of :data:`TORCHVISION`.
 - ``bert``: a BERT encoder, 4 layers, hidden 256, 4 heads, sequence 128, batch 1, from
   ``transformers``' ``BertConfig``; without ``transformers``, an equivalent encoder in plain torch.
+  ``bert_tiny`` and ``bert_wide`` are the same encoder at other sizes (:data:`BERTS`).
+
+:data:`FAMILIES` groups the models by architecture family, for scoring cost models on families
+they never saw (``unseen_models.py``).
 """
 
 from __future__ import annotations
@@ -20,13 +25,26 @@ import numpy as np
 
 INSTALL_HINT = "pip install -e '.[bench]'"
 
-TORCHVISION = {"resnet18": "torchvision resnet18, 224x224",
-               "mobilenet_v3_small": "torchvision mobilenet_v3_small, 224x224"}
+TORCHVISION = {name: f"torchvision {name}, 224x224" for name in (
+    "resnet18", "resnet34", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
+    "regnet_x_400mf", "regnet_y_400mf", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
+    "efficientnet_b0", "convnext_tiny", "squeezenet1_1")}
 ZOO = ("zoo:resnet", "zoo:transformer")
-NAMES = (*ZOO, *TORCHVISION, "bert")
 
-# The BERT-style encoder: layers, hidden size, heads, feed-forward size, sequence length.
-BERT = dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30522)
+# BERT-style encoders: layers, hidden size, heads, feed-forward size, sequence length.
+BERTS = {"bert": dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30522),
+         "bert_tiny": dict(layers=2, hidden=128, heads=2, ffn=512, seq=64, vocab=30522),
+         "bert_wide": dict(layers=2, hidden=512, heads=8, ffn=2048, seq=128, vocab=30522)}
+BERT = BERTS["bert"]
+NAMES = (*ZOO, *TORCHVISION, *BERTS)
+
+# Architecture families of the models above (a zoo model belongs to none).
+FAMILIES = {"resnet": ("resnet18", "resnet34"),
+            "mobilenet": ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large"),
+            "regnet": ("regnet_x_400mf", "regnet_y_400mf"),
+            "shufflenet": ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0"),
+            "efficientnet": ("efficientnet_b0",), "convnext": ("convnext_tiny",),
+            "squeezenet": ("squeezenet1_1",), "bert": tuple(BERTS)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,9 +80,10 @@ def load(name: str, seed: int = 0) -> BenchModel:
         x = rng.standard_normal((1, 3, 224, 224)).astype("float32")
         calibration = torch.from_numpy(rng.standard_normal((2, 3, 224, 224)).astype("float32"))
         return BenchModel(name, _reinit(module, seed, calibration), [x], TORCHVISION[name])
-    if name == "bert":
-        module, description = _bert()
-        ids = rng.integers(0, BERT["vocab"], (1, BERT["seq"])).astype("int64")
+    if name in BERTS:
+        config = BERTS[name]
+        module, description = _bert(config)
+        ids = rng.integers(0, config["vocab"], (1, config["seq"])).astype("int64")
         return BenchModel(name, _reinit(module, seed), [ids], description)
     raise KeyError(f"no benchmark model {name!r}; available: {', '.join(NAMES)}")
 
@@ -114,8 +133,9 @@ def import_torchvision():
 _SHIM = None  # the operator schemas live as long as this library object
 
 
-def _bert():
-    """(module taking token ids, returning the last hidden state; description)."""
+def _bert(size: dict):
+    """(module taking token ids, returning the last hidden state; description) of the encoder
+    of ``size`` (a value of :data:`BERTS`)."""
     import torch
 
     try:
@@ -125,11 +145,11 @@ def _bert():
     try:
         from transformers import BertConfig, BertModel
     except ImportError:
-        return (_TorchEncoder(),
+        return (_TorchEncoder(size),
                 f"BERT-style encoder written in torch (transformers not installed: {INSTALL_HINT})")
-    config = BertConfig(vocab_size=BERT["vocab"], hidden_size=BERT["hidden"],
-                        num_hidden_layers=BERT["layers"], num_attention_heads=BERT["heads"],
-                        intermediate_size=BERT["ffn"], max_position_embeddings=512)
+    config = BertConfig(vocab_size=size["vocab"], hidden_size=size["hidden"],
+                        num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                        intermediate_size=size["ffn"], max_position_embeddings=512)
 
     class Encoder(torch.nn.Module):
         def __init__(self):
@@ -139,25 +159,25 @@ def _bert():
         def forward(self, ids):
             return self.bert(input_ids=ids).last_hidden_state
 
-    return Encoder(), (f"transformers BertModel, {BERT['layers']} layers, hidden {BERT['hidden']}, "
-                       f"sequence {BERT['seq']}")
+    return Encoder(), (f"transformers BertModel, {size['layers']} layers, hidden {size['hidden']}, "
+                       f"sequence {size['seq']}")
 
 
-def _TorchEncoder():
+def _TorchEncoder(size: dict):
     """BERT's encoder in plain torch: word + position embeddings, LayerNorm, and post-norm layers
     of 4-head self-attention and a GELU feed-forward."""
     import torch
     from torch import nn
     from torch.nn import functional as F
 
-    d, heads = BERT["hidden"], BERT["heads"]
+    d, heads = size["hidden"], size["heads"]
 
     class Layer(nn.Module):
         def __init__(self):
             super().__init__()
             self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
             self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
-            ffn = BERT["ffn"]
+            ffn = size["ffn"]
             self.ffn = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
 
         def forward(self, x):
@@ -170,10 +190,10 @@ def _TorchEncoder():
     class Encoder(nn.Module):
         def __init__(self):
             super().__init__()
-            self.words = nn.Embedding(BERT["vocab"], d)
+            self.words = nn.Embedding(size["vocab"], d)
             self.positions = nn.Embedding(512, d)
             self.ln = nn.LayerNorm(d, eps=1e-12)
-            self.layers = nn.ModuleList(Layer() for _ in range(BERT["layers"]))
+            self.layers = nn.ModuleList(Layer() for _ in range(size["layers"]))
 
         def forward(self, ids):
             pos = torch.arange(ids.shape[1]).unsqueeze(0)

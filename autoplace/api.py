@@ -16,7 +16,7 @@ from autoplace.graph import OpGraph
 from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
-from autoplace.predict.fusion import fused_gpu_costs
+from autoplace.predict.fusion import fused_costs
 from autoplace.predict.protocol import CostModel, ProfiledCostModel
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.report.baselines import guard, predict_baselines
@@ -365,8 +365,9 @@ def optimize(
     cost_model : object with ``predict(graph, device)``, or ``"auto"``
         Seconds per node. ``"auto"``: this machine's shipped profile and learned model if there
         is one (:func:`auto_cost_model`), else :class:`autoplace.predict.RooflineCostModel`.
-        ``result.cost_model`` says which was used. On a GPU each fused kernel is charged once,
-        at its anchor op's cost (:mod:`autoplace.predict.fusion`).
+        ``result.cost_model`` says which was used. An op the build turns into no kernel (a
+        weight's transpose, a reshape that becomes a view) costs nothing, and on a GPU each
+        fused kernel is charged once, at its anchor op's cost (:mod:`autoplace.predict.fusion`).
     solver : str
         A name of :data:`autoplace.solve.SOLVERS`.
     time_limit : float
@@ -488,7 +489,7 @@ def optimize(
         segment_overhead_s = overhead
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
-    cost = fused_gpu_costs(mod, graph, devices, cost, func_name)
+    cost = fused_costs(mod, graph, devices, cost, func_name)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
     if records:
         cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,

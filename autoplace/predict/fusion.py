@@ -1,12 +1,17 @@
-"""GPU node costs per fused kernel: a profile times each op as its own kernel launch, a model
-runs one kernel per fused group.
+"""Node costs per fused kernel: a profile times each op as its own kernel, a model runs one
+kernel per fused group, and some ops run no kernel at all.
 
-On a GPU small ops take about a kernel launch, so the ops that TVM fuses into another op's kernel
-(an elementwise op after a conv, a bias add) cost next to nothing in the built model although
-each costs a launch alone: each kernel is charged its anchor's time (the member with the most
-FLOPs) instead. The anchors are those of the model built for the GPU alone: in a plan that moves
-an anchor off the GPU, the members left there are still charged nothing. CPU costs are left as
-they are. docs/results.md gives the measurements behind this choice.
+On every device, an op that the build turns into no kernel costs nothing: a transpose of a
+weight (computed once, when constants are lifted) and a reshape that becomes a view. Timed alone
+they are a copy each; on small-kernel CNNs (mobilenet_v3, shufflenet) the weight transposes alone
+were a third of the model's predicted time. On a GPU small ops take about a kernel launch, so the
+ops that TVM fuses into another op's kernel (an elementwise op after a conv, a bias add) also
+cost next to nothing in the built model although each costs a launch alone: each kernel is
+charged its anchor's time (the member with the most FLOPs) instead. On a CPU the members keep
+their cost (an elementwise op computed inline still reads and writes). The groups are those of
+the model built for each kind of device alone: in a plan that moves an anchor off the GPU, the
+members left there are still charged nothing. docs/results.md gives the measurements behind
+these choices.
 """
 
 from __future__ import annotations
@@ -37,18 +42,22 @@ def kernel_anchors(groups: Sequence[Sequence[int]], graph: OpGraph,
     return anchors
 
 
-def fused_gpu_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
-                    cost: np.ndarray, func_name: str = "main") -> np.ndarray:
-    """``cost`` (nodes x devices) with every GPU column charging each fused kernel once: its
-    anchor keeps its cost, the other members and the nodes without a kernel cost 0 there
-    (``inf``, a device that cannot run the op, stays)."""
-    gpus = [k for k, d in enumerate(devices) if d.is_gpu]
-    if not gpus or not len(graph.nodes):
+def fused_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
+                cost: np.ndarray, func_name: str = "main") -> np.ndarray:
+    """``cost`` (nodes x devices) as the built model runs it: on every device the nodes without
+    a kernel cost 0; on a GPU each fused kernel is charged once, its anchor's cost, the other
+    members 0 (``inf``, a device that cannot run the op, stays)."""
+    if not len(graph.nodes):
         return cost
-    groups = [nodes for _, nodes in fused_groups(mod, func_name, gpu=True)]
     out = np.array(cost, dtype=float)
-    for k in gpus:
-        finite = np.isfinite(out[:, k])
-        anchors = kernel_anchors(groups, graph, np.where(finite, out[:, k], 0.0))
-        out[~anchors & finite, k] = 0.0
+    for gpu in sorted({d.is_gpu for d in devices}):
+        groups = [nodes for _, nodes in fused_groups(mod, func_name, gpu=gpu)]
+        in_kernel = np.zeros(len(graph.nodes), dtype=bool)
+        for nodes in groups:
+            in_kernel[list(nodes)] = True
+        for k in (k for k, d in enumerate(devices) if d.is_gpu == gpu):
+            finite = np.isfinite(out[:, k])
+            charged = (kernel_anchors(groups, graph, np.where(finite, out[:, k], 0.0)) if gpu
+                       else in_kernel)
+            out[~charged & finite, k] = 0.0
     return out

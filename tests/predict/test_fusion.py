@@ -1,23 +1,27 @@
-"""GPU costs per fused kernel: each kernel's anchor keeps its cost, the rest of its ops cost 0."""
+"""Costs per fused kernel: ops without a kernel cost 0 on every device; on a GPU each kernel's
+anchor keeps its cost and the rest of its ops cost 0."""
 
 import numpy as np
 
 import autoplace
 from autoplace import zoo
-from autoplace.predict.fusion import fused_gpu_costs, kernel_anchors
+from autoplace.predict.fusion import fused_costs, kernel_anchors
 from autoplace.graph.fusion import fused_groups
 
 CPU, GPU = autoplace.Device.cpu(0), autoplace.Device.cuda(0)
 
 
-def test_each_gpu_kernel_is_charged_once_and_cpu_costs_stay():
+def test_each_gpu_kernel_is_charged_once_and_cpu_ops_without_a_kernel_cost_nothing():
     m = zoo.load("resnet")
     graph = autoplace.OpGraph.from_relax(m.mod)
     rng = np.random.default_rng(0)
     cost = rng.uniform(1e-6, 1e-5, size=(len(graph.nodes), 2))
     cost[3, 1] = np.inf  # a node the GPU cannot run stays impossible there
-    out = fused_gpu_costs(m.mod, graph, [CPU, GPU], cost)
-    np.testing.assert_array_equal(out[:, 0], cost[:, 0])
+    out = fused_costs(m.mod, graph, [CPU, GPU], cost)
+    in_kernel = {i for _, nodes in fused_groups(m.mod) for i in nodes}
+    assert 0 < len(in_kernel) < len(graph.nodes)  # resnet's weight transposes run no kernel
+    for i in range(len(graph.nodes)):
+        assert out[i, 0] == (cost[i, 0] if i in in_kernel else 0.0)
     assert out[3, 1] == np.inf
     groups = [nodes for _, nodes in fused_groups(m.mod, gpu=True) if nodes]
     assert any(len(nodes) > 1 for nodes in groups)  # resnet's convs take their relus along
@@ -32,11 +36,11 @@ def test_each_gpu_kernel_is_charged_once_and_cpu_costs_stay():
     assert anchors.sum() == len(groups) < len(graph.nodes)
 
 
-def test_cpu_only_devices_are_left_alone_and_optimize_charges_fused_gpu_kernels():
-    m = zoo.load("mlp")
+def test_cpu_kernels_keep_their_ops_costs_and_optimize_charges_fused_gpu_kernels():
+    m = zoo.load("mlp")  # every op of it is in a kernel
     graph = autoplace.OpGraph.from_relax(m.mod)
     cost = np.ones((len(graph.nodes), 1))
-    assert fused_gpu_costs(m.mod, graph, [CPU], cost) is cost
+    np.testing.assert_array_equal(fused_costs(m.mod, graph, [CPU], cost), cost)
     res = autoplace.optimize(m.mod, [CPU, GPU], cost_model=autoplace.RooflineCostModel(),
                              check_devices=False, db=None)  # planned here, GPU or not
     raw, _ = autoplace.node_costs(graph, [CPU, GPU], autoplace.RooflineCostModel())

@@ -137,7 +137,10 @@ def test_fitted_roofline_learns_peaks_and_keeps_its_default(rows):
     dev = autoplace.Device.cpu(0)
     fitted = RooflineCostModel().fit(rows)
     [peaks] = fitted.devices_.values()
-    assert 1e6 < peaks["peak_flops"] < 1e13 and 1e6 < peaks["mem_bandwidth"] < 1e13
+    # Finite and positive; not physical: the grid reaches 4x the fastest rate the rows achieved,
+    # and this store's small ops (in cache, their time mostly the launch) reach 10 TB/s on a
+    # fast host.
+    assert 1e6 < peaks["peak_flops"] < 1e15 and 1e6 < peaks["mem_bandwidth"] < 1e15
     assert not np.allclose(fitted.predict(graph, dev), RooflineCostModel().predict(graph, dev))
     # The default (unfitted) behaviour is unchanged: the device's own peaks.
     n = graph.nodes[0]
@@ -236,8 +239,9 @@ def test_evaluate_report_and_learned_beats_roofline_on_unseen_shapes(store):
 
 
 def test_whole_model_error_is_against_the_compiled_model(store):
-    """The whole-model error compares a model's predicted ops with the model compiled and timed
-    whole; the sum-of-ops error with its measured ops. Both are reported, each named."""
+    """The whole-model error compares a model's predicted ops, charged as optimize charges them
+    (ops its build runs no kernel for cost nothing), with the model compiled and timed whole; the
+    sum-of-ops error the plain sum with its measured ops. Both are reported, each named."""
     from autoplace.predict.evaluate import compiled_times
 
     compiled, note = compiled_times(store)
@@ -248,7 +252,8 @@ def test_whole_model_error_is_against_the_compiled_model(store):
     for name, m in hm["models"].items():
         assert m["compiled_s"] == slow[name]
         assert m["whole_model_error"] == pytest.approx(
-            abs(m["predicted_s"] - slow[name]) / slow[name])
+            abs(m["charged_s"] - slow[name]) / slow[name])
+        assert 0 < m["charged_s"] <= m["predicted_s"]
         assert m["sum_of_ops_error"] == pytest.approx(
             abs(m["predicted_s"] - m["ops_measured_s"]) / m["ops_measured_s"])
     table = format_table(result)

@@ -17,7 +17,7 @@ from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
 from autoplace.predict.fusion import fused_costs
-from autoplace.predict.protocol import CostModel, ProfiledCostModel
+from autoplace.predict.protocol import CostModel, ProfiledCostModel, outside_training
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.report.baselines import guard, predict_baselines
 from autoplace.solve import SOLVERS, InfeasibleError, Problem, Solution, solve
@@ -166,6 +166,8 @@ class OptimizeResult:
     baseline_notes: Mapping[str, str] = field(default_factory=dict)  # per baseline, in words
     baseline_plans: Mapping[str, Plan] = field(default_factory=dict)  # the runnable baselines
     guard: GuardDecision | None = None  # why this plan and not the solver's or a baseline
+    outside_training: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -249,7 +251,7 @@ class OptimizeResult:
         rate = s.objective == "throughput"
         what = "time per input" if rate else s.objective
         lines = [str(self.plan), f"costs: {self.cost_model}", *self.profiles_note,
-                 *self.records_note, *self.overheads_note,
+                 *self.outside_note, *self.records_note, *self.overheads_note,
                  f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
         if self.delivery is not None:
@@ -489,6 +491,7 @@ def optimize(
         segment_overhead_s = overhead
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
+    outside, outside_note = outside_training(graph, devices, cost_model, cost)
     cost = fused_costs(mod, graph, devices, cost, func_name)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
     if records:
@@ -547,7 +550,7 @@ def optimize(
                           overhead_sources=overhead_sources, delivery=delivery,
                           baseline_notes={b.name: b.note for b in found if b.note},
                           baseline_plans=plans,
-                          guard=decision)
+                          guard=decision, outside_training=outside, outside_note=outside_note)
 
 
 def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, given):

@@ -71,6 +71,11 @@ class MeasuredCostModel:
         found = list({id(p): p for p in found}.values())
         return found[0] if len(found) == 1 else None
 
+    def fallback_for(self, device: Device):
+        """The model that predicts what ``device``'s profile lacks: the first ``fallback`` fitted
+        on the device (or fitted on none), else :class:`RooflineCostModel`."""
+        return self._fallback(device)
+
     def _fallback(self, device: Device):
         from autoplace.predict.rows import match_device
 

@@ -59,3 +59,45 @@ def sources(model: CostModel, graph: OpGraph, device: Device) -> list[str]:
     if isinstance(model, SourcedCostModel):
         return list(model.sources(graph, device))
     return [getattr(model, "source", "learned")] * len(graph.nodes)
+
+
+def outside_training(graph: OpGraph, devices: Sequence[Device], model,
+                     cost) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
+    """The nodes whose learned cost on each device leaves what the learned model was trained on
+    (its ``extrapolated``: an op type it never saw, or a feature outside its training range), by
+    device name, and a line per device that has any: how many, their share of the device's
+    predicted time (``cost``, nodes x devices), the op types, and what to do about it."""
+    import numpy as np
+
+    nodes: dict[str, tuple[int, ...]] = {}
+    lines = []
+    for k, dev in enumerate(devices):
+        learned = model.fallback_for(dev) if hasattr(model, "fallback_for") else model
+        flag = getattr(learned, "extrapolated", None)
+        if flag is None or getattr(learned, "source", None) != "learned":
+            continue
+        src = sources(model, graph, dev)
+        picked = [i for i in range(len(graph.nodes)) if src[i] == "learned"]
+        if not picked:
+            continue
+        try:
+            out = np.asarray(flag(graph, dev), dtype=bool)
+        except ValueError:  # a model that does not know this device predicts nothing for it
+            continue
+        idx = tuple(i for i in picked if out[i])
+        if not idx:
+            continue
+        nodes[dev.name] = idx
+        col = np.where(np.isfinite(cost[:, k]), cost[:, k], 0.0)
+        share = col[list(idx)].sum() / max(col.sum(), 1e-30)
+        known = set(getattr(learned, "op_types_", ()) or ())
+        ops: dict[str, int] = {}
+        for i in idx:
+            ops[graph.nodes[i].op_type] = ops.get(graph.nodes[i].op_type, 0) + 1
+        never = sorted(op for op in ops if known and op not in known)
+        what = ", ".join(f"{op} x{c}" for op, c in sorted(ops.items(), key=lambda t: -t[1]))
+        lines.append(f"{dev.name}: {len(idx)} ops ({share:.0%} of its predicted time) learned "
+                     f"outside the data the model was trained on ({what}"
+                     + (f"; op types it never saw: {', '.join(never)}" if never else "")
+                     + "): the least sure costs; autoplace profile --model ... measures them")
+    return nodes, tuple(lines)

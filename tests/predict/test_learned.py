@@ -202,6 +202,22 @@ def test_measured_model_falls_back_to_learned(store, rows):
     assert set(sources) <= {"measured", "learned"}
 
 
+def test_optimize_names_the_learned_costs_outside_the_training_data(store, rows):
+    prof = DeviceProfile.from_store(store, "cpu:0")
+    model = MeasuredCostModel(prof, fallback=SMALL().fit(rows))
+    mod = _gelu_module()  # gelu: an op type the store never measured
+    res = autoplace.optimize(mod, [autoplace.Device.cpu(0)], cost_model=model, db=None)
+    gelu = [n.index for n in res.graph.nodes if n.op_type == "nn.gelu"]
+    assert set(gelu) <= set(res.outside_training["cpu0"])
+    (line,) = res.outside_note
+    assert "op types it never saw: nn.gelu" in line and line in res.summary()
+    # Measured costs are never flagged, and a model inside its data says nothing.
+    assert all(res.plan.cost_sources[i] == "learned" for i in res.outside_training["cpu0"])
+    seen = autoplace.optimize(zoo.load("mlp").mod, [autoplace.Device.cpu(0)],
+                              cost_model=SMALL().fit(rows), db=None)
+    assert seen.outside_training == {} and seen.outside_note == ()
+
+
 def test_each_device_gets_the_fallback_fitted_on_it(store, rows):
     """With one learned model per device (CPU and GPU profiles shipped side by side), each device
     falls back to its own; a device none was fitted on gets the roofline."""

@@ -111,6 +111,7 @@ def _optimize_and_run(args) -> dict:
             "cost_sources": sorted(set(res.plan.cost_sources)),
             "profiles": list(res.profiles_note),
             "overheads": list(res.overheads_note),
+            "outside_training": list(res.outside_note),
             "overhead_sources": dict(res.overhead_sources),
             "max_abs_err_vs_single_device": err,
             "kernels": dict(run.kernels),
@@ -151,8 +152,12 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     what = ("no profile of these devices (roofline costs)" if not profiled else "")
     what += (" and " if what and not tuned else "") + ("no tuning records (default kernels)"
                                                        if not tuned else "")
+    quick = ("" if profiled else
+             f"; or, in a few minutes, autoplace profile --quick --model {spec} --device "
+             f"{args.device[0]} --db {db} (times 40 of its workloads and adapts the shipped "
+             "learned model to this machine; autoplace profile --help says how to use it)")
     return (f"{what}: {' && '.join(steps)}  (about {max(seconds / 60, 1):.0f} min; then "
-            f"optimize with --db {db})")
+            f"optimize with --db {db}){quick}")
 
 
 def _cmd_demo(args) -> int:

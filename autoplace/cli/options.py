@@ -57,12 +57,15 @@ def model_help(repeatable: bool = False) -> str:
 
 
 def cost_model(args):
-    """Profiles given with --profile, roofline with --no-profile, else optimize's "auto"."""
-    from autoplace.predict import MeasuredCostModel, RooflineCostModel
+    """Profiles given with --profile (the --cost-model files for what they lack), the
+    --cost-model files alone, roofline with --no-profile, else optimize's "auto"."""
+    from autoplace.predict import MeasuredCostModel, RooflineCostModel, load_cost_model
     from autoplace.profile import DeviceProfile
 
-    if args.profile:
-        return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
+    learned = [load_cost_model(p) for p in getattr(args, "cost_model", None) or []]
+    if args.profile or learned:
+        return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile],
+                                 fallback=learned or None)
     return RooflineCostModel() if args.no_profile else "auto"
 
 
@@ -81,6 +84,10 @@ def add_run_options(p):
                    help="measured profile JSON (autoplace profile-export); each applies to the "
                         "devices of its kind (repeatable). Default: the profiles shipped with "
                         "autoplace, each for the devices of this machine it was measured on")
+    p.add_argument("--cost-model", action="append", default=[],
+                   help="a saved cost model (autoplace train, or profile --quick's adapted "
+                        "model) for the ops the profiles lack; each applies to the devices it "
+                        "was fitted on (repeatable)")
     p.add_argument("--no-guard", action="store_true",
                    help="return the solver's plan even where a baseline (one device, all "
                         "threads, replicas) is predicted as fast or faster")

@@ -17,6 +17,15 @@ EPILOG = """examples:
   autoplace profile --refine 3 --device cpu:0 --db prof.db
   autoplace profile --only-overheads --device cpu:0 --device cuda:0 --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out mycpu.json
+  autoplace profile --quick --model zoo:resnet --device cpu:0:native --db new.db
+
+--quick, on a machine with no profile: time a few of the model's workloads (the ones that take
+most of its predicted time, every kind of op among them; --quick-count, default 40: a few
+minutes) and adapt the learned model shipped for the device's kind to them, written to
+DB.adapted.json. Use it with the measured ones:
+  autoplace profile-export --db new.db --device cpu:0:native --out new.json
+  autoplace optimize --model zoo:resnet --device cpu:0:native --profile new.json \
+      --cost-model new.db.adapted.json
 
 After the ops, the overheads of running a plan on each local device are measured (a pipeline
 stage's hand-off, a concurrent latency run's segment, a direct call; see docs/profiling.md),
@@ -48,12 +57,46 @@ def _models(args):
     return out
 
 
+def _cmd_quick(args) -> int:
+    from autoplace import zoo
+    from autoplace.predict.adapt import quick_profile
+    from autoplace.profile.store import ProfileStore
+
+    if not args.model or args.sweep or args.refine or args.dry_run or args.only_overheads:
+        raise ValueError("--quick times some workloads of --model (one or more) and adapts the "
+                         "shipped learned model: pass --model, and no --sweep, --refine, "
+                         "--dry-run or --only-overheads")
+    if len(args.device or ["cpu:0"]) != 1:
+        raise ValueError("--quick adapts to one device: pass one --device")
+    models = [(spec, zoo.from_spec(spec).mod) for spec in args.model]
+    out = args.adapted_out or f"{args.db}.adapted.json"
+    with ProfileStore(args.db) as store:
+        try:
+            report = quick_profile(store, (args.device or ["cpu:0"])[0], models,
+                                   count=args.quick_count, out=out, progress=not args.json,
+                                   runner_kwargs=options.rpc_options(args))
+        except KeyboardInterrupt:
+            print(f"interrupted; what was timed is in {args.db}: run the same command again to "
+                  "go on", file=sys.stderr)
+            return 130
+    if args.json:
+        c = report.model.calibration
+        print(json.dumps({"device": report.device, "chosen": report.chosen,
+                          "measured": report.measured, "seconds": report.seconds,
+                          "adapted": report.path, "calibration": c}, indent=1))
+    else:
+        print("\n".join(report.lines()))
+    return 0
+
+
 def _cmd_profile(args) -> int:
     from autoplace.profile.campaign import run_campaign
     from autoplace.profile.drift import DRIFT_TOLERANCE
     from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.store import ProfileStore
 
+    if args.quick:
+        return _cmd_quick(args)
     models = _models(args)
     policy = TimingPolicy(cv_target=args.cv, budget_s=args.budget)
     tolerance = None if args.allow_drift else DRIFT_TOLERANCE
@@ -184,6 +227,13 @@ def register_cli(sub) -> None:
                    help="then, for ROUNDS rounds, measure the sweep workloads the learned model "
                         "is least sure about on the first --device, and print its error per round")
     p.add_argument("--refine-size", type=int, default=16, help="workloads per refine round")
+    p.add_argument("--quick", action="store_true",
+                   help="a device with no profile: time a few workloads of --model and adapt the "
+                        "shipped learned model to them (see below; no overheads, no links)")
+    p.add_argument("--quick-count", type=int, default=40,
+                   help="--quick: workloads to time at most (default 40)")
+    p.add_argument("--adapted-out", help="--quick: where to write the adapted model "
+                                         "(default DB.adapted.json)")
     p.add_argument("--allow-drift", action="store_true",
                    help="add new workloads to a store measured on an earlier occasion even if the "
                         "device now runs a few of its workloads (timed again first) a median "

@@ -1,5 +1,6 @@
 """Predict how long each node takes on each device."""
 
+from autoplace.predict.adapt import AdaptedCostModel, quick_profile
 from autoplace.predict.features import FEATURE_NAMES, features
 from autoplace.predict.kernels import KernelAnalysis
 from autoplace.predict.learned import (NearestNeighborCostModel, NotFittedError, XGBCostModel,
@@ -8,6 +9,6 @@ from autoplace.predict.measured import MeasuredCostModel
 from autoplace.predict.roofline import RooflineCostModel
 from autoplace.predict.rows import profile_rows
 
-__all__ = ["FEATURE_NAMES", "KernelAnalysis", "MeasuredCostModel", "NearestNeighborCostModel",
-           "NotFittedError", "RooflineCostModel", "XGBCostModel", "features", "load_cost_model",
-           "profile_rows"]
+__all__ = ["FEATURE_NAMES", "AdaptedCostModel", "KernelAnalysis", "MeasuredCostModel",
+           "NearestNeighborCostModel", "NotFittedError", "RooflineCostModel", "XGBCostModel",
+           "features", "load_cost_model", "profile_rows", "quick_profile"]

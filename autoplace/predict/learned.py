@@ -332,7 +332,8 @@ class NearestNeighborCostModel(_Learned):
 
 
 def load_cost_model(path: str | Path):
-    """Load a saved cost model of any kind (the JSON's ``"model"``: roofline, xgboost, nearest).
+    """Load a saved cost model of any kind (the JSON's ``"model"``: roofline, xgboost, nearest,
+    adapted).
 
     >>> import autoplace                                              # doctest: +SKIP
     >>> autoplace.load_cost_model("cpu_model.json").predict(graph, autoplace.Device.cpu())  # doctest: +SKIP
@@ -341,8 +342,10 @@ def load_cost_model(path: str | Path):
         kind = json.loads(Path(path).read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError) as e:
         raise ValueError(f"cannot read a cost model from {path}: {e}") from None
+    from autoplace.predict.adapt import AdaptedCostModel
+
     classes = {"roofline": RooflineCostModel, "xgboost": XGBCostModel,
-               "nearest": NearestNeighborCostModel}
+               "nearest": NearestNeighborCostModel, "adapted": AdaptedCostModel}
     if kind not in classes:
         raise ValueError(f"{path} is not a saved cost model (model={kind!r}; "
                          f"expected one of {sorted(classes)})")

@@ -115,12 +115,11 @@ def whole_step(db: Path, names: list[str], repeat: int, again: bool) -> dict:
 
 def _predicted_s(model, mod, graph, device, call_s: float) -> tuple[float, float]:
     """One device's whole-model prediction as ``optimize`` makes it (ops that run no kernel
-    cost nothing: :func:`autoplace.predict.fusion.fused_costs`), and the plain sum of ops."""
-    from autoplace.predict.fusion import fused_costs
+    cost nothing: :func:`autoplace.predict.fusion.model_seconds`), and the plain sum of ops."""
+    from autoplace.predict.fusion import model_seconds
 
-    cost = np.asarray(model.predict(graph, device), dtype=float)[:, None]
-    charged = fused_costs(mod, graph, [device], cost)
-    return float(charged.sum()) + call_s, float(cost.sum()) + call_s
+    plain = float(np.sum(model.predict(graph, device)))
+    return model_seconds(model, mod, graph, device) + call_s, plain + call_s
 
 
 def score_step(db: Path, families: list[str], whole: dict, two_device: bool,

@@ -2,19 +2,17 @@
 
 A model trained on a profile of one CPU predicts that CPU. Another machine (another CPU, another
 thread count or build target, or a host of the same name that runs faster) differs by a factor,
-and by more on some kinds of ops than on others. :func:`adapt` measures nothing itself: given a
-few workloads timed on the new machine (rows of :func:`autoplace.predict.profile_rows`) it fits
-how the base model's predictions map to those times, in log space,
+and by more on some ops than on others: a wider vector unit speeds up the convs whose channels
+it divides, not the rest. :func:`adapt` measures nothing itself: given a few workloads timed on
+the new machine (rows of :func:`autoplace.predict.profile_rows`) it fits a small booster of
+shallow trees on the base model's own features that learns the log ratio of the new machine's
+time to the base model's prediction (the base prediction is its starting margin), and returns an
+:class:`AdaptedCostModel` that predicts the new machine. With a handful of rows the trees cannot
+split and it learns one factor; with tens, how the ratio moves with op class and shape.
+:func:`choose_workloads` picks the workloads worth timing for a model: the one that takes most of
+the predicted time in each op class it uses, then the heaviest.
 
-    log t_new = log t_base + a + b (log t_base - m) + c[class],
-
-a global factor ``a``, a slope ``b`` (large and small ops move apart: a second thread halves a
-large conv, not a 10 µs add) and an offset per op class (:data:`~autoplace.predict.features.OP_CLASSES`)
-shrunk towards zero where a class has few rows, and returns an :class:`AdaptedCostModel` that
-predicts the new machine. :func:`choose_workloads` picks the workloads worth timing for a model:
-the ones that take most of its predicted time, every op class it uses among them.
-
->>> base = load_cost_model(shipped_dir() / "amd-epyc-cpu-1thread.xgb.json")   # doctest: +SKIP
+>>> base, name = shipped_base("cpu")                                            # doctest: +SKIP
 >>> keys = choose_workloads([graph], base, count=40)                            # doctest: +SKIP
 >>> ... time those on the new device into a store ...                           # doctest: +SKIP
 >>> model = adapt(base, profile_rows(store, "cpu:0"))                          # doctest: +SKIP
@@ -44,11 +42,11 @@ if TYPE_CHECKING:
 __all__ = ["AdaptedCostModel", "QuickReport", "adapt", "choose_workloads", "op_class",
            "quick_profile", "shipped_base"]
 
-# Rows a class needs for its own offset to count half: fewer pull it towards the global fit.
-SHRINK_ROWS = 3.0
-# Ridge weight on the slope, in rows: a few rows of one size say nothing about the slope.
-SLOPE_RIDGE = 4.0
-SLOPE_LIMIT = 0.5
+# The residual booster: few shallow, strongly regularised trees, as a few tens of rows allow.
+BOOSTER = {"max_depth": 3, "eta": 0.1, "min_child_weight": 3, "lambda": 5.0, "seed": 0,
+           "nthread": 1, "objective": "reg:squarederror"}
+TREES = 60
+FOLDS = 10  # the error of rows left out is estimated over this many folds (each row once)
 _Z90 = 1.2816  # the standard normal's 90th percentile
 
 
@@ -65,8 +63,9 @@ def _rows(what) -> list[dict]:
 
 
 class AdaptedCostModel:
-    """``base`` (a fitted learned model) predicting as on ``base_device``, corrected to the
-    device the adaptation rows were measured on (:func:`adapt`).
+    """``base`` (a fitted :class:`~autoplace.predict.XGBCostModel`) predicting as on
+    ``base_device``, corrected to the device the adaptation rows were measured on by ``booster``
+    (:func:`adapt`).
 
     Attributes
     ----------
@@ -74,28 +73,28 @@ class AdaptedCostModel:
         The device it predicts (fingerprint -> its record): :class:`MeasuredCostModel` picks it
         as the fallback of that device, and only of that device.
     calibration : dict
-        ``a``, ``b``, ``m`` and ``classes`` (class -> offset) of the fit, ``rows`` it was fitted
-        on, ``spread`` (std of the log error of a row left out of the fit) and ``before`` /
-        ``after`` (median absolute relative error of the base model and of the adapted one on
-        the rows, each row left out of the fit that predicts it).
+        ``rows`` it was fitted on, ``factor`` (the median ratio of its predictions to the base
+        model's on them), ``spread`` (std of the log error of rows left out of the fit) and
+        ``before`` / ``after`` (median absolute relative error on the rows of the base model,
+        and of the adapted one fitted without them: :data:`FOLDS` folds).
     """
 
     source = "learned"
     model_name = "adapted"
 
-    def __init__(self, base, base_device: str, device: dict, calibration: dict,
+    def __init__(self, base, base_device: str, device: dict, booster, calibration: dict,
                  base_path: str | None = None):
         self.base = base
         self.base_device = base_device
         self.devices_ = {device["fingerprint"]: device}
+        self.booster = booster
         self.calibration = calibration
         self.base_path = base_path
 
-    def _log_correction(self, rows, base_s: np.ndarray) -> np.ndarray:
-        c = self.calibration
-        x = np.log(base_s)
-        classes = np.array([c["classes"].get(op_class(r["op_type"]), 0.0) for r in rows])
-        return c["a"] + c["b"] * (x - c["m"]) + classes
+    def _log_correction(self, rows) -> np.ndarray:
+        """log(adapted / base point prediction) of each row."""
+        x, base_s = _inputs(self.base, rows, self.base_device)
+        return _booster_log(self.booster, x, base_s) - np.log(base_s)
 
     def _check_device(self, device) -> None:
         if device is not None and match_device(device, self.devices_) is None:
@@ -110,8 +109,8 @@ class AdaptedCostModel:
         rows = list(rows)
         if not rows:
             return np.zeros(0)
-        base = self.base.predict_workloads(rows, self.base_device)
-        return base * np.exp(self._log_correction(rows, base))
+        x, base_s = _inputs(self.base, rows, self.base_device)
+        return np.exp(_booster_log(self.booster, x, base_s))
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         """Predicted seconds of every node of ``graph`` on ``device``, in node order."""
@@ -121,18 +120,17 @@ class AdaptedCostModel:
         return [self.source] * len(graph.nodes)
 
     def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
-        """``(n, 3)`` seconds: the base model's band, corrected, widened by the adaptation's
-        own spread."""
+        """``(n, 3)`` seconds: the base model's band, moved as the point moved, widened by the
+        adaptation's own spread."""
         self._check_device(device)
         rows = _rows(graph_or_rows)
         if not rows:
             return np.zeros((0, 3))
         q = self.base.quantiles(rows, self.base_device)
-        mid = q[:, q.shape[1] // 2]
-        corr = self._log_correction(rows, mid)
+        corr = self._log_correction(rows)
         widen = _Z90 * self.calibration["spread"]
-        out = np.column_stack([q[:, 0] * np.exp(corr - widen), mid * np.exp(corr),
-                               q[:, -1] * np.exp(corr + widen)])
+        out = np.column_stack([q[:, 0] * np.exp(corr - widen), q[:, q.shape[1] // 2]
+                               * np.exp(corr), q[:, -1] * np.exp(corr + widen)])
         return np.sort(out, axis=1)
 
     def extrapolated(self, graph_or_rows, device=None) -> np.ndarray:
@@ -142,29 +140,33 @@ class AdaptedCostModel:
 
     def describe(self) -> str:
         c = self.calibration
-        return (f"adapted on {c['rows']} workloads: x{math.exp(c['a']):.2f} overall, slope "
-                f"{c['b']:+.2f}; median error on them (each left out) "
+        return (f"adapted on {c['rows']} workloads (x{c['factor']:.2f} the base model's "
+                f"prediction, median); median error on them, each left out of the fit: "
                 f"{c['before']:.1%} -> {c['after']:.1%}")
 
     def save(self, path: str | Path) -> None:
-        """One JSON file: the calibration, the device, and where the base model is (a shipped
-        model by its file name, else its path as given to :func:`adapt`)."""
+        """One JSON file: the booster's trees, the device, and where the base model is (a
+        shipped model by its file name, else its path as given to :func:`adapt`)."""
         if self.base_path is None:
             raise ValueError("the base model has no file: save it first and pass base_path")
-        d = {"model": self.model_name, "format_version": 1, "base": self.base_path,
+        d = {"model": self.model_name, "format_version": 2, "base": self.base_path,
              "base_device": self.base_device, "device": next(iter(self.devices_.values())),
-             "calibration": self.calibration}
-        Path(path).write_text(json.dumps(d, indent=1))
+             "calibration": self.calibration,
+             "booster": json.loads(bytes(self.booster.save_raw(raw_format="json")))}
+        Path(path).write_text(json.dumps(d))
 
     @classmethod
     def load(cls, path: str | Path) -> AdaptedCostModel:
+        import xgboost as xgb
+
         from autoplace.predict.learned import load_cost_model
         from autoplace.profile.store import shipped_dir
 
         d = json.loads(Path(path).read_text())
-        if d.get("model") != cls.model_name or d.get("format_version") != 1:
+        if d.get("model") != cls.model_name or d.get("format_version") != 2:
             raise ValueError(f"{path} is not an adapted cost model of this autoplace "
-                             f"(model={d.get('model')!r}, format {d.get('format_version')})")
+                             f"(model={d.get('model')!r}, format {d.get('format_version')}): "
+                             "adapt again ('autoplace profile --quick')")
         base = Path(d["base"])
         if not base.is_absolute():
             shipped = shipped_dir() / base
@@ -172,30 +174,29 @@ class AdaptedCostModel:
         if not base.exists():
             raise ValueError(f"{path} adapts {d['base']}, which is not there: adapt again "
                              "('autoplace profile --quick')")
-        return cls(load_cost_model(base), d["base_device"], d["device"], d["calibration"],
-                   base_path=d["base"])
+        booster = xgb.Booster()
+        booster.load_model(bytearray(json.dumps(d["booster"]).encode()))
+        return cls(load_cost_model(base), d["base_device"], d["device"], booster,
+                   d["calibration"], base_path=d["base"])
 
 
-def _fit(x, r, classes) -> dict:
-    """The calibration of log ratios ``r`` at log base seconds ``x`` (see the module doc)."""
-    m = float(np.mean(x))
-    dx = x - m
-    a0 = float(np.median(r))
-    # Ridge slope about the robust level, clipped: an adaptation of a few rows may not tilt far.
-    b = float(np.clip(np.sum(dx * (r - a0)) / (np.sum(dx * dx) + SLOPE_RIDGE),
-                      -SLOPE_LIMIT, SLOPE_LIMIT))
-    a = float(np.median(r - b * dx))
-    left = r - a - b * dx
-    offsets = {}
-    for c in sorted(set(classes)):
-        sel = np.array([k == c for k in classes])
-        offsets[c] = float(np.sum(left[sel]) / (sel.sum() + SHRINK_ROWS))
-    return {"a": a, "b": b, "m": m, "classes": offsets}
+def _inputs(base, rows, base_device: str) -> tuple[np.ndarray, np.ndarray]:
+    """The base model's features of ``rows`` and its point prediction, as on ``base_device``."""
+    x, _ = base._inputs(rows, base_device)
+    return x, base.predict_workloads(rows, base_device)
 
 
-def _apply(fit: dict, x, classes) -> np.ndarray:
-    return fit["a"] + fit["b"] * (x - fit["m"]) + np.array([fit["classes"].get(c, 0.0)
-                                                             for c in classes])
+def _booster_log(booster, x: np.ndarray, base_s: np.ndarray) -> np.ndarray:
+    import xgboost as xgb
+
+    return booster.predict(xgb.DMatrix(x, base_margin=np.log(base_s)))
+
+
+def _fit_booster(x: np.ndarray, base_s: np.ndarray, seconds: np.ndarray):
+    import xgboost as xgb
+
+    data = xgb.DMatrix(x, np.log(seconds), base_margin=np.log(base_s))
+    return xgb.train(BOOSTER, data, num_boost_round=TREES)
 
 
 def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
@@ -204,8 +205,7 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
 
     Parameters
     ----------
-    base : XGBCostModel (or any fitted learned model with ``devices_``, ``predict_workloads``,
-        ``quantiles`` and ``extrapolated``)
+    base : XGBCostModel
         The model to adapt, trained on another device.
     rows : sequence of dict
         :func:`~autoplace.predict.profile_rows` of one device (the new one), at least 3.
@@ -215,6 +215,9 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
     base_path : str, optional
         Where ``base`` is saved, for :meth:`AdaptedCostModel.save`.
     """
+    if not hasattr(base, "_inputs"):
+        raise TypeError(f"adapt needs a learned model with features (XGBCostModel), got "
+                        f"{type(base).__name__}")
     rows = [r for r in rows if r.get("latency_s")]
     devices = {r["device"] for r in rows}
     if len(devices) != 1:
@@ -231,24 +234,25 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
         base_device = same[0]
     elif base_device not in base.devices_:
         raise ValueError(f"the base model was not trained on {base_device!r}")
-    pred = base.predict_workloads(rows, base_device)
-    x = np.log(pred)
-    r = np.log([row["latency_s"] for row in rows]) - x
-    classes = [op_class(row["op_type"]) for row in rows]
-    # Each row predicted by a fit it is left out of: what the adaptation does for unseen ops.
+    x, base_s = _inputs(base, rows, base_device)
+    t = np.array([r["latency_s"] for r in rows], dtype=float)
+    # Each row predicted by a booster fitted without it (FOLDS folds): the error on unseen ops.
+    fold = np.arange(len(rows)) % min(FOLDS, len(rows))
     held = np.empty(len(rows))
-    for i in range(len(rows)):
-        keep = np.arange(len(rows)) != i
-        f = _fit(x[keep], r[keep], [c for j, c in enumerate(classes) if j != i])
-        held[i] = r[i] - _apply(f, x[i:i + 1], classes[i:i + 1])[0]
-    fit = _fit(x, r, classes)
-    calibration = {**fit, "rows": len(rows), "spread": float(np.std(held)),
-                   "before": float(np.median(np.abs(np.expm1(r)))),
+    for k in np.unique(fold):
+        out = fold == k
+        b = _fit_booster(x[~out], base_s[~out], t[~out])
+        held[out] = _booster_log(b, x[out], base_s[out]) - np.log(t[out])
+    booster = _fit_booster(x, base_s, t)
+    adapted = np.exp(_booster_log(booster, x, base_s))
+    calibration = {"rows": len(rows), "factor": float(np.median(adapted / base_s)),
+                   "spread": float(np.std(held)),
+                   "before": float(np.median(np.abs(base_s / t - 1))),
                    "after": float(np.median(np.abs(np.expm1(held))))}
     first = rows[0]
     device = {"fingerprint": first["device"], "name": first.get("device_name"), "kind": kind,
               "threads": first.get("threads"), "target": first.get("target")}
-    return AdaptedCostModel(base, base_device, device, calibration, base_path=base_path)
+    return AdaptedCostModel(base, base_device, device, booster, calibration, base_path=base_path)
 
 
 def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,

@@ -61,3 +61,11 @@ def fused_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
                        else in_kernel)
             out[~charged & finite, k] = 0.0
     return out
+
+
+def model_seconds(cost_model, mod: tvm.IRModule, graph: OpGraph, device: Device,
+                  func_name: str = "main") -> float:
+    """Predicted seconds of the kernels of ``mod`` built for ``device`` alone: ``cost_model``'s
+    cost of every node, charged as :func:`fused_costs` charges them (without the call)."""
+    cost = np.asarray(cost_model.predict(graph, device), dtype=float)[:, None]
+    return float(fused_costs(mod, graph, [device], cost, func_name).sum())

@@ -491,13 +491,15 @@ def optimize(
         segment_overhead_s = overhead
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
-    outside, outside_note = outside_training(graph, devices, cost_model, cost)
     cost = fused_costs(mod, graph, devices, cost, func_name)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
     if records:
         cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
                                                 func_name)
         note += more
+    # Flagged where the model's cost is charged: not where a tuned time replaced it, nor at 0.
+    charged = np.where(np.array(["tuned" in s for s in sources])[:, None], 0.0, cost)
+    outside, outside_note = outside_training(graph, devices, cost_model, charged)
     if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
     pin_rules = rule_assignment(graph, devices, pins)

@@ -60,6 +60,7 @@ def _models(args):
 def _cmd_quick(args) -> int:
     from autoplace import zoo
     from autoplace.predict.adapt import quick_profile
+    from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.store import ProfileStore
 
     if not args.model or args.sweep or args.refine or args.dry_run or args.only_overheads:
@@ -74,6 +75,7 @@ def _cmd_quick(args) -> int:
         try:
             report = quick_profile(store, (args.device or ["cpu:0"])[0], models,
                                    count=args.quick_count, out=out, progress=not args.json,
+                                   policy=TimingPolicy(cv_target=args.cv, budget_s=args.budget),
                                    runner_kwargs=options.rpc_options(args))
         except KeyboardInterrupt:
             print(f"interrupted; what was timed is in {args.db}: run the same command again to "

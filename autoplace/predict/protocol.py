@@ -66,7 +66,8 @@ def outside_training(graph: OpGraph, devices: Sequence[Device], model,
     """The nodes whose learned cost on each device leaves what the learned model was trained on
     (its ``extrapolated``: an op type it never saw, or a feature outside its training range), by
     device name, and a line per device that has any: how many, their share of the device's
-    predicted time (``cost``, nodes x devices), the op types, and what to do about it."""
+    predicted time (``cost``, nodes x devices: the seconds charged; a node charged 0 there,
+    whatever its model says, is not flagged), the op types, and what to do about it."""
     import numpy as np
 
     nodes: dict[str, tuple[int, ...]] = {}
@@ -77,7 +78,7 @@ def outside_training(graph: OpGraph, devices: Sequence[Device], model,
         if flag is None or getattr(learned, "source", None) != "learned":
             continue
         src = sources(model, graph, dev)
-        picked = [i for i in range(len(graph.nodes)) if src[i] == "learned"]
+        picked = [i for i in range(len(graph.nodes)) if src[i] == "learned" and cost[i, k] > 0]
         if not picked:
             continue
         try:

@@ -2,9 +2,8 @@
 kernel per fused group, and some ops run no kernel at all.
 
 On every device, an op that the build turns into no kernel costs nothing: a transpose of a
-weight (computed once, when constants are lifted) and a reshape that becomes a view. Timed alone
-they are a copy each; on small-kernel CNNs (mobilenet_v3, shufflenet) the weight transposes alone
-were a third of the model's predicted time. On a GPU small ops take about a kernel launch, so the
+weight (computed once, when constants are lifted) and a reshape that becomes a view, though
+timed alone each is a copy. On a GPU small ops take about a kernel launch, so the
 ops that TVM fuses into another op's kernel (an elementwise op after a conv, a bias add) also
 cost next to nothing in the built model although each costs a launch alone: each kernel is
 charged its anchor's time (the member with the most FLOPs) instead. On a CPU the members keep

@@ -256,15 +256,19 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
 
 
 def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
-                     base_device: str | None = None) -> list[str]:
+                     base_device: str | None = None,
+                     skip: frozenset[str] = frozenset()) -> list[str]:
     """The workload keys of ``graphs`` worth timing on a new device to adapt ``base``: in order
     of predicted time (per-op prediction times the nodes that use it), the heaviest of each op
-    class first so that every class the models use gets a row; at most ``count``."""
+    class first so that every class the models use gets a row; at most ``count``, none of
+    ``skip`` (the workloads whose nodes all run no kernel in the build: they cost nothing)."""
     weight: dict[str, float] = {}
     cls: dict[str, str] = {}
     rows = {}
     for g in graphs:
         for n in g.nodes:
+            if n.workload_key in skip:
+                continue
             rows.setdefault(n.workload_key, workload_row(n))
             cls[n.workload_key] = op_class(n.op_type)
     keys = list(rows)
@@ -275,7 +279,9 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
     pred = dict(zip(keys, base.predict_workloads([rows[k] for k in keys], base_device)))
     for g in graphs:
         for n in g.nodes:
-            weight[n.workload_key] = weight.get(n.workload_key, 0.0) + float(pred[n.workload_key])
+            if n.workload_key in pred:
+                weight[n.workload_key] = (weight.get(n.workload_key, 0.0)
+                                          + float(pred[n.workload_key]))
     ranked = sorted(keys, key=lambda k: -weight[k])
     # The heaviest workload of each class first (so every class gets a row), then by weight.
     first = list({cls[k]: k for k in reversed(ranked)}.values())
@@ -345,6 +351,7 @@ def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None
     import time
 
     from autoplace.graph import OpGraph
+    from autoplace.graph.fusion import fused_groups
     from autoplace.predict.rows import profile_rows
     from autoplace.profile.campaign import run_campaign
     from autoplace.profile.workload import single_op_modules
@@ -352,13 +359,17 @@ def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None
     if base is None:
         kind = "cuda" if device_spec.startswith("cuda") else "cpu"
         base, base_path = shipped_base(kind)
-    graphs, modules = [], {}
+    graphs, modules, in_kernel, every = [], {}, set(), set()
     for name, mod in models:
         g = OpGraph.from_relax(mod)
         graphs.append(g)
         modules.update(single_op_modules(mod, g))
         store.add_workloads(g.nodes, model=name)
-    keys = [k for k in choose_workloads(graphs, base, count=count) if k in modules]
+        every.update(n.workload_key for n in g.nodes)
+        for _, nodes in fused_groups(mod, gpu=device_spec.startswith("cuda")):
+            in_kernel.update(g.nodes[i].workload_key for i in nodes)
+    keys = [k for k in choose_workloads(graphs, base, count=count,
+                                        skip=frozenset(every - in_kernel)) if k in modules]
     t = time.perf_counter()
     rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
                        links=False, **campaign_kwargs)

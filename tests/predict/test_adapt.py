@@ -90,6 +90,8 @@ def test_chosen_workloads_cover_every_class_heaviest_first(base):
     assert {every[k] for k in chosen} == set(every.values())  # one of each class
     assert len(choose_workloads(graphs, base, count=3)) == 3
     assert set(choose_workloads(graphs, base, count=1000)) == set(every)
+    free = frozenset(list(every)[:2])  # as if the build ran no kernel for them
+    assert set(choose_workloads(graphs, base, count=1000, skip=free)) == set(every) - free
 
 
 def _cli(*args):

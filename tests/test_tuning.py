@@ -386,10 +386,11 @@ def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
     assert status["pending"] == 1 and status["pending_trials"] == 6 - kept
 
     # Ctrl-C: a clean stop with one line, every finished round kept. A Ctrl-C that lands inside
-    # MetaSchedule's C++ search can end the process by the signal itself (seen once, under CI's
-    # load): then there is no line, but nothing may be lost either way.
+    # MetaSchedule's C++ search can end the process by the signal itself, or abort it ("terminate
+    # called without an active exception": its worker processes get the signal too); each was
+    # seen under CI's load. Then there is no line, but nothing may be lost either way.
     stopped = _run_until(cmd, db, kept + 2, signal.SIGINT)
-    assert stopped.returncode in (130, -signal.SIGINT), stopped.stderr[-2000:]
+    assert stopped.returncode in (130, -signal.SIGINT, -signal.SIGABRT), stopped.stderr[-2000:]
     if stopped.returncode == 130:
         assert "interrupted" in stopped.stdout and "Traceback" not in stopped.stderr
     assert _record_lines(db) >= kept + 2

@@ -91,7 +91,8 @@ def outside_training(graph: OpGraph, devices: Sequence[Device], model,
         nodes[dev.name] = idx
         col = np.where(np.isfinite(cost[:, k]), cost[:, k], 0.0)
         share = col[list(idx)].sum() / max(col.sum(), 1e-30)
-        known = set(getattr(learned, "op_types_", ()) or ())
+        # An adapted model knows the op types of the model it adapts.
+        known = set(getattr(getattr(learned, "base", learned), "op_types_", ()) or ())
         ops: dict[str, int] = {}
         for i in idx:
             ops[graph.nodes[i].op_type] = ops.get(graph.nodes[i].op_type, 0) + 1

@@ -35,7 +35,6 @@ ZOO = ("zoo:resnet", "zoo:transformer")
 BERTS = {"bert": dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30522),
          "bert_tiny": dict(layers=2, hidden=128, heads=2, ffn=512, seq=64, vocab=30522),
          "bert_wide": dict(layers=2, hidden=512, heads=8, ffn=2048, seq=128, vocab=30522)}
-BERT = BERTS["bert"]
 NAMES = (*ZOO, *TORCHVISION, *BERTS)
 
 # Architecture families of the models above (a zoo model belongs to none).
@@ -97,6 +96,18 @@ def relax_module(model: BenchModel, seed: int = 0):
     from autoplace.frontends import from_torch
 
     return from_torch(model.module, model.inputs)
+
+
+def relax_and_inputs(name: str):
+    """``(relax module, inputs)`` of any ``zoo:NAME`` model (autoplace's zoo, its own example
+    inputs) or of a model of :data:`NAMES`."""
+    from autoplace import zoo
+
+    if name.startswith("zoo:") and name.removeprefix("zoo:") in zoo.names():
+        m = zoo.load(name.removeprefix("zoo:"))
+        return m.mod, m.inputs
+    model = load(name)
+    return relax_module(model), model.inputs
 
 
 def import_torchvision():

@@ -85,13 +85,9 @@ class AllCores:
 
 def load(name: str):
     """``(relax module, inputs)`` of a zoo or benchmark model."""
-    if name.startswith("zoo:") and name.removeprefix("zoo:") in zoo.names():
-        m = zoo.load(name.removeprefix("zoo:"))
-        return m.mod, m.inputs
     import _models
 
-    model = _models.load(name)
-    return _models.relax_module(model), model.inputs
+    return _models.relax_and_inputs(name)
 
 
 def bench(name: str, devices, args) -> dict:

@@ -43,16 +43,6 @@ DEFAULT_MODELS = ["zoo:resnet", "zoo:inception", "zoo:transformer", "zoo:mobilen
                   "squeezenet1_1", "shufflenet_v2_x0_5", "mobilenet_v3_small", "bert_tiny"]
 
 
-def relax(name: str):
-    if name.startswith("zoo:"):
-        from autoplace import zoo
-
-        m = zoo.from_spec(name)
-        return m.mod, m.inputs
-    model = _models.load(name)
-    return _models.relax_module(model), model.inputs
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu:0:native", help="the new machine (default "
@@ -80,7 +70,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="quick_adapt_"))
     per_model = {}
     for name in args.models:
-        mod, inputs = relax(name)
+        mod, inputs = _models.relax_and_inputs(name)
         graph = OpGraph.from_relax(mod)
         t = time.perf_counter()
         timing = time_model(mod, dev, inputs, repeat=args.repeat, instrumented_runs=1)

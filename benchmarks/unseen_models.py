@@ -5,9 +5,9 @@ it of torchvision CNN families (resnet, mobilenet v2/v3, regnet, shufflenet, eff
 convnext, squeezenet; 224x224) and BERT-style encoders of three sizes, leaving one family out at
 a time. Steps (each resumable; run them together or one by one with ``--steps``):
 
-- ``profile``: the shipped CPU profile imported into ``--db`` (once), then the ops of every model
-  measured into it (a profiling campaign, one pass; the labels a left-out family's score never
-  sees).
+- ``profile``: the shipped CPU profile's workloads (its zoo models and sweeps) measured again into
+  ``--db``, then the ops of every model: labels of one occasion (a profiling campaign, one pass;
+  the family left out of a score never sees its own).
 - ``whole``: each model compiled whole for ``cpu:0`` with TVM's default kernels (what a profile
   measures) and timed: the reference. Kept in ``<db>.whole.json``; ``--again`` times them anew.
 - ``score``: per family, an XGBoost model trained on every row of ``--db`` except the workloads of
@@ -16,8 +16,9 @@ a time. Steps (each resumable; run them together or one by one with ``--steps``)
   ``optimize`` predicts it (the per-op costs, nothing for ops that run no kernel, the
   device's measured call; the plain per-op sum beside it), and beside it the shipped model's
   prediction (trained on the zoo and sweeps, on the day the shipped profile was measured) and
-  the measured ops charged the same way (what a perfect per-op model would predict). With ``--two-device``, ``optimize`` on ``cpu:0`` + ``cpu:1`` with the left-out model (as a
-  user gets it: the guard on), its plan built and timed against its prediction.
+  the measured ops charged the same way (what a perfect per-op model would predict). With
+  ``--two-device``, ``optimize`` on ``cpu:0`` + ``cpu:1`` with the left-out model (as a user gets
+  it: the guard on), its plan built and timed against its prediction.
 - ``tuned`` (not by default): each model tuned for ``--tune-minutes`` into ``<db>.tuned.db``,
   then its tuned build predicted as ``optimize`` predicts it (each tuned kernel timed alone, the
   other ops at the left-out model's cost) and timed, beside its default-kernel build.
@@ -55,11 +56,6 @@ def spec(name: str) -> str:
     return f"bench:{name}"
 
 
-def relax(name: str):
-    model = _models.load(name)
-    return _models.relax_module(model), model.inputs
-
-
 def shipped_workloads():
     """``(name, one-op module)`` of every workload of the shipped CPU profile: the zoo models
     whole, and each sweep workload under its sweep's name."""
@@ -85,7 +81,7 @@ def profile_step(db: Path, names: list[str], passes: int) -> None:
 
     with ProfileStore(db) as store:
         batches = [("the shipped profile's workloads", shipped_workloads())]
-        batches += [(name, [(spec(name), relax(name)[0])]) for name in names]
+        batches += [(name, [(spec(name), _models.relax_and_inputs(name)[0])]) for name in names]
         for what, models in batches:
             t = time.perf_counter()
             rep = run_campaign(models, ["cpu:0"], store, passes=passes, links=False,
@@ -104,7 +100,7 @@ def whole_step(db: Path, names: list[str], repeat: int, again: bool) -> dict:
     for name in names:
         if name in done and not again:
             continue
-        mod, inputs = relax(name)
+        mod, inputs = _models.relax_and_inputs(name)
         t = time.perf_counter()
         timing = time_model(mod, Device.cpu(0), inputs, repeat=repeat, instrumented_runs=1,
                             min_repeat_ms=0)
@@ -116,20 +112,31 @@ def whole_step(db: Path, names: list[str], repeat: int, again: bool) -> dict:
     return done
 
 
-def _predicted_s(model, mod, graph, device, call_s: float) -> tuple[float, float]:
-    """One device's whole-model prediction as ``optimize`` makes it (ops that run no kernel
-    cost nothing: :func:`autoplace.predict.fusion.model_seconds`), and the plain sum of ops."""
-    from autoplace.predict.fusion import model_seconds
+def _predicted_s(cost: np.ndarray, mod, graph, device, call_s: float) -> tuple[float, float]:
+    """One device's whole-model prediction from its nodes' ``cost`` as ``optimize`` makes it
+    (ops that run no kernel cost nothing: :func:`autoplace.predict.fusion.fused_costs`), and
+    the plain sum of ops."""
+    from autoplace.predict.fusion import fused_costs
 
-    plain = float(np.sum(model.predict(graph, device)))
-    return model_seconds(model, mod, graph, device) + call_s, plain + call_s
+    charged = fused_costs(mod, graph, [device], np.asarray(cost, dtype=float)[:, None])
+    return float(charged.sum()) + call_s, float(np.sum(cost)) + call_s
+
+
+def _left_out_model(rows, family: str, analysis):
+    """An XGBoost model trained on ``rows`` less the workloads of ``family``'s models and of its
+    zoo model."""
+    from autoplace.predict import XGBCostModel
+
+    left_out = {spec(n) for n in _models.FAMILIES[family]} | {ZOO_OF_FAMILY.get(family)}
+    train = [r for r in rows if not left_out & set(r["models"])]
+    return XGBCostModel(analysis=analysis).fit(train), len(train)
 
 
 def score_step(db: Path, families: list[str], whole: dict, two_device: bool,
                repeat: int) -> list[list[str]]:
     import autoplace
     from autoplace import Device, OpGraph
-    from autoplace.predict import KernelAnalysis, MeasuredCostModel, XGBCostModel, profile_rows
+    from autoplace.predict import KernelAnalysis, MeasuredCostModel, profile_rows
     from autoplace.predict.learned import load_cost_model
     from autoplace.profile import DeviceProfile, ProfileStore, shipped_dir
 
@@ -149,21 +156,19 @@ def score_step(db: Path, families: list[str], whole: dict, two_device: bool,
     ratios, shipped_ratios, two = [], [], []
     for family in families:
         members = [n for n in _models.FAMILIES[family] if n in whole]
-        left_out = {spec(n) for n in _models.FAMILIES[family]} | {ZOO_OF_FAMILY.get(family)}
-        train = [r for r in rows if not left_out & set(r["models"])]
         t = time.perf_counter()
-        model = XGBCostModel(analysis=shared).fit(train)
-        print(f"{family}: trained on {len(train)} of {len(rows)} rows in "
+        model, trained_on = _left_out_model(rows, family, shared)
+        print(f"{family}: trained on {trained_on} of {len(rows)} rows in "
               f"{time.perf_counter() - t:.0f} s", flush=True)
         for name in members:
-            mod, inputs = relax(name)
+            mod, inputs = _models.relax_and_inputs(name)
             graph = OpGraph.from_relax(mod)
             ref = whole[name]["median_s"]
-            pred, plain = _predicted_s(model, mod, graph, dev, call_s)
-            ship, _ = _predicted_s(shipped, mod, graph, dev, call_s)
-            ops, _ = _predicted_s(measured, mod, graph, dev, call_s)
-            outside = model.extrapolated(graph, dev)
             cost = np.asarray(model.predict(graph, dev))
+            pred, plain = _predicted_s(cost, mod, graph, dev, call_s)
+            ship, _ = _predicted_s(shipped.predict(graph, dev), mod, graph, dev, call_s)
+            ops, _ = _predicted_s(measured.predict(graph, dev), mod, graph, dev, call_s)
+            outside = model.extrapolated(graph, dev)
             share = float(cost[outside].sum() / cost.sum())
             ratios.append(pred / ref)
             shipped_ratios.append(ship / ref)
@@ -198,7 +203,7 @@ def tuned_step(db: Path, families: list[str], names: list[str], minutes: float,
     kernel covers at the left-out model's cost) and time it."""
     import autoplace
     from autoplace import Device
-    from autoplace.predict import KernelAnalysis, XGBCostModel, profile_rows
+    from autoplace.predict import KernelAnalysis, profile_rows
     from autoplace.profile import ProfileStore
 
     dev = Device.cpu(0)
@@ -213,11 +218,9 @@ def tuned_step(db: Path, families: list[str], names: list[str], minutes: float,
         members = [n for n in _models.FAMILIES[family] if n in names]
         if not members:
             continue
-        left_out = {spec(n) for n in _models.FAMILIES[family]} | {ZOO_OF_FAMILY.get(family)}
-        model = XGBCostModel(analysis=shared).fit(
-            [r for r in rows if not left_out & set(r["models"])])
+        model, _ = _left_out_model(rows, family, shared)
         for name in members:
-            mod, inputs = relax(name)
+            mod, inputs = _models.relax_and_inputs(name)
             t = time.perf_counter()
             autoplace.tune(mod, [dev], db=tuned_db, trials=64, time_limit_s=minutes * 60,
                            progress=False)

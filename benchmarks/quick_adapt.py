@@ -124,10 +124,9 @@ class _AsOn:
         self.model, self.fingerprint = model, fingerprint
 
     def predict(self, graph, _device):
-        from autoplace.predict.features import workload_row
+        from autoplace.predict.features import workload_rows
 
-        return self.model.predict_workloads([workload_row(n) for n in graph.nodes],
-                                            self.fingerprint)
+        return self.model.predict_workloads(workload_rows(graph), self.fingerprint)
 
 
 if __name__ == "__main__":

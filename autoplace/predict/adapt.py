@@ -24,7 +24,6 @@ the predicted time in each op class it uses, then the heaviest.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.features import workload_row
+from autoplace.predict.features import workload_row, workload_rows
 from autoplace.predict.rows import match_device
 
 if TYPE_CHECKING:
@@ -56,10 +55,6 @@ def op_class(op_type: str) -> str:
     from autoplace.predict.features import _CLASS_OF
 
     return _CLASS_OF.get(op_type, "elementwise")
-
-
-def _rows(what) -> list[dict]:
-    return [workload_row(n) for n in what.nodes] if hasattr(what, "nodes") else list(what)
 
 
 class AdaptedCostModel:
@@ -93,7 +88,7 @@ class AdaptedCostModel:
 
     def _log_correction(self, rows) -> np.ndarray:
         """log(adapted / base point prediction) of each row."""
-        x, base_s = _inputs(self.base, rows, self.base_device)
+        x, base_s = self.base.features_and_seconds(rows, self.base_device)
         return _booster_log(self.booster, x, base_s) - np.log(base_s)
 
     def _check_device(self, device) -> None:
@@ -109,12 +104,12 @@ class AdaptedCostModel:
         rows = list(rows)
         if not rows:
             return np.zeros(0)
-        x, base_s = _inputs(self.base, rows, self.base_device)
+        x, base_s = self.base.features_and_seconds(rows, self.base_device)
         return np.exp(_booster_log(self.booster, x, base_s))
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         """Predicted seconds of every node of ``graph`` on ``device``, in node order."""
-        return self.predict_workloads(_rows(graph), device)
+        return self.predict_workloads(workload_rows(graph), device)
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
         return [self.source] * len(graph.nodes)
@@ -123,7 +118,7 @@ class AdaptedCostModel:
         """``(n, 3)`` seconds: the base model's band, moved as the point moved, widened by the
         adaptation's own spread."""
         self._check_device(device)
-        rows = _rows(graph_or_rows)
+        rows = workload_rows(graph_or_rows)
         if not rows:
             return np.zeros((0, 3))
         q = self.base.quantiles(rows, self.base_device)
@@ -136,7 +131,7 @@ class AdaptedCostModel:
     def extrapolated(self, graph_or_rows, device=None) -> np.ndarray:
         """The base model's flag: where its prediction leaves its own training data."""
         self._check_device(device)
-        return self.base.extrapolated(_rows(graph_or_rows), self.base_device)
+        return self.base.extrapolated(workload_rows(graph_or_rows), self.base_device)
 
     def describe(self) -> str:
         c = self.calibration
@@ -147,19 +142,19 @@ class AdaptedCostModel:
     def save(self, path: str | Path) -> None:
         """One JSON file: the booster's trees, the device, and where the base model is (a
         shipped model by its file name, else its path as given to :func:`adapt`)."""
+        from autoplace.predict.learned import _trees
+
         if self.base_path is None:
             raise ValueError("the base model has no file: save it first and pass base_path")
         d = {"model": self.model_name, "format_version": 2, "base": self.base_path,
              "base_device": self.base_device, "device": next(iter(self.devices_.values())),
              "calibration": self.calibration,
-             "booster": json.loads(bytes(self.booster.save_raw(raw_format="json")))}
+             "booster": _trees(self.booster)}
         Path(path).write_text(json.dumps(d))
 
     @classmethod
     def load(cls, path: str | Path) -> AdaptedCostModel:
-        import xgboost as xgb
-
-        from autoplace.predict.learned import load_cost_model
+        from autoplace.predict.learned import _booster, load_cost_model
         from autoplace.profile.store import shipped_dir
 
         d = json.loads(Path(path).read_text())
@@ -174,16 +169,9 @@ class AdaptedCostModel:
         if not base.exists():
             raise ValueError(f"{path} adapts {d['base']}, which is not there: adapt again "
                              "('autoplace profile --quick')")
-        booster = xgb.Booster()
-        booster.load_model(bytearray(json.dumps(d["booster"]).encode()))
-        return cls(load_cost_model(base), d["base_device"], d["device"], booster,
-                   d["calibration"], base_path=d["base"])
-
-
-def _inputs(base, rows, base_device: str) -> tuple[np.ndarray, np.ndarray]:
-    """The base model's features of ``rows`` and its point prediction, as on ``base_device``."""
-    x, _ = base._inputs(rows, base_device)
-    return x, base.predict_workloads(rows, base_device)
+        return cls(load_cost_model(base), d["base_device"], d["device"],
+                   _booster(d["booster"], BOOSTER["nthread"]), d["calibration"],
+                   base_path=d["base"])
 
 
 def _booster_log(booster, x: np.ndarray, base_s: np.ndarray) -> np.ndarray:
@@ -215,7 +203,7 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
     base_path : str, optional
         Where ``base`` is saved, for :meth:`AdaptedCostModel.save`.
     """
-    if not hasattr(base, "_inputs"):
+    if not hasattr(base, "features_and_seconds"):
         raise TypeError(f"adapt needs a learned model with features (XGBCostModel), got "
                         f"{type(base).__name__}")
     rows = [r for r in rows if r.get("latency_s")]
@@ -234,7 +222,7 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
         base_device = same[0]
     elif base_device not in base.devices_:
         raise ValueError(f"the base model was not trained on {base_device!r}")
-    x, base_s = _inputs(base, rows, base_device)
+    x, base_s = base.features_and_seconds(rows, base_device)
     t = np.array([r["latency_s"] for r in rows], dtype=float)
     # Each row predicted by a booster fitted without it (FOLDS folds): the error on unseen ops.
     fold = np.arange(len(rows)) % min(FOLDS, len(rows))

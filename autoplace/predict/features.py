@@ -132,6 +132,13 @@ def workload_row(node) -> dict:
             "bytes_read": node.bytes_read, "bytes_written": node.bytes_written}
 
 
+def workload_rows(graph_or_rows) -> list[dict]:
+    """:func:`workload_row` of every node of an op graph, or the rows given as a list."""
+    if hasattr(graph_or_rows, "nodes"):
+        return [workload_row(n) for n in graph_or_rows.nodes]
+    return list(graph_or_rows)
+
+
 def features(workload, device=None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Fixed-width feature vector of a workload on a device, and the feature names.
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.predict.features import (FEATURE_NAMES, cache_features, code_features,
-                                        feature_matrix, tir_features, workload_row)
+                                        feature_matrix, tir_features, workload_rows)
 from autoplace.predict.instructions import InstructionModel
 from autoplace.predict.kernels import (CACHE_FEATURE_NAMES, CODE_FEATURE_NAMES, TIR_FEATURE_NAMES,
                                        KernelAnalysis)
@@ -55,7 +55,7 @@ class _Learned:
                                  "(rows from autoplace.predict.profile_rows) or load(path) first")
 
     def _rows(self, what) -> list[dict]:
-        return [workload_row(n) for n in what.nodes] if hasattr(what, "nodes") else list(what)
+        return workload_rows(what)
 
     def _device_per_row(self, rows, device) -> list[str | None]:
         """Fingerprint of the fitted device each row is predicted on (None: not a fitted one)."""
@@ -186,14 +186,24 @@ class XGBCostModel(_Learned):
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
         """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the
         log roofline seconds."""
-        import xgboost as xgb
-
         rows = self._rows(graph_or_rows)
         if not rows:
             return np.zeros((0, outputs))
-        x, base = self._inputs(rows, device)
+        return self._applied(booster, *self._inputs(rows, device), outputs)
+
+    def _applied(self, booster, x: np.ndarray, base: np.ndarray, outputs: int) -> np.ndarray:
+        import xgboost as xgb
+
         out = booster.predict(xgb.DMatrix(x, feature_names=self._feature_names()))
-        return out.reshape(len(rows), outputs) + base[:, None]
+        return out.reshape(len(x), outputs) + base[:, None]
+
+    def features_and_seconds(self, rows, device=None) -> tuple[np.ndarray, np.ndarray]:
+        """The feature matrix of ``rows`` (store rows or an op graph's) on ``device`` (or each
+        row's own) and their predicted seconds, from one pass over their features (what a model
+        built on this one's, :func:`autoplace.predict.adapt.adapt`, reads)."""
+        self._check_fitted()
+        x, base = self._inputs(self._rows(rows), device)
+        return x, np.exp(self._applied(self.point_booster_, x, base, 1)[:, 0])
 
     def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
         """``(n, len(quantiles))`` seconds: P10 / P50 / P90 of each node or row, sorted per row."""
@@ -234,8 +244,6 @@ class XGBCostModel(_Learned):
 
     @classmethod
     def load(cls, path: str | Path) -> XGBCostModel:
-        import xgboost as xgb
-
         d = _read(path, cls.model_name)
         if d.get("format_version") != 3:
             raise ValueError(f"{path} was saved by an older autoplace (format "
@@ -253,10 +261,8 @@ class XGBCostModel(_Learned):
         model.op_types_, model.n_train_ = d["op_types"], d["n_train"]
         model.feature_min_ = np.array([_inf(v, -1) for v in d["feature_min"]], dtype=float)
         model.feature_max_ = np.array([_inf(v, +1) for v in d["feature_max"]], dtype=float)
-        model.booster_, model.point_booster_ = xgb.Booster(), xgb.Booster()
-        for booster, name in ((model.booster_, "booster"), (model.point_booster_, "point_booster")):
-            booster.load_model(bytearray(json.dumps(d[name]).encode()))
-            booster.set_param({"nthread": model.threads})
+        model.booster_ = _booster(d["booster"], model.threads)
+        model.point_booster_ = _booster(d["point_booster"], model.threads)
         return model
 
 
@@ -372,6 +378,16 @@ def _read(path, name: str) -> dict:
 
 def _trees(booster) -> dict:
     return json.loads(bytes(booster.save_raw(raw_format="json")))
+
+
+def _booster(trees: dict, threads: int):
+    """The XGBoost booster of ``trees`` (:func:`_trees`), predicting on ``threads`` threads."""
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(json.dumps(trees).encode()))
+    booster.set_param({"nthread": threads})
+    return booster
 
 
 def _num(v: float):

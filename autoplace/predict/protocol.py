@@ -70,6 +70,8 @@ def outside_training(graph: OpGraph, devices: Sequence[Device], model,
     whatever its model says, is not flagged), the op types, and what to do about it."""
     import numpy as np
 
+    from autoplace.predict.features import workload_row
+
     nodes: dict[str, tuple[int, ...]] = {}
     lines = []
     for k, dev in enumerate(devices):
@@ -81,11 +83,12 @@ def outside_training(graph: OpGraph, devices: Sequence[Device], model,
         picked = [i for i in range(len(graph.nodes)) if src[i] == "learned" and cost[i, k] > 0]
         if not picked:
             continue
-        try:
-            out = np.asarray(flag(graph, dev), dtype=bool)
+        try:  # only the nodes it prices: its features are computed per row
+            out = np.asarray(flag([workload_row(graph.nodes[i]) for i in picked], dev),
+                             dtype=bool)
         except ValueError:  # a model that does not know this device predicts nothing for it
             continue
-        idx = tuple(i for i in picked if out[i])
+        idx = tuple(i for i, o in zip(picked, out) if o)
         if not idx:
             continue
         nodes[dev.name] = idx

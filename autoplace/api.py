@@ -16,7 +16,7 @@ from autoplace.graph import OpGraph
 from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
-from autoplace.predict.fusion import fused_costs
+from autoplace.predict.fusion import fused_costs, kernel_floor
 from autoplace.predict.protocol import CostModel, ProfiledCostModel, outside_training
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.report.baselines import guard, predict_baselines
@@ -100,9 +100,13 @@ def build_problem(
     stage_overhead_s: float | Mapping[str, float] = 0.0,
     max_stages: int | None = None,
     segment_overhead_s: Mapping[str, float] | None = None,
+    call_s: Mapping[str, float] | None = None,
 ) -> Problem:
     """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
     the seconds a pipeline stage costs per input (one figure, or one per device name).
+
+    ``call_s`` (throughput plans): seconds per input a call of a stage or replica costs its
+    device, by device name (a device it leaves out: 0).
 
     ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
     every copy also costs the figures of both its devices: the result ends its segment on the
@@ -138,6 +142,7 @@ def build_problem(
         mem_cap=[dev.memory_bytes for dev in devices],
         pins=pin_arr,
         stage_overhead_s=stage_overhead_s,
+        call_s=[(call_s or {}).get(dev.name, 0.0) for dev in devices],
         max_stages=max_stages,
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
@@ -370,6 +375,8 @@ def optimize(
         ``result.cost_model`` says which was used. An op the build turns into no kernel (a
         weight's transpose, a reshape that becomes a view) costs nothing, and on a GPU each
         fused kernel is charged once, at its anchor op's cost (:mod:`autoplace.predict.fusion`).
+        Where a device's profile measured the least a kernel costs inside a built model (its
+        ``kernel`` overhead), no kernel there is charged less.
     solver : str
         A name of :data:`autoplace.solve.SOLVERS`.
     time_limit : float
@@ -394,7 +401,9 @@ def optimize(
         :data:`autoplace.solve.problem.STAGE_OVERHEAD_S` of its kind;
         ``result.overhead_sources`` says which. ``0`` ignores it.
         A plan of one stage pays none: it runs without a pipeline, so when no pipeline is
-        predicted to beat the best single device, the plan is that device, one stage.
+        predicted to beat the best single device, the plan is that device, one stage. Every
+        stage, one alone too, and every replica also pays its device's call per input where
+        the device's profile measured one (its ``call`` overhead).
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
     segment_overhead_s : float, or mapping device name -> float, optional
@@ -497,15 +506,24 @@ def optimize(
         cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
                                                 func_name)
         note += more
+    floors = {name: kinds["kernel"] for name, kinds in measured.items() if "kernel" in kinds}
+    if floors:
+        cost = kernel_floor(mod, graph, devices, cost, floors, func_name)
+        overheads_note += ("kernel floor: " + ", ".join(
+            f"{name} {s * 1e6:.2f} us" for name, s in floors.items()) + " (measured by their "
+            "profiles): every kernel on these devices costs at least this",)
     # Flagged where the model's cost is charged: not where a tuned time replaced it, nor at 0.
     charged = np.where(np.array(["tuned" in s for s in sources])[:, None], 0.0, cost)
     outside, outside_note = outside_training(graph, devices, cost_model, charged)
     if links is None and isinstance(cost_model, ProfiledCostModel):
         links = cost_model.links(devices)
     pin_rules = rule_assignment(graph, devices, pins)
+    calls, call_note = _call_overheads(measured, objective)
+    overheads_note += call_note
     problem = build_problem(graph, devices, cost, links, pin_rules,
                             stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages,
-                            segment_overhead_s=segment_overhead_s)
+                            segment_overhead_s=segment_overhead_s,
+                            call_s=calls if objective == "throughput" else None)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
     if objective == "throughput":
         options["replicate"] = replicate
@@ -519,9 +537,7 @@ def optimize(
                                                              described, threads_all))
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
-    calls, call_note = _call_overheads(measured) if plain is not None else ({}, ())
-    overheads_note += call_note
-    if calls:  # a latency build's call costs what the devices it uses charge
+    if calls and plain is not None:  # a latency build's call costs what its devices charge
         found = [replace(b, value=b.value + _call_of(calls, problem.device_names, b.solution))
                  if b.value is not None else b for b in found]
     delivery = None if plain is None else _delivery(
@@ -596,20 +612,22 @@ def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, 
     return out, sources, tuple(lines)
 
 
-def _call_overheads(measured: Mapping[str, Mapping[str, float]]
+def _call_overheads(measured: Mapping[str, Mapping[str, float]], objective: str
                     ) -> tuple[dict[str, float], tuple[str, ...]]:
-    """What a call of a latency plan's build costs beyond its kernels, by device: the ``call``
-    overhead each device's profile measured (one stage called directly, the inputs' upload and
-    the outputs' download included), and a line saying so. A build pays the largest figure of
-    the devices it runs kernels on (:func:`_call_of`): a GPU's call moves the inputs and outputs
-    between host and GPU, a CPU's does not."""
+    """What a call costs beyond its kernels, by device: the ``call`` overhead each device's
+    profile measured (one stage called directly, the inputs' upload and the outputs' download
+    included), and a line saying how it is charged. A latency plan's build pays the largest
+    figure of the devices it runs kernels on (:func:`_call_of`): a GPU's call moves the inputs
+    and outputs between host and GPU, a CPU's does not. A throughput plan pays each device's
+    figure per input for every stage on it, and every replica its own."""
     calls = {name: kinds["call"] for name, kinds in measured.items() if "call" in kinds}
     if not calls:
         return {}, ("call overhead: not charged (no profile of these devices measured it)",)
     shown = ", ".join(f"{name} {s * 1e6:.1f} us" for name, s in calls.items())
-    return calls, (f"call overhead: {shown} (measured by their profiles); a build pays the "
-                   "largest of the devices it uses, added to the plan's and every baseline's "
-                   "prediction",)
+    how = ("a build pays the largest of the devices it uses, added to the plan's and every "
+           "baseline's prediction" if objective == "latency" else
+           "each stage and each replica pays its device's per input, a plan of one stage too")
+    return calls, (f"call overhead: {shown} (measured by their profiles); {how}",)
 
 
 def _call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | None) -> float:

@@ -151,7 +151,8 @@ def bench(name: str, devices, args) -> dict:
 
 def render(rows) -> str:
     head = ["model", "ops", "seg", "runs as", "pred conc", "pred vm", "conc", "vm",
-            "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best"]
+            "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best",
+            "each device alone m/p"]
     table = [head]
     for r in rows:
         if "error" in r:
@@ -164,11 +165,14 @@ def render(rows) -> str:
                       f"{m['vm']:.3f}", f"{single:.3f}",
                       f"{m['all cores']:.3f}" if "all cores" in m else "-",
                       f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
-                      f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x"])
+                      f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x",
+                      " ".join(f"{k[5:]} {v / p[k]:.2f}" for k, v in m.items()
+                               if k.startswith("only ") and p.get(k))])
     return aligned(
         table, "ms, medians. 'runs as': the runner res.compile() builds; meas/pred: of that "
         "runner; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
-        "(> 1: the plan is faster); all cores: the best single device with every core.")
+        "(> 1: the plan is faster); all cores: the best single device with every core; each "
+        "device alone m/p: the whole model built for one device, measured / predicted.")
 
 
 def common_parser(doc: str) -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ import autoplace
 from autoplace import Device, zoo
 from autoplace.predict import MeasuredCostModel
 from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
+from autoplace.solve.simulate import simulate_throughput
 
 
 class Flat:
@@ -142,13 +143,17 @@ def test_the_gain_must_clear_two_sigma_of_its_spread(spread, kept):
 
 
 class FlatWithCalls(Flat):
-    """Flat costs, and a call overhead measured per device (as profiles give them)."""
+    """Flat costs, and overheads measured per device (as profiles give them): a call, and
+    optionally the least a kernel costs."""
 
-    def __init__(self, calls):
-        self.calls = calls
+    def __init__(self, calls, kernels=None):
+        self.calls, self.kernels = calls, kernels or {}
 
     def overheads(self, devices):
-        return {d.name: {"call": self.calls[d.name]} for d in devices if d.name in self.calls}
+        out = {d.name: {"call": self.calls[d.name]} for d in devices if d.name in self.calls}
+        for name, s in self.kernels.items():
+            out.setdefault(name, {})["kernel"] = s
+        return out
 
 
 def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
@@ -170,6 +175,41 @@ def test_a_latency_build_pays_the_call_of_the_devices_it_uses(devs):
                                  cost_model=FlatWithCalls({"a": 1e-4, "b": 2e-3}), db=None)
     assert swapped.plan.used_devices() == (devs[0],)
     assert swapped.predicted_latency_s == pytest.approx(12.1e-3)
+
+
+def test_no_kernel_is_charged_less_than_its_devices_kernel_floor(devs):
+    # mlp's 12 ops of 1 ms, built as 4 kernels (matmul, add, relu); the same call on both. A
+    # kernel on a costs at least 5 ms: each of a's kernels takes 2 ms more, charged to its
+    # first op, and the model runs on b.
+    m = zoo.load("mlp")
+    res = autoplace.optimize(m.mod, devs, time_limit=5, db=None,
+                             cost_model=FlatWithCalls({"a": 1e-4, "b": 1e-4}, {"a": 5e-3}))
+    assert res.problem.cost[:, 0].tolist() == [3e-3, 1e-3, 1e-3] * 4
+    assert res.problem.cost[:, 1].tolist() == [1e-3] * 12
+    assert res.plan.used_devices() == (devs[1],)
+    assert res.baselines["only a"] == pytest.approx(20.1e-3)
+    assert any(n.startswith("kernel floor: a 5000.00 us") for n in res.overheads_note)
+
+
+def test_a_throughput_plan_pays_each_devices_call_per_input(devs):
+    # The same mlp: 12 ms of ops on either device, a's call 2 ms, b's 0.1 ms; hand-offs of
+    # 1 ms. Each device alone pays its own call: a 14 ms, b 12.1 ms per input; replicas pay
+    # both, each its own: 1 / (1/15 + 1/13.1) ms. A pipeline's stages pay their device's call.
+    m = zoo.load("mlp")
+    res = autoplace.optimize(m.mod, devs, objective="throughput", time_limit=5, db=None,
+                             cost_model=FlatWithCalls({"a": 2e-3, "b": 1e-4}),
+                             stage_overhead_s=1e-3)
+    assert res.problem.call_s.tolist() == [2e-3, 1e-4]
+    assert res.baselines["only a"] == pytest.approx(14e-3)
+    assert res.baselines["only b"] == pytest.approx(12.1e-3)
+    assert res.baselines["replicas"] == pytest.approx(1 / (1 / 15e-3 + 1 / 13.1e-3))
+    assert res.solution.value == pytest.approx(simulate_throughput(
+        res.problem, res.solution.assignment, res.solution.stages)
+        if res.solution.replicas is None else res.baselines["replicas"])
+    assert any("each stage and each replica pays its device's" in n for n in res.overheads_note)
+    # Two stages, six ops each: a 6 + 2 + 1 ms, b 6 + 0.1 + 1 ms per input.
+    a = np.array([0] * 6 + [1] * 6)
+    assert simulate_throughput(res.problem, a) == pytest.approx(9e-3)
 
 
 def test_a_plan_no_faster_than_a_baseline_is_never_returned():

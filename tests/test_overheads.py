@@ -7,7 +7,7 @@ import pytest
 
 import autoplace.run.overhead as overhead
 from autoplace import Device
-from autoplace.run.overhead import (OverheadFigure, SegmentOverhead, StageOverhead,
+from autoplace.run.overhead import (KernelFloor, OverheadFigure, SegmentOverhead, StageOverhead,
                                     measure_overheads, robust_line)
 
 US = 1e-6
@@ -36,12 +36,18 @@ def _stubbed(monkeypatch, stage_slope, segment_slope, present):
         taken.append(("segment", key))
         return SegmentOverhead(key, (0, 0), 2 * US, segment_slope[key])
 
+    def kernel(device, **_):  # a kernel costs 3 us on a GPU, 0.5 us on a CPU
+        taken.append(("kernel", device.name))
+        return KernelFloor(device.name, (1, 2, 3), (0, 0, 0), 9 * US,
+                           (3 if device.is_gpu else 0.5) * US)
+
     def check_present(device, spec=None):
         if (device.kind, device.index) not in present:
             raise measure.DeviceUnavailable(f"{device.kind}:{device.index}: absent")
 
     monkeypatch.setattr(overhead, "measure_stage_overhead", stage)
     monkeypatch.setattr(overhead, "measure_segment_overhead", segment)
+    monkeypatch.setattr(overhead, "measure_kernel_floor", kernel)
     monkeypatch.setattr(measure, "check_present", check_present)
     return taken
 
@@ -69,7 +75,9 @@ def test_a_gpu_is_measured_against_the_cpu_and_its_figure_is_what_the_pair_leave
     # The pairs, in both orders: their own slopes.
     assert figures["c", "stage", "g"].seconds == pytest.approx(62 * US)
     assert figures["g", "segment", "c"].seconds == pytest.approx(50 * US)
-    assert len(figures) == 3 + 3 + 4
+    assert figures["g", "kernel", None].seconds == pytest.approx(3 * US)
+    assert figures["c", "kernel", None].seconds == pytest.approx(0.5 * US)
+    assert len(figures) == 4 + 4 + 4
     # Each fit is taken once, however many figures rest on it.
     assert len(taken) == len(set(taken))
     json.dumps([f.detail for f in figures.values()])  # stored as JSON
@@ -99,3 +107,23 @@ def test_what_to_measure_is_checked():
         measure_overheads([a, b], pairs=[("a", "c")])
     with pytest.raises(ValueError, match="not one of"):
         OverheadFigure("a", "warp", 1e-6)
+    with pytest.raises(ValueError, match=r"kernels names \['c'\]"):
+        measure_overheads([a, b], kernels=["c"])
+
+
+def test_a_device_with_its_other_figures_stored_gets_its_kernel_figure_alone(monkeypatch):
+    cpu, gpu = Device.cpu(0, name="c"), Device.cuda(0, name="g")
+    taken = _stubbed(monkeypatch, {}, {}, present={("cpu", 0), ("cuda", 0)})
+    figures = measure_overheads([cpu, gpu], own=(), pairs=(), kernels=["g"])
+    assert [(f.device, f.kind, f.seconds) for f in figures] == [("g", "kernel", 3 * US)]
+    assert taken == [("kernel", "g")]
+
+
+def test_the_kernel_floor_of_this_cpu_is_a_slope_over_real_builds():
+    from autoplace.run.overhead import measure_kernel_floor
+
+    fit = measure_kernel_floor(Device.cpu(0), kernels=(1, 4, 8), repeat=20, rounds=1)
+    assert fit.kernels == (1, 4, 8) and all(s > 0 for s in fit.seconds)
+    assert fit.fixed_s > 0 and fit.per_kernel_s == robust_line(fit.kernels, fit.seconds)[0]
+    with pytest.raises(ValueError, match="three or more chain lengths"):
+        measure_kernel_floor(Device.cpu(0), kernels=(1, 2))

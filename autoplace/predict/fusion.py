@@ -15,7 +15,7 @@ these choices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,6 +59,31 @@ def fused_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
             charged = (kernel_anchors(groups, graph, np.where(finite, out[:, k], 0.0)) if gpu
                        else in_kernel)
             out[~charged & finite, k] = 0.0
+    return out
+
+
+def kernel_floor(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
+                 cost: np.ndarray, floors: Mapping[str, float],
+                 func_name: str = "main") -> np.ndarray:
+    """``cost`` (nodes x devices, as :func:`fused_costs` charges them) with every fused kernel
+    on a device named in ``floors`` charged at least that device's figure: the least a kernel
+    costs inside a built model, where the VM dispatches each one and a GPU's are launched one
+    after another from the host (``autoplace profile`` measures it:
+    :func:`autoplace.run.overhead.measure_kernel_floor`). A kernel timed alone, back to back
+    with itself, may take less. What a kernel falls short of the floor is added to its costliest
+    op; ops without a kernel (cost 0) and ops a device cannot run (``inf``) stay as they are."""
+    out = np.array(cost, dtype=float)
+    floored = [k for k, d in enumerate(devices) if floors.get(d.name, 0.0) > 0]
+    for gpu in sorted({devices[k].is_gpu for k in floored}):
+        groups = [list(nodes) for _, nodes in fused_groups(mod, func_name, gpu=gpu) if nodes]
+        for k in (k for k in floored if devices[k].is_gpu == gpu):
+            floor = floors[devices[k].name]
+            for nodes in groups:
+                c = out[nodes, k]
+                ok = np.isfinite(c) & (c > 0)
+                if ok.any() and c[ok].sum() < floor:
+                    top = nodes[int(np.argmax(np.where(ok, c, -1.0)))]
+                    out[top, k] += floor - c[ok].sum()
     return out
 
 

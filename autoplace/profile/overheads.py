@@ -58,12 +58,13 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
     """Measure the overheads the store lacks of the local devices among ``device_specs``
     (``cpu:N``, ``cuda:N``), each device's own and each ordered pair's, and store them.
 
-    ``measure(devices, own=names, pairs=name pairs)`` returns figures with ``device``,
-    ``peer``, ``kind``, ``seconds`` and ``detail`` (device names), as
+    ``measure(devices, own=names, pairs=name pairs, kernels=names)`` returns figures with
+    ``device``, ``peer``, ``kind``, ``seconds`` and ``detail`` (device names), as
     :func:`autoplace.run.overhead.measure_overheads` does; with ``dry_run`` nothing is measured
     (``measure`` may be None) and the report lists what is pending. A device whose own
-    ``stage`` figure is stored is not measured again, nor a pair whose ``stage`` figure is;
-    devices of one fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share their figures.
+    ``stage`` figure is stored is not measured again (but for its ``kernel`` figure, if the
+    store lacks it: ``kernels``), nor a pair whose ``stage`` figure is; devices of one
+    fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share their figures.
     A failure while measuring is the report's ``error``: what was stored before is kept.
     ``announce`` is given a line saying what is about to be measured.
     """
@@ -84,11 +85,15 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
         local[spec] = (runner.device, fingerprint(info), info)
     if not local:
         return report
-    have = {(f.device, f.peer) for f in store.overheads() if f.kind == "stage"}
-    own, seen = [], set()
+    stored = store.overheads()
+    have = {(f.device, f.peer) for f in stored if f.kind == "stage"}
+    have_kernel = {f.device for f in stored if f.kind == "kernel" and not f.peer}
+    own, kernels, seen = [], [], set()
     for spec, (_, fp, _) in local.items():
         if (fp, "") not in have and fp not in seen:
             own.append(spec)
+        elif fp not in have_kernel and fp not in seen:
+            kernels.append(spec)
         seen.add(fp)
     pairs, seen = [], set()
     for a, (_, fa, _) in local.items():
@@ -96,11 +101,11 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
             if a != b and (fa, fb) not in have | seen:
                 pairs.append((a, b))
                 seen.add((fa, fb))
-    if not own and not pairs:
+    if not own and not pairs and not kernels:
         report.notes.append("already stored for " + ", ".join(local) + " (not measured again)")
         return report
     if dry_run:
-        report.pending = [(s, None) for s in own] + pairs
+        report.pending = [(s, None) for s in own + kernels] + pairs
         return report
     name_of = {spec: dev.name for spec, (dev, _, _) in local.items()}
     spec_of = {v: k for k, v in name_of.items()}
@@ -109,8 +114,9 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
     for spec, (_, fp, info) in local.items():
         store.add_device(fp, spec, info)
     if announce is not None:
-        announce("measuring the overheads of running a plan (pipeline stages, segments, calls) "
-                 "of " + ", ".join([*own, *(f"{a} with {b}" for a, b in pairs)]) + "...")
+        announce("measuring the overheads of running a plan (pipeline stages, segments, calls, "
+                 "kernels) of " + ", ".join([*own, *(f"{a} with {b}" for a, b in pairs),
+                                             *(f"{s}'s kernels" for s in kernels)]) + "...")
     try:
         with interrupts_kept(), contextlib.ExitStack() as stack:
             locks = {timing_lock_name(dev): (spec, dev) for spec, (dev, _, _) in local.items()}
@@ -119,9 +125,10 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
                 if holder is not None:
                     report.notes.append(f"{spec}: another process (id {holder or '?'}) was "
                                         "timing it at the same time: the figures may be slowed")
+            more = {"kernels": [name_of[s] for s in kernels]} if kernels else {}
             figures = measure([d for d, _, _ in local.values()],
                               own=[name_of[s] for s in own],
-                              pairs=[(name_of[a], name_of[b]) for a, b in pairs])
+                              pairs=[(name_of[a], name_of[b]) for a, b in pairs], **more)
     except Exception as e:  # noqa: BLE001 - one line in the report; the ops stored are kept
         op_failed("overheads", e)  # Ctrl-C that TVM turned into an error: KeyboardInterrupt
         log.warning("measuring the overheads failed", exc_info=True)

@@ -31,7 +31,7 @@ PROFILE_FORMAT = "autoplace-profile"
 
 #: What an overhead row measures (:func:`autoplace.run.overhead.measure_overheads`): a
 #: pipeline stage's hand-off, a concurrent latency run's segment, a direct call.
-OVERHEAD_KINDS = ("stage", "segment", "call")
+OVERHEAD_KINDS = ("stage", "segment", "call", "kernel")
 
 _OVERHEADS_TABLE = """
 CREATE TABLE overheads (

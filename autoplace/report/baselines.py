@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
-from autoplace.solve.simulate import device_loads, stage_counts, stage_overhead
+from autoplace.solve.simulate import device_loads, replica_periods, stage_counts, stage_overhead
 
 #: How many standard deviations of the gain a multi-device plan must clear (one-sided, about
 #: 98 % if the cost errors were normal).
@@ -118,7 +118,7 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
 
     if sol.replicas is not None:
         ks = np.asarray(sol.replicas, dtype=np.int64)
-        period = problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks]
+        period = replica_periods(problem, ks)
         rate = 1.0 / period
         value = 1.0 / rate.sum()
         out, unknown = 0.0, 0
@@ -129,7 +129,7 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
         return math.sqrt(out), unknown
     if sol.objective == "throughput" and len(set(a.tolist())) > 1:
         loads = device_loads(problem, a)
-        if sol.stages is not None or problem.stage_overhead_s.any():
+        if sol.stages is not None or problem.staged:
             loads = loads + stage_overhead(problem, stage_counts(problem, a, sol.stages))
         if not math.isclose(float(loads.max()), sol.value, rel_tol=1e-9):
             return 0.0, 0  # a link or the host is the bottleneck

@@ -19,6 +19,7 @@ import numpy as np
 from autoplace.predict.protocol import ProfiledCostModel, QuantileCostModel, SourcedCostModel
 from autoplace.solve.problem import InfeasibleError
 from autoplace.solve.simulate import (check_feasible, copies_needed, device_loads, link_loads,
+                                      replica_periods,
                                       simulate_latency, simulate_throughput)
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ def _device_s(problem, sol, a) -> np.ndarray:
         return device_loads(problem, a)
     ks = np.asarray(sol.replicas)
     whole = problem.cost[:, ks].sum(axis=0)
-    rate = 1.0 / (whole + problem.stage_overhead_s[ks])
+    rate = 1.0 / replica_periods(problem, ks)
     out = np.zeros(problem.num_devices)
     out[ks] = whole * rate / rate.sum()
     return out

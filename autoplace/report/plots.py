@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.report.explain import _fmt_bytes, _fmt_s
-from autoplace.solve.simulate import device_loads, link_loads, stage_counts, stage_overhead
+from autoplace.solve.simulate import (device_loads, hand_offs, link_loads, replica_periods,
+                                      stage_counts, stage_overhead)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -139,10 +140,11 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     devs = problem.device_names
     stages = sol.stages if sol.stages is not None else result.plan.stages
     stages = np.asarray(stages) if stages is not None else np.full(a.size, -1)
-    overhead = stage_overhead(problem, stage_counts(problem, a, stages)
-                              if stages.min(initial=0) >= 0 else np.zeros(len(devs)))
+    counts = (stage_counts(problem, a, stages) if stages.min(initial=0) >= 0
+              else np.zeros(len(devs)))
+    overhead, host = stage_overhead(problem, counts), hand_offs(problem, counts).sum()
     dev_load, link_load = device_loads(problem, a) + overhead, link_loads(problem, a)
-    value = max(dev_load.max(initial=0.0), link_load.max(initial=0.0), overhead.sum())
+    value = max(dev_load.max(initial=0.0), link_load.max(initial=0.0), host)
     unit, scale = _time_unit(value)
     stage_colour = _colours(sorted(set(stages.tolist())))
     node_s = problem.cost[np.arange(a.size), a]
@@ -166,10 +168,10 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
                    gid=f"load:{devs[s]}->{devs[t]}")
             names.append(f"copy\n{devs[s]} → {devs[t]}")
             heights.append(x * scale)
-    if overhead.sum() > 0:
-        ax.bar(len(names), overhead.sum() * scale, color=_OVERHEAD_COLOUR, gid="load:host")
+    if host > 0:
+        ax.bar(len(names), host * scale, color=_OVERHEAD_COLOUR, gid="load:host")
         names.append("host\n(hand-offs)")
-        heights.append(overhead.sum() * scale)
+        heights.append(host * scale)
     top = int(np.argmax(heights))
     ax.bar(top, heights[top], fill=False, edgecolor="tab:red", linewidth=2.5,
            gid="bottleneck")
@@ -187,7 +189,7 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
                       label=f"predicted {_fmt_s(result.solution.value)} per input")]
     handles += [Patch(color=c, label=f"stage {s}") for s, c in stage_colour.items() if s >= 0]
     if overhead.sum() > 0:
-        handles.append(Patch(color=_OVERHEAD_COLOUR, label="stage hand-offs"))
+        handles.append(Patch(color=_OVERHEAD_COLOUR, label="stage calls and hand-offs"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
               frameon=False)
     return ax.figure
@@ -200,7 +202,8 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
     from matplotlib.patches import Patch
 
     ks = np.asarray(sol.replicas)
-    whole, over = problem.cost[:, ks].sum(axis=0), problem.stage_overhead_s[ks]
+    whole = problem.cost[:, ks].sum(axis=0)
+    over = replica_periods(problem, ks) - whole  # each replica's call and hand-off
     rate = 1.0 / (whole + over)
     share = rate / rate.sum()
     unit, scale = _time_unit(sol.value)
@@ -212,8 +215,9 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
             ax.bar(len(names), o * f * scale, bottom=w * f * scale, color=_OVERHEAD_COLOUR,
                    edgecolor="white", gid=f"load:{problem.device_names[k]}:overhead")
         names.append(f"{problem.device_names[k]}\n({f:.0%} of inputs)")
-    if over.any():
-        ax.bar(len(names), float((over * share).sum()) * scale, color=_OVERHEAD_COLOUR,
+    hand_off = problem.stage_overhead_s[ks]
+    if hand_off.any():
+        ax.bar(len(names), float((hand_off * share).sum()) * scale, color=_OVERHEAD_COLOUR,
                gid="load:host")
         names.append("host\n(hand-offs)")
     ax.axhline(sol.value * scale, color="k", ls="--", lw=1)
@@ -225,7 +229,7 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
                       label=f"predicted {_fmt_s(sol.value)} per input"),
                Patch(color=_colours([0])[0], label="whole model")]
     if over.any():
-        handles.append(Patch(color=_OVERHEAD_COLOUR, label="hand-offs"))
+        handles.append(Patch(color=_OVERHEAD_COLOUR, label="calls and hand-offs"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
               frameon=False)
     return ax.figure

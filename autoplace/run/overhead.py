@@ -1,10 +1,11 @@
 """Measure what running a plan costs beyond its ops: a stage's hand-off in a pipeline, a
-segment's in a latency plan run concurrently, the call itself.
+segment's in a latency plan run concurrently, the call itself, and the least a kernel costs
+inside a built model.
 
 :func:`measure_overheads` gives each device its figures (``autoplace profile`` stores them with
 the device's profile, and ``optimize`` charges them in place of the constants of
-:mod:`autoplace.solve.problem`); :func:`measure_stage_overhead` and
-:func:`measure_segment_overhead` are the fits it rests on.
+:mod:`autoplace.solve.problem`); :func:`measure_stage_overhead`,
+:func:`measure_segment_overhead` and :func:`measure_kernel_floor` are the fits it rests on.
 """
 
 from __future__ import annotations
@@ -73,6 +74,77 @@ def _chain_module(k: int, size: int):
             out = bb.emit_output(v)
         bb.emit_func_output(out)
     return tvm.IRModule({"main": bb.get()["main"]})
+
+
+def _matmul_chain(k: int, size: int):
+    """``main(x, w)``: ``k`` chained ``x @ w`` of a ``(1, size)`` row and a ``(size, size)``
+    matrix, float32: ``k`` kernels (no matmul fuses into the next)."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, size), "float32"))
+    w = relax.Var("w", relax.TensorType((size, size), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            v = x
+            for _ in range(k):
+                v = bb.emit(relax.op.matmul(v, w))
+            out = bb.emit_output(v)
+        bb.emit_func_output(out)
+    return tvm.IRModule({"main": bb.get()["main"]})
+
+
+@dataclass(frozen=True)
+class KernelFloor:
+    """Median seconds of one call of a model of ``k`` tiny kernels on ``device``, for each
+    ``k`` in ``kernels``, and the fit ``seconds ~= fixed_s + per_kernel_s * k``
+    (:func:`robust_line`): ``per_kernel_s`` is what one more kernel costs inside a built model,
+    however little it computes."""
+
+    device: str
+    kernels: tuple[int, ...]
+    seconds: tuple[float, ...]
+    fixed_s: float
+    per_kernel_s: float
+
+    def __str__(self) -> str:
+        per_k = " ".join(f"{k}:{s * 1e6:.0f}" for k, s in zip(self.kernels, self.seconds))
+        return (f"{self.device}: {self.fixed_s * 1e6:.1f} us + {self.per_kernel_s * 1e6:.2f} us "
+                f"* kernels  (us per call, kernels:us {per_k})")
+
+
+def measure_kernel_floor(device: Device, *, kernels: Sequence[int] = (1, 8, 16, 24, 32),
+                         repeat: int = 200, rounds: int = 3, size: int = 16) -> KernelFloor:
+    """Measure the least a kernel costs inside a model built for ``device``: the slope of a
+    call's time over chains of ``k`` tiny matmuls (``kernels``), each built as one model and
+    called ``repeat`` times a round (the median counts), the best of ``rounds`` rounds.
+
+    A profile times each kernel alone, many times back to back; inside a model each kernel is
+    also dispatched by the VM, and a GPU's kernels are launched one after another from the
+    host. Where a kernel computes less than that takes, the model runs at the pace of the
+    dispatches: every kernel costs at least ``per_kernel_s``. Needs three chain lengths or more.
+    """
+    from autoplace.run import compile
+
+    ks = sorted(set(int(k) for k in kernels))
+    if len(ks) < 3 or ks[0] < 1:
+        raise ValueError(f"measure_kernel_floor needs three or more chain lengths >= 1, got "
+                         f"{list(kernels)}")
+    # Entries of 1/size keep the chained products of a row of ones at ones.
+    xs = [np.ones((1, size), "float32"), np.full((size, size), 1.0 / size, "float32")]
+    models = []
+    for k in ks:
+        mod = _matmul_chain(k, size)
+        graph = OpGraph.from_relax(mod)
+        models.append(compile(mod, Plan.from_assignment(graph, [device], [device.name] * k)))
+    best = np.full(len(ks), np.inf)
+    for _ in range(rounds):
+        for i, model in enumerate(models):
+            best[i] = min(best[i], median_call_s(model, xs, repeat))
+    slope, fixed = robust_line(ks, best)
+    log.info("kernels on %s: %.2f us each", device.name, slope * 1e6)
+    return KernelFloor(device.name, tuple(ks), tuple(float(b) for b in best), fixed, slope)
 
 
 def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
@@ -216,7 +288,9 @@ class OverheadFigure:
     - ``"segment"``: what one segment on ``device`` costs when a latency plan runs as segments
       (the slope of :func:`measure_segment_overhead`);
     - ``"call"``: one direct call of a one-add function through the pipeline's one-stage path,
-      per input: the fixed cost of calling a compiled function (its add included).
+      per input: the fixed cost of calling a compiled function (its add included);
+    - ``"kernel"``: the least one kernel costs inside a model built for ``device`` (the slope
+      of :func:`measure_kernel_floor`).
 
     With a ``peer``, the figure is the pair's: stages or segments alternating ``device``,
     ``peer``, ``device``..., the slope per stage or segment (the mean of the two devices'
@@ -239,7 +313,8 @@ class OverheadFigure:
 
 
 def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = None,
-                      pairs: Iterable[tuple[str, str]] | None = None, rounds: int = 15,
+                      pairs: Iterable[tuple[str, str]] | None = None,
+                      kernels: Iterable[str] = (), rounds: int = 15,
                       max_stages: int = 6, max_segments: int = 6) -> tuple[OverheadFigure, ...]:
     """Measure each device's overheads (:class:`OverheadFigure`) and those of pairs of them.
 
@@ -256,8 +331,9 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
       ``segment`` is not measured (one device runs everything as one segment).
 
     No figure is below the device's alone slope (``stage``) or zero. ``call`` is the
-    one-stage time of the alone fit. Each fit takes the best of ``rounds`` rounds per point
-    and a line robust to outliers (:func:`robust_line`).
+    one-stage time of the alone fit, ``kernel`` the slope of :func:`measure_kernel_floor`. Each
+    fit takes the best of ``rounds`` rounds per point and a line robust to outliers
+    (:func:`robust_line`).
 
     Parameters
     ----------
@@ -268,6 +344,9 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
     pairs : iterable of (name, name), optional
         Ordered pairs of ``devices`` whose pair figures to measure (default: every ordered pair
         of two devices; none with one device).
+    kernels : iterable of device names
+        Devices not in ``own`` whose ``kernel`` figure alone to measure (a store that holds
+        their other figures).
     rounds, max_stages, max_segments
         Rounds per fit, and the longest chains fitted.
 
@@ -286,12 +365,19 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
     for a, b in pairs:
         if a == b or a not in by_name or b not in by_name:
             raise ValueError(f"pair ({a!r}, {b!r}): two different devices of {sorted(by_name)}")
+    kernels = list(dict.fromkeys(kernels))
+    if set(kernels) - set(by_name):
+        raise ValueError(f"kernels names {sorted(set(kernels) - set(by_name))}, not one of "
+                         f"{sorted(by_name)}")
     m = _Measurer(rounds, max_stages, max_segments)
     out = []
     for d in own:
         mine = m.own(d, devices)
         out += [OverheadFigure(d.name, kind, s, None, detail)
                 for kind, (s, detail) in mine.items()]
+    for d in (by_name[n] for n in dict.fromkeys(kernels) if by_name[n] not in own):
+        seconds, detail = m.kernel(d)
+        out.append(OverheadFigure(d.name, "kernel", seconds, None, detail))
     for a, b in pairs:
         st, seg = m.stage(by_name[a], by_name[b]), m.segment(by_name[a], by_name[b])
         how = {"method": f"alternating {a} and {b}, {a} first: the slope per stage or segment"}
@@ -325,6 +411,14 @@ class _Measurer:
                 devices, max_segments=self.max_segments, rounds=self.rounds)
         return self._segment[key]
 
+    def kernel(self, d: Device) -> tuple[float, dict]:
+        """``(seconds, detail)`` of ``d``'s ``kernel`` figure."""
+        fit = measure_kernel_floor(d, rounds=min(self.rounds, 5))
+        return max(fit.per_kernel_s, 0.0), {
+            "method": "the slope of a call's time over chains of tiny matmul kernels",
+            "fit": {"kernels": list(fit.kernels), "seconds": list(fit.seconds),
+                    "fixed_s": fit.fixed_s, "per_kernel_s": fit.per_kernel_s}}
+
     def own(self, d: Device, devices: Sequence[Device]) -> dict[str, tuple[float, dict]]:
         """``{kind: (seconds, detail)}`` of ``d`` (see :func:`measure_overheads`)."""
         if d.name in self._own:
@@ -332,7 +426,8 @@ class _Measurer:
         alone = self.stage(d)
         floor = max(alone.per_stage_s, 0.0)
         out = {"call": (alone.seconds[0], {"method": "one stage called directly, per input",
-                                           "fit": _fit_detail(alone)})}
+                                           "fit": _fit_detail(alone)}),
+               "kernel": self.kernel(d)}
         partner, same = _partner(d, devices)
         if partner is None:
             out["stage"] = (floor, {"method": "every stage on this device alone (no second "

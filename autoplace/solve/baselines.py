@@ -14,7 +14,8 @@ import numpy as np
 
 from ._common import make_solution
 from .problem import InfeasibleError, Problem, Solution
-from .simulate import allowed_devices, check_feasible, orders_from_times, simulate_replicas
+from .simulate import (allowed_devices, check_feasible, orders_from_times, replica_periods,
+                       simulate_replicas)
 
 
 def single(problem: Problem, objective: str, device: int | None = None) -> Solution:
@@ -73,7 +74,7 @@ def replicas(problem: Problem, objective: str = "throughput") -> Solution:
     if len(fit) < 2:
         raise InfeasibleError("replicas need two devices that can each run the whole model"
                               + (": " + "; ".join(causes) if causes else ""))
-    period = problem.cost[:, fit].sum(axis=0) + problem.stage_overhead_s[fit]
+    period = replica_periods(problem, fit)
     ranked = [fit[j] for j in np.argsort(period, kind="stable")]
     value, chosen = min((simulate_replicas(problem, ranked[:m]), ranked[:m])
                         for m in range(2, len(ranked) + 1))

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._common import make_solution
 from .problem import InfeasibleError, Problem, Solution
-from .simulate import (allowed_devices, copies_needed, device_loads, link_loads,
+from .simulate import (allowed_devices, copies_needed, device_loads, hand_offs, link_loads,
                        orders_from_times, simulate_throughput, stage_overhead)
 
 #: Most assignments brute force will enumerate.
@@ -135,8 +135,8 @@ def best_staging(problem: Problem, assignment, orders: np.ndarray, contiguous: b
         ok &= (runs <= 1).all(axis=1)
     if not ok.any():
         return np.inf, None
-    overhead = stage_overhead(problem, runs)
-    period = np.maximum((device_loads(problem, a) + overhead).max(axis=1), overhead.sum(axis=1))
+    period = np.maximum((device_loads(problem, a) + stage_overhead(problem, runs)).max(axis=1),
+                        hand_offs(problem, runs).sum(axis=1))
     period = np.maximum(period, link_loads(problem, a).max(initial=0.0))
     best = int(np.flatnonzero(ok)[np.argmin(period[ok])])
     stages = np.empty(problem.num_nodes, dtype=np.int64)
@@ -162,7 +162,7 @@ def brute_force(problem: Problem, objective: str, time_limit: float = 60.0,
     t0 = time.perf_counter()
     best_a, best_v, best_sched = None, np.inf, None
     staged = objective == "throughput" and (contiguous or problem.max_stages is not None
-                                            or bool(problem.stage_overhead_s.any()))
+                                            or problem.staged)
     if staged:
         g = nx.DiGraph()
         g.add_nodes_from(range(problem.num_nodes))

@@ -245,5 +245,6 @@ def coarse_problem(problem: Problem, rep: np.ndarray) -> Problem:
         alpha=problem.alpha, beta=problem.beta,
         node_mem=np.bincount(rep, weights=problem.node_mem, minlength=m),
         mem_cap=problem.mem_cap, pins=pins, groups=groups,
-        stage_overhead_s=problem.stage_overhead_s, max_stages=problem.max_stages,
+        stage_overhead_s=problem.stage_overhead_s, call_s=problem.call_s,
+        max_stages=problem.max_stages,
         node_names=[problem.node_names[i] for i in first], device_names=problem.device_names)

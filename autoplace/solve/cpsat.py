@@ -246,12 +246,15 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
     n, d = problem.num_nodes, problem.num_devices
     allowed = allowed_devices(problem)
     # Without a warm start: every node and copy in series, and a stage per node on one device.
-    # The model charges a plan of one stage its overhead, which the simulator does not: a warm
-    # start on one device needs that much room above its value.
-    ov_max = float(problem.stage_overhead_s.max(initial=0.0))
+    # The model charges a plan of one stage its hand-off, which the simulator does not: a warm
+    # start on one device needs that much room above its value. Every stage costs its device
+    # its call and hand-off; the host, the hand-offs.
+    per_stage = problem.stage_overhead_s + problem.call_s
+    ov_max = float(per_stage.max(initial=0.0))
     upper = warm.value + ov_max if warm else _serial_time(problem) + n * ov_max
     scale = RESOLUTION / max(upper, 1e-12)
-    overhead = [int(problem.stage_overhead_s[k] * scale) for k in range(d)]
+    overhead = [int(per_stage[k] * scale) for k in range(d)]
+    hand_off = [int(problem.stage_overhead_s[k] * scale) for k in range(d)]
     # Free stages are modelled only when they cost something or are limited.
     needed = 0 if contiguous or (not any(overhead) and problem.max_stages is None) \
         else _max_levels(problem, allowed, upper)
@@ -291,9 +294,9 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
                      for (u, jj, kk), var in z.items() if (jj, kk) == (j, k)]
             if terms:
                 model.Add(sum(terms) <= period)
-    # The host's load, every stage's overhead, fits in the period.
-    if any(overhead) and (contiguous or levels):
-        model.Add(sum(overhead[k] * stages[k] for k in range(d)) <= period)
+    # The host's load, every stage's hand-off, fits in the period.
+    if any(hand_off) and (contiguous or levels):
+        model.Add(sum(hand_off[k] * stages[k] for k in range(d)) <= period)
     if contiguous:
         # Devices take distinct pipeline positions and no edge goes back: every device's
         # node set is convex, so the devices form a chain of stages.
@@ -376,12 +379,12 @@ def _max_levels(problem: Problem, allowed: np.ndarray, upper: float) -> int:
     """Levels enough for an optimal free staging: its stages in all. A device holds at most its
     allowed nodes' worth, and no more stages than its overheads fit in ``upper``; all stages'
     overheads fit in ``upper`` too (the host's load)."""
-    ov = problem.stage_overhead_s
+    ov, host = problem.stage_overhead_s + problem.call_s, problem.stage_overhead_s
     fit = np.where(ov > 0, np.floor(upper / np.where(ov > 0, ov, 1.0) + 1e-9), np.inf)
     total = min(float(np.minimum(allowed.sum(axis=0), fit).sum()), problem.num_nodes,
                 problem.max_stages or problem.num_nodes)
-    if (ov > 0).all():
-        total = min(total, float(np.floor(upper / ov.min() + 1e-9)))
+    if (host > 0).all():
+        total = min(total, float(np.floor(upper / host.min() + 1e-9)))
     return max(1, int(total))
 
 

@@ -52,7 +52,12 @@ class Problem:
     stage_overhead_s : (d,) float array
         Throughput only: seconds per input that a pipeline stage on device ``k`` costs beyond
         its ops (the executor's hand-off: thread wake-up, queues, tensor conversion, VM call),
-        charged to its device and to the host; 0 by default.
+        charged to its device and to the host; 0 by default. A plan of one stage pays none.
+    call_s : (d,) float array
+        Throughput only: seconds per input that calling a stage on device ``k`` costs its
+        device beyond its ops (the inputs' upload, the kernels' launch and the wait for them,
+        the outputs' download): charged to every stage, a plan of one stage too, and to each
+        replica, but not to the host (the call runs outside Python's lock); 0 by default.
     node_names, device_names : tuples of str
         Used only in error messages and reports.
     max_stages : int or None
@@ -69,6 +74,7 @@ class Problem:
     pins: np.ndarray
     groups: np.ndarray
     stage_overhead_s: np.ndarray
+    call_s: np.ndarray
     node_names: tuple[str, ...] = field(default=())
     device_names: tuple[str, ...] = field(default=())
     max_stages: int | None = None
@@ -87,6 +93,7 @@ class Problem:
         pins=None,
         groups=None,
         stage_overhead_s=0.0,
+        call_s=0.0,
         max_stages=None,
         node_names=(),
         device_names=(),
@@ -113,6 +120,7 @@ class Problem:
             pins=full(pins, (n,), -1, np.int64),
             groups=full(groups, (n,), -1, np.int64),
             stage_overhead_s=full(stage_overhead_s, (d,), 0.0),
+            call_s=full(call_s, (d,), 0.0),
             node_names=tuple(node_names) or tuple(f"n{i}" for i in range(n)),
             device_names=tuple(device_names) or tuple(f"d{k}" for k in range(d)),
             max_stages=None if max_stages is None else int(max_stages),
@@ -127,6 +135,11 @@ class Problem:
     @property
     def num_devices(self) -> int:
         return self.cost.shape[1]
+
+    @property
+    def staged(self) -> bool:
+        """Whether a throughput plan's stages cost anything beyond their ops."""
+        return bool(self.stage_overhead_s.any() or self.call_s.any())
 
     @property
     def supported(self) -> np.ndarray:
@@ -145,7 +158,8 @@ class Problem:
         if d == 0:
             raise ValueError("a problem needs at least one device")
         shapes = {"out_bytes": (n,), "node_mem": (n,), "pins": (n,), "groups": (n,),
-                  "alpha": (d, d), "beta": (d, d), "mem_cap": (d,), "stage_overhead_s": (d,)}
+                  "alpha": (d, d), "beta": (d, d), "mem_cap": (d,), "stage_overhead_s": (d,),
+                  "call_s": (d,)}
         for name, shape in shapes.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {shape}")
@@ -167,6 +181,8 @@ class Problem:
             raise ValueError(f"pins must be -1 or a device index in 0..{d - 1}")
         if not (np.isfinite(self.stage_overhead_s) & (self.stage_overhead_s >= 0)).all():
             raise ValueError("stage_overhead_s must be finite and non-negative seconds")
+        if not (np.isfinite(self.call_s) & (self.call_s >= 0)).all():
+            raise ValueError("call_s must be finite and non-negative seconds")
         if self.max_stages is not None and self.max_stages < 1:
             raise ValueError(f"max_stages must be at least 1 (or None), got {self.max_stages}")
 

@@ -17,18 +17,18 @@ Throughput model (:func:`simulate_throughput`)
     links of their summed copy time (one copy per tensor per destination device), and of the
     host's load. Every pipeline stage costs ``stage_overhead_s`` of its device: that time is
     added to its device's summed compute, and the host's load is the sum over all stages (one
-    process hands every input from stage to stage). A plan of one stage costs no overhead: it
-    runs without a pipeline, called directly (:class:`autoplace.run.Pipeline` does so), so no
-    plan is predicted to lose to its best single device. The stages are given, or
-    :func:`stages_of` the assignment.
+    process hands every input from stage to stage). A plan of one stage costs no hand-off: it
+    runs without a pipeline, called directly (:class:`autoplace.run.Pipeline` does so). Every
+    stage, a plan of one stage too, also costs its device ``call_s`` (the call itself), which
+    the host does not wait for. The stages are given, or :func:`stages_of` the assignment.
 
 Replicas model (:func:`simulate_replicas`)
     Data parallelism: each of several devices runs the whole model, taking the next input
-    whenever it is free. Device ``k`` delivers ``1 / (T_k + o_k)`` inputs per second, where
-    ``T_k`` is the model's summed compute there and ``o_k`` its ``stage_overhead_s`` (each replica
-    is a worker thread the inputs are handed to); the time per input is the inverse of the summed
-    rates, or the host's share of the hand-offs (``o_k`` per input device ``k`` takes) if that is
-    more.
+    whenever it is free. Device ``k`` delivers ``1 / (T_k + o_k + c_k)`` inputs per second, where
+    ``T_k`` is the model's summed compute there, ``o_k`` its ``stage_overhead_s`` (each replica
+    is a worker thread the inputs are handed to) and ``c_k`` its ``call_s``; the time per input is
+    the inverse of the summed rates, or the host's share of the hand-offs (``o_k`` per input
+    device ``k`` takes) if that is more.
 """
 
 from __future__ import annotations
@@ -273,19 +273,35 @@ def stage_counts(problem: Problem, assignment, stages=None) -> np.ndarray:
     return np.bincount(a[first], minlength=problem.num_devices)
 
 
-def stage_overhead(problem: Problem, counts) -> np.ndarray:
-    """Seconds per input the stages cost each device, given ``counts`` stages per device
-    (``(d,)``, or ``(m, d)`` for ``m`` plans): ``stage_overhead_s`` per stage, nothing for a plan
-    of one stage (it is called directly, not through a pipeline)."""
+def hand_offs(problem: Problem, counts) -> np.ndarray:
+    """Seconds per input the stages' hand-offs cost each device, and the host in all (their
+    sum), given ``counts`` stages per device (``(d,)``, or ``(m, d)`` for ``m`` plans):
+    ``stage_overhead_s`` per stage, nothing for a plan of one stage (it is called directly,
+    not through a pipeline)."""
     counts = np.asarray(counts)
     return problem.stage_overhead_s * counts * (counts.sum(axis=-1, keepdims=True) > 1)
+
+
+def stage_overhead(problem: Problem, counts) -> np.ndarray:
+    """Seconds per input the stages cost each device beyond their ops, given ``counts`` stages
+    per device (``(d,)``, or ``(m, d)`` for ``m`` plans): each stage's call (``call_s``) and
+    hand-off (:func:`hand_offs`)."""
+    counts = np.asarray(counts)
+    return problem.call_s * counts + hand_offs(problem, counts)
+
+
+def replica_periods(problem: Problem, devices) -> np.ndarray:
+    """Seconds per input of each of ``devices`` running the whole model as a replica: its ops,
+    its hand-off and its call."""
+    ks = np.asarray(devices, dtype=np.int64)
+    return problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks] + problem.call_s[ks]
 
 
 def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     """Time per input of the pipeline: the busiest device, directed link, or the host.
 
     ``stages``: a stage per node (one device each, no edge back), by default
-    :func:`stages_of`; they cost only with a ``stage_overhead_s``.
+    :func:`stages_of`; they cost only with a ``stage_overhead_s`` or ``call_s``.
 
     Examples
     --------
@@ -301,12 +317,18 @@ def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.5)
     >>> simulate_throughput(p, [0, 1, 0]), simulate_throughput(p, [0, 0, 0])
     (7.5, 3.0)
+
+    A call of 0.5 s per stage costs a's two stages 1 s more, and the one stage 0.5 s:
+
+    >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.5, call_s=0.5)
+    >>> simulate_throughput(p, [0, 1, 0]), simulate_throughput(p, [0, 0, 0])
+    (8.0, 3.5)
     """
     a = _assignment(problem, assignment)
     loads, host = device_loads(problem, a), 0.0
-    if stages is not None or problem.stage_overhead_s.any():
-        overhead = stage_overhead(problem, stage_counts(problem, a, stages))
-        loads, host = loads + overhead, overhead.sum()
+    if stages is not None or problem.staged:
+        counts = stage_counts(problem, a, stages)
+        loads, host = loads + stage_overhead(problem, counts), hand_offs(problem, counts).sum()
     return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host))
 
 
@@ -329,7 +351,7 @@ def simulate_replicas(problem: Problem, devices) -> float:
     ks = np.asarray(devices, dtype=np.int64)
     if ks.size < 2 or np.unique(ks).size != ks.size:
         raise ValueError(f"replicas need two or more distinct devices, got {ks.tolist()}")
-    period = problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks]
+    period = replica_periods(problem, ks)
     if not np.isfinite(period).all():
         raise InfeasibleError("a replica's device cannot run every node")
     if (period <= 0).any():

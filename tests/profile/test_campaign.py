@@ -324,8 +324,10 @@ def test_the_cli_measures_the_overheads_of_local_devices_once(tmp_path):
         figures = {f.kind: f for f in store.overheads()}
     # One core share: no second device to alternate with, so no segment figure (one device runs
     # any chain as one segment); two or more: cpu:0 alternates with cpu:1.
-    kinds = {"call", "stage"} | ({"segment"} if len(process_cpus()) > 1 else set())
-    assert set(figures) == kinds and all(f.seconds > 0 for f in figures.values())
+    kinds = {"call", "stage", "kernel"} | ({"segment"} if len(process_cpus()) > 1 else set())
+    assert set(figures) == kinds and all(f.seconds > 0 for k, f in figures.items()
+                                         if k != "kernel")
+    assert figures["kernel"].seconds >= 0 and figures["kernel"].detail["fit"]["kernels"]
     assert {f.peer for f in figures.values()} == {""} and figures["stage"].detail["method"]
     # Run again with a model: its ops are measured, the overheads the store holds are not.
     p = _cli("profile", "--model", "zoo:mlp", "--device", "cpu:0", "--db", str(db), "--budget",
@@ -341,3 +343,24 @@ def test_the_cli_measures_the_overheads_of_local_devices_once(tmp_path):
     assert prof.overhead("stage").seconds == figures["stage"].seconds
     p = _cli("profile", "--only-overheads", "--model", "zoo:mlp", "--db", str(db))
     assert p.wait(timeout=120) == 2 and "--only-overheads measures no ops" in p.communicate()[1]
+
+
+def test_a_store_that_lacks_only_a_devices_kernel_figure_measures_that_alone(tmp_path):
+    from autoplace.profile import LocalRunner, fingerprint
+    from autoplace.profile.overheads import record_overheads
+    from autoplace.profile.store import OverheadFit
+    from autoplace.run.overhead import measure_overheads
+
+    info = LocalRunner(autoplace.Device.cpu(0)).info()
+    fp = fingerprint(info)
+    with ProfileStore(tmp_path / "p.db") as store:
+        store.add_device(fp, "cpu:0", info)
+        store.put_overhead(OverheadFit(fp, "", "stage", 4e-5, {}))
+        store.put_overhead(OverheadFit(fp, "", "call", 2e-5, {}))
+        assert record_overheads(["cpu:0"], store, None, dry_run=True).pending == [
+            ("cpu:0", None)]
+        rep = record_overheads(["cpu:0"], store, measure_overheads)
+        assert rep.error is None and [k for _, _, k, _, _ in rep.stored] == ["kernel"]
+        assert {f.kind: f.seconds for f in store.overheads()}["stage"] == 4e-5  # kept
+        again = record_overheads(["cpu:0"], store, measure_overheads)
+        assert again.stored == [] and "already stored" in again.notes[0]

@@ -141,10 +141,11 @@ def test_throughput_with_stage_overhead_matches_brute_force_over_stagings(
     rng = np.random.default_rng(seed)
     d = base.num_devices
     overhead = rng.choice([0.0, 0.5, 2.0, 6.0], d)
+    call = rng.choice([0.0, 0.0, 1.0, 3.0], d)
     problem = Problem.build(base.cost, base.edges, base.out_bytes, alpha=base.alpha,
                             beta=base.beta, node_mem=base.node_mem, mem_cap=base.mem_cap,
                             pins=base.pins, groups=base.groups, stage_overhead_s=overhead,
-                            max_stages=max_stages)
+                            call_s=call, max_stages=max_stages)
     optimum = _exact_throughput(problem, contiguous)
     if not np.isfinite(optimum):
         with pytest.raises(InfeasibleError):

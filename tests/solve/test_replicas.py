@@ -40,6 +40,18 @@ def test_replicas_leave_out_a_device_whose_hand_offs_cost_the_host_more_than_it_
     assert simulate_replicas(p, [0, 1, 2]) == pytest.approx(0.6079, abs=1e-4)
 
 
+def test_each_replica_pays_its_call():
+    # Whole model 1 s on a, 2 s on b; b's call 2 s (a GPU's upload and download, say), a's 0.
+    # Without the call, replicas: 1 / (1 + 1/2) = 0.667 s per input. With it, b adds 1/4 input
+    # per second: 1 / 1.25 = 0.8 s.
+    p = Problem.build([[1.0, 2.0]], call_s=[0.0, 2.0])
+    assert simulate_replicas(p, [0, 1]) == pytest.approx(0.8)
+    assert solve(p, "throughput", "replicas").value == pytest.approx(0.8)
+    # A hand-off of 0.5 s on each: a 1.5, b 4.5; the host 0.5 per input: 1 / (1/1.5 + 1/4.5).
+    q = Problem.build([[1.0, 2.0]], stage_overhead_s=0.5, call_s=[0.0, 2.0])
+    assert simulate_replicas(q, [0, 1]) == pytest.approx(1.125)
+
+
 def test_replicas_need_two_devices_that_hold_and_run_the_whole_model():
     # Each node needs 6 bytes, devices hold 10: the model fits on no device whole.
     p = Problem.build(np.ones((2, 2)), [(0, 1)], node_mem=6, mem_cap=10)

@@ -128,6 +128,28 @@ def test_each_stage_adds_its_overhead_to_its_device():
         _chain(), [0, 1])
 
 
+def test_every_stage_pays_its_call_on_its_device_but_not_on_the_host():
+    # Chain 0 -> 1 -> 2, every node 1 s, free copies; a's call 0.5 s, b's 4 s; no hand-off.
+    p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], call_s=[0.5, 4.0])
+    assert p.staged
+    # One stage pays its call: a 3 + 0.5; b 3 + 4.
+    assert simulate_throughput(p, [0, 0, 0]) == pytest.approx(3.5)
+    assert simulate_throughput(p, [1, 1, 1]) == pytest.approx(7.0)
+    # (a, a, b): a 2 + 0.5, b 1 + 4 = 5; the host hands nothing off.
+    assert simulate_throughput(p, [0, 0, 1]) == pytest.approx(5.0)
+    # (a, b, a): a holds two stages and pays two calls: 2 + 1 = 3; b 1 + 4.
+    assert simulate_throughput(p, [0, 1, 0]) == pytest.approx(5.0)
+    assert simulate_throughput(p, [0, 0, 0], stages=[0, 1, 2]) == pytest.approx(4.5)
+    # With a hand-off of 2 s per stage too, the host carries the hand-offs alone: (a, a, b)
+    # is a 2 + 0.5 + 2, b 1 + 4 + 2 = 7, the host 4.
+    q = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=2.0,
+                      call_s=[0.5, 4.0])
+    assert simulate_throughput(q, [0, 0, 1]) == pytest.approx(7.0)
+    assert simulate_throughput(q, [0, 0, 0]) == pytest.approx(3.5)  # no hand-off, one call
+    with pytest.raises(ValueError, match="call_s must be finite"):
+        Problem.build(np.ones((1, 2)), call_s=[0.0, np.inf])
+
+
 def test_stages_must_be_a_pipeline_of_the_assignment():
     p = Problem.build(np.ones((3, 2)), [(0, 1), (1, 2)], stage_overhead_s=1.0)
     with pytest.raises(ValueError, match="spans several devices"):

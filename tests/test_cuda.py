@@ -68,7 +68,8 @@ def test_the_overheads_of_the_gpu_and_the_cpu_are_measured():
 
     figures = measure_overheads(DEVS, rounds=1, max_stages=3, max_segments=3)
     own = {(f.device, f.kind): f.seconds for f in figures if f.peer is None}
-    assert {k for _, k in own} == {"call", "stage", "segment"}
+    assert {k for _, k in own} == {"call", "stage", "segment", "kernel"}
     assert all(s >= 0 for s in own.values()) and own["cuda0", "stage"] > 0
+    assert own["cuda0", "kernel"] > 0  # a GPU's kernels are launched one by one from the host
     assert {(f.device, f.peer) for f in figures if f.peer} == {("cpu0", "cuda0"),
                                                                ("cuda0", "cpu0")}

@@ -393,7 +393,7 @@ def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
 
 
 def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
-    # mlp: without an overhead the solver cuts 12 tiny ops into several alternating stages;
+    # mlp: without a hand-off the solver cuts 12 tiny ops into stages (each pays its call);
     # at 1 ms per stage (more than the whole model) calling it on one device pays best.
     # (Replicas of the whole model would beat both: not asked for here.)
     m = zoo.load("mlp")
@@ -401,7 +401,7 @@ def test_the_stage_overhead_makes_optimize_cut_fewer_stages(devs):
                               contiguous=False, replicate=False)
     costly = autoplace.optimize(m.mod, devs, objective="throughput", stage_overhead_s=1e-3,
                                 contiguous=False)
-    assert len(set(free.plan.stages)) > 2 and len(set(costly.plan.stages)) == 1
+    assert len(set(free.plan.stages)) > 1 and len(set(costly.plan.stages)) == 1
     assert costly.problem.stage_overhead_s.tolist() == [1e-3, 1e-3]
     assert costly.predicted_latency_s == pytest.approx(costly.problem.cost.sum(axis=0).min())
     default = autoplace.optimize(m.mod, devs, objective="throughput")

@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 
 import autoplace
+from autoplace.profile.whole_model import vm_spans
 from autoplace.run.overhead import median_call_s
 from _timing import aligned
 
@@ -39,24 +39,7 @@ def _best(fn, args, repeat: int) -> float:
 
 def _instrumented(vm, args, dev) -> tuple[int, float, int, float]:
     """(kernels launched, their host seconds, builtin calls, their seconds) of one call."""
-    spans: dict[str, list[float]] = {}
-    started: list[tuple[str, float]] = []
-
-    def instrument(_func, name, before_run, _ret, *_args):
-        now = time.perf_counter()
-        if before_run:
-            started.append((name, now))
-        else:
-            sym, t0 = started.pop()
-            spans.setdefault(sym, []).append(now - t0)
-        return 0
-
-    vm.set_instrument(instrument)
-    try:
-        vm["main"](*args)
-        dev.sync()
-    finally:
-        vm.set_instrument(None)
+    spans = vm_spans(vm, "main", args, dev)[0]
     kern = [s for k, v in spans.items() if not k.startswith("vm.builtin.") for s in v]
     built = [s for k, v in spans.items() if k.startswith("vm.builtin.") for s in v]
     return len(kern), sum(kern), len(built), sum(built)

@@ -111,29 +111,7 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
                             min_repeat_ms=int(min_repeat_ms))(*args)
     times = list(res.results)
     cv = float(np.std(times) / np.mean(times)) if len(times) > 1 else 0.0
-
-    runs: list[dict[str, list[float]]] = []
-    current: dict[str, list[float]] = {}
-    started: list[tuple[str, float]] = []
-
-    def instrument(_func, name, before_run, _ret, *_args):
-        now = time.perf_counter()
-        if before_run:
-            started.append((name, now))
-        else:
-            sym, t0 = started.pop()
-            current.setdefault(sym, []).append(now - t0)
-        return 0  # VMInstrumentReturnKind.NO_OP
-
-    vm.set_instrument(instrument)
-    try:
-        for _ in range(max(1, instrumented_runs)):
-            current = {}
-            vm[func_name](*args)
-            dev.sync()
-            runs.append(current)
-    finally:
-        vm.set_instrument(None)
+    runs = vm_spans(vm, func_name, args, dev, max(1, instrumented_runs))
     order = list(runs[0])
     kernels = tuple(
         KernelTiming(name, statistics.median(sum(r[name]) for r in runs), len(runs[0][name]))
@@ -144,6 +122,35 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
               len(kernels))
     return ModelTiming(device.name, float(res.median), float(res.min), cv, kernels,
                        float(builtin), len(runs))
+
+
+def vm_spans(vm, func_name: str, args: Sequence, dev, runs: int = 1
+             ) -> list[dict[str, list[float]]]:
+    """Host-side seconds of every call the Relax VM ``vm`` makes while running ``func_name`` on
+    ``args``, ``runs`` times (each run ends with ``dev.sync()``): per run, ``{symbol: [seconds of
+    each call]}``, in the order first called. Kernels are their symbols, the VM's own calls
+    ``vm.builtin.*``; on a GPU a kernel's call returns once it is launched."""
+    out: list[dict[str, list[float]]] = []
+    started: list[tuple[str, float]] = []
+
+    def instrument(_func, name, before_run, _ret, *_args):
+        now = time.perf_counter()
+        if before_run:
+            started.append((name, now))
+        else:
+            sym, t0 = started.pop()
+            out[-1].setdefault(sym, []).append(now - t0)
+        return 0  # VMInstrumentReturnKind.NO_OP
+
+    vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            out.append({})
+            vm[func_name](*args)
+            dev.sync()
+    finally:
+        vm.set_instrument(None)
+    return out
 
 
 def time_models(specs: Iterable[str], device: Device, *, repeat: int = 10) -> dict[str, float]:

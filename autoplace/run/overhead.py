@@ -59,37 +59,21 @@ def robust_line(x, y) -> tuple[float, float]:
     return slope, float(np.median(y - slope * x))
 
 
-def _chain_module(k: int, size: int):
-    """``main(x)``: ``k`` chained adds of a tiny float32 tensor."""
+def _chain_module(k: int, size: int, matmul: bool = False):
+    """``main(x)``: ``k`` chained adds ``x + x`` of a tiny float32 tensor (fused into one
+    kernel); with ``matmul``, ``main(x, w)``: ``k`` chained ``x @ w`` of a ``(1, size)`` row and a
+    ``(size, size)`` matrix (``k`` kernels: no matmul fuses into the next)."""
     import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((size,), "float32"))
-    with bb.function("main", [x]):
+    x = relax.Var("x", relax.TensorType((1, size) if matmul else (size,), "float32"))
+    params = [x] + ([relax.Var("w", relax.TensorType((size, size), "float32"))] if matmul else [])
+    with bb.function("main", params):
         with bb.dataflow():
             v = x
             for _ in range(k):
-                v = bb.emit(relax.op.add(v, v))
-            out = bb.emit_output(v)
-        bb.emit_func_output(out)
-    return tvm.IRModule({"main": bb.get()["main"]})
-
-
-def _matmul_chain(k: int, size: int):
-    """``main(x, w)``: ``k`` chained ``x @ w`` of a ``(1, size)`` row and a ``(size, size)``
-    matrix, float32: ``k`` kernels (no matmul fuses into the next)."""
-    import tvm
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, size), "float32"))
-    w = relax.Var("w", relax.TensorType((size, size), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            v = x
-            for _ in range(k):
-                v = bb.emit(relax.op.matmul(v, w))
+                v = bb.emit(relax.op.matmul(v, params[1]) if matmul else relax.op.add(v, v))
             out = bb.emit_output(v)
         bb.emit_func_output(out)
     return tvm.IRModule({"main": bb.get()["main"]})
@@ -135,7 +119,7 @@ def measure_kernel_floor(device: Device, *, kernels: Sequence[int] = (1, 8, 16, 
     xs = [np.ones((1, size), "float32"), np.full((size, size), 1.0 / size, "float32")]
     models = []
     for k in ks:
-        mod = _matmul_chain(k, size)
+        mod = _chain_module(k, size, matmul=True)
         graph = OpGraph.from_relax(mod)
         models.append(compile(mod, Plan.from_assignment(graph, [device], [device.name] * k)))
     best = np.full(len(ks), np.inf)

@@ -16,7 +16,7 @@ from autoplace.graph import OpGraph
 from autoplace.manual import rule_assignment
 from autoplace.plan import Plan
 from autoplace.predict import RooflineCostModel
-from autoplace.predict.fusion import fused_costs, kernel_floor
+from autoplace.predict.fusion import fused_costs, groups_by_kind, kernel_floor
 from autoplace.predict.protocol import CostModel, ProfiledCostModel, outside_training
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.report.baselines import guard, predict_baselines
@@ -500,15 +500,17 @@ def optimize(
         segment_overhead_s = overhead
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
-    cost = fused_costs(mod, graph, devices, cost, func_name)
+    # The kernels of each kind of device's build, once for every charge that needs them.
+    groups = groups_by_kind(mod, devices, func_name) if graph.nodes else None
+    cost = fused_costs(mod, graph, devices, cost, func_name, groups)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
     if records:
         cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
-                                                func_name)
+                                                func_name, (groups or {}).get(False))
         note += more
     floors = {name: kinds["kernel"] for name, kinds in measured.items() if "kernel" in kinds}
     if floors:
-        cost = kernel_floor(mod, graph, devices, cost, floors, func_name)
+        cost = kernel_floor(mod, graph, devices, cost, floors, func_name, groups)
         overheads_note += ("kernel floor: " + ", ".join(
             f"{name} {s * 1e6:.2f} us" for name, s in floors.items()) + " (measured by their "
             "profiles): every kernel on these devices costs at least this",)
@@ -787,12 +789,14 @@ def _tuning_records(db, devices: Sequence[Device]):
 
 
 def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
-                      sources: tuple[str, ...], db, records, func_name: str):
+                      sources: tuple[str, ...], db, records, func_name: str, cpu_groups=None):
     """Costs and sources with the tuned kernels timed in store ``db`` charged (``records``: the
-    ones the build applies), and a line on what they cover."""
+    ones the build applies; ``cpu_groups``: the kernels of the model's CPU build, if known), and
+    a line on what they cover."""
     from autoplace.tuning.costs import tuned_costs
 
-    tc = tuned_costs(mod, graph, devices, cost, db, records, _fingerprints(devices), func_name)
+    tc = tuned_costs(mod, graph, devices, cost, db, records, _fingerprints(devices), func_name,
+                     cpu_groups)
     everywhere, somewhere = tc.tuned.all(axis=1), tc.tuned.any(axis=1)
     sources = tuple("tuned" if everywhere[i] else f"{s}+tuned" if somewhere[i] else s
                     for i, s in enumerate(sources))

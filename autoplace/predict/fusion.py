@@ -29,6 +29,19 @@ if TYPE_CHECKING:
     from autoplace.graph import OpGraph
 
 
+#: The kernels of a model built for each kind of device: ``{is_gpu: fused_groups(...)}``.
+KernelGroups = Mapping[bool, Sequence[tuple[str, tuple[int, ...]]]]
+
+
+def groups_by_kind(mod: tvm.IRModule, devices: Sequence[Device],
+                   func_name: str = "main") -> dict[bool, list[tuple[str, tuple[int, ...]]]]:
+    """:func:`autoplace.graph.fusion.fused_groups` of ``mod`` built for each kind of device
+    (CPU, GPU) among ``devices``, by ``is_gpu``: computed once, for the functions here that
+    take ``groups``."""
+    return {gpu: fused_groups(mod, func_name, gpu=gpu)
+            for gpu in sorted({d.is_gpu for d in devices})}
+
+
 def kernel_anchors(groups: Sequence[Sequence[int]], graph: OpGraph,
                    cost: np.ndarray) -> np.ndarray:
     """A boolean per node of ``graph``: whether it is the anchor of its fused kernel, ``groups``
@@ -42,21 +55,24 @@ def kernel_anchors(groups: Sequence[Sequence[int]], graph: OpGraph,
 
 
 def fused_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
-                cost: np.ndarray, func_name: str = "main") -> np.ndarray:
+                cost: np.ndarray, func_name: str = "main",
+                groups: KernelGroups | None = None) -> np.ndarray:
     """``cost`` (nodes x devices) as the built model runs it: on every device the nodes without
     a kernel cost 0; on a GPU each fused kernel is charged once, its anchor's cost, the other
-    members 0 (``inf``, a device that cannot run the op, stays)."""
+    members 0 (``inf``, a device that cannot run the op, stays). ``groups``: the model's
+    :func:`groups_by_kind`, if the caller has them."""
     if not len(graph.nodes):
         return cost
     out = np.array(cost, dtype=float)
+    groups = groups if groups is not None else groups_by_kind(mod, devices, func_name)
     for gpu in sorted({d.is_gpu for d in devices}):
-        groups = [nodes for _, nodes in fused_groups(mod, func_name, gpu=gpu)]
+        kernels = [nodes for _, nodes in groups[gpu]]
         in_kernel = np.zeros(len(graph.nodes), dtype=bool)
-        for nodes in groups:
+        for nodes in kernels:
             in_kernel[list(nodes)] = True
         for k in (k for k, d in enumerate(devices) if d.is_gpu == gpu):
             finite = np.isfinite(out[:, k])
-            charged = (kernel_anchors(groups, graph, np.where(finite, out[:, k], 0.0)) if gpu
+            charged = (kernel_anchors(kernels, graph, np.where(finite, out[:, k], 0.0)) if gpu
                        else in_kernel)
             out[~charged & finite, k] = 0.0
     return out
@@ -64,21 +80,24 @@ def fused_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
 
 def kernel_floor(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device],
                  cost: np.ndarray, floors: Mapping[str, float],
-                 func_name: str = "main") -> np.ndarray:
+                 func_name: str = "main", groups: KernelGroups | None = None) -> np.ndarray:
     """``cost`` (nodes x devices, as :func:`fused_costs` charges them) with every fused kernel
     on a device named in ``floors`` charged at least that device's figure: the least a kernel
     costs inside a built model, where the VM dispatches each one and a GPU's are launched one
     after another from the host (``autoplace profile`` measures it:
     :func:`autoplace.run.overhead.measure_kernel_floor`). A kernel timed alone, back to back
     with itself, may take less. What a kernel falls short of the floor is added to its costliest
-    op; ops without a kernel (cost 0) and ops a device cannot run (``inf``) stay as they are."""
+    op; ops without a kernel (cost 0) and ops a device cannot run (``inf``) stay as they are.
+    ``groups``: the model's :func:`groups_by_kind`, if the caller has them."""
     out = np.array(cost, dtype=float)
     floored = [k for k, d in enumerate(devices) if floors.get(d.name, 0.0) > 0]
+    groups = groups if groups is not None else groups_by_kind(
+        mod, [devices[k] for k in floored], func_name)
     for gpu in sorted({devices[k].is_gpu for k in floored}):
-        groups = [list(nodes) for _, nodes in fused_groups(mod, func_name, gpu=gpu) if nodes]
+        kernels = [list(nodes) for _, nodes in groups[gpu] if nodes]
         for k in (k for k in floored if devices[k].is_gpu == gpu):
             floor = floors[devices[k].name]
-            for nodes in groups:
+            for nodes in kernels:
                 c = out[nodes, k]
                 ok = np.isfinite(c) & (c > 0)
                 if ok.any() and c[ok].sum() < floor:

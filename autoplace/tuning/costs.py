@@ -134,11 +134,12 @@ class TunedCosts:
 
 def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
                 db: str | Path, records: KernelRecords, fingerprints: Sequence[str],
-                func_name: str = "main") -> TunedCosts:
+                func_name: str = "main", cpu_groups=None) -> TunedCosts:
     """``cost`` (nodes x devices) with each fused kernel that has a timed tuned record in store
     ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged.
     ``records`` are those the build applies (:func:`autoplace.tuning.open_records` of ``devices``
-    with these ``fingerprints``)."""
+    with these ``fingerprints``). ``cpu_groups``: the model's ``fused_groups`` built for a CPU,
+    if the caller has them."""
     from autoplace.tuning.records import device_folder, read_device
 
     out = np.array(cost, dtype=float)
@@ -147,7 +148,8 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
             and read_device(device_folder(db, fingerprints[k])) is not None]
     if not cpus or not len(graph.nodes) or not Path(db).exists():
         return TunedCosts(out, tuned, 0)
-    groups = [(name, nodes) for name, nodes in fused_groups(mod, func_name) if nodes]
+    groups = [(name, nodes) for name, nodes in (
+        fused_groups(mod, func_name) if cpu_groups is None else cpu_groups) if nodes]
     timed: dict[str, tuple[list, int]] = {}  # fingerprint -> ([(nodes, seconds)], untimed)
     with ProfileStore(db, readonly=True) as store:
         for k in cpus:

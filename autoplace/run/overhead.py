@@ -359,9 +359,10 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
         mine = m.own(d, devices)
         out += [OverheadFigure(d.name, kind, s, None, detail)
                 for kind, (s, detail) in mine.items()]
-    for d in (by_name[n] for n in dict.fromkeys(kernels) if by_name[n] not in own):
-        seconds, detail = m.kernel(d)
-        out.append(OverheadFigure(d.name, "kernel", seconds, None, detail))
+    # Measured alone: a GPU's own figures also take its CPU partner's, not its kernel figure.
+    for name in dict.fromkeys([*(d.name for d in own), *kernels]):
+        seconds, detail = m.kernel(by_name[name])
+        out.append(OverheadFigure(name, "kernel", seconds, None, detail))
     for a, b in pairs:
         st, seg = m.stage(by_name[a], by_name[b]), m.segment(by_name[a], by_name[b])
         how = {"method": f"alternating {a} and {b}, {a} first: the slope per stage or segment"}
@@ -410,8 +411,7 @@ class _Measurer:
         alone = self.stage(d)
         floor = max(alone.per_stage_s, 0.0)
         out = {"call": (alone.seconds[0], {"method": "one stage called directly, per input",
-                                           "fit": _fit_detail(alone)}),
-               "kernel": self.kernel(d)}
+                                           "fit": _fit_detail(alone)})}
         partner, same = _partner(d, devices)
         if partner is None:
             out["stage"] = (floor, {"method": "every stage on this device alone (no second "

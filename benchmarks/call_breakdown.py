@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def main():
                       f"{r['call_ms'] / r['pred_ms']:.2f}"])
     print(aligned(table, f"ms on {device.name}; medians. kernels: launched in one call "
                          "(charged: ops optimize charges); builtins: the VM's own calls"))
-    print(f"load: {statistics.mean(__import__('os').getloadavg()):.2f}")
+    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

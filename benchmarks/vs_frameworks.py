@@ -232,29 +232,20 @@ def _kernel_times(run, inputs, dev, rounds: int = 7) -> dict:
     from tvm import relax
 
     from autoplace.backend import to_tvm
+    from autoplace.profile.whole_model import vm_spans
 
     vm = relax.VirtualMachine(run.executable, [dev])
     args = [to_tvm(x, dev) for x in inputs] + [tvm.runtime.tensor(v.numpy(), dev)
                                                 for v, _ in run.lifted]
-    per_round: list[dict[str, list]] = []
-    started: dict[str, float] = {}
-
-    def instrument(_func, name, before_run, _ret, *_args):
-        now = time.perf_counter()
-        if before_run:
-            started[name] = now
-        else:
-            key = "(vm builtins)" if "." in name else name
-            entry = per_round[-1].setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += now - started.pop(name)
-        return 0
-
     vm[run.func_name](*args)  # warm-up
-    vm.set_instrument(instrument)
-    for _ in range(rounds):
-        per_round.append({})
-        vm[run.func_name](*args)
+    per_round = []
+    for spans in vm_spans(vm, run.func_name, args, dev, rounds):
+        merged: dict[str, list] = {}  # name -> [calls, seconds]
+        for name, times in spans.items():
+            entry = merged.setdefault("(vm builtins)" if "." in name else name, [0, 0.0])
+            entry[0] += len(times)
+            entry[1] += sum(times)
+        per_round.append(merged)
     return {name: {"calls": per_round[0][name][0],
                    "s": statistics.median(r.get(name, [0, 0.0])[1] for r in per_round)}
             for name in per_round[0]}

@@ -202,9 +202,9 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
     from matplotlib.patches import Patch
 
     ks = np.asarray(sol.replicas)
-    whole = problem.cost[:, ks].sum(axis=0)
-    over = replica_periods(problem, ks) - whole  # each replica's call and hand-off
-    rate = 1.0 / (whole + over)
+    whole, period = problem.cost[:, ks].sum(axis=0), replica_periods(problem, ks)
+    over = period - whole  # each replica's call and hand-off
+    rate = 1.0 / period
     share = rate / rate.sum()
     unit, scale = _time_unit(sol.value)
     names = []

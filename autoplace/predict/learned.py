@@ -54,9 +54,6 @@ class _Learned:
             raise NotFittedError(f"this {type(self).__name__} is not fitted: call fit(rows) "
                                  "(rows from autoplace.predict.profile_rows) or load(path) first")
 
-    def _rows(self, what) -> list[dict]:
-        return workload_rows(what)
-
     def _device_per_row(self, rows, device) -> list[str | None]:
         """Fingerprint of the fitted device each row is predicted on (None: not a fitted one)."""
         if device is not None:
@@ -65,7 +62,7 @@ class _Learned:
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         """Predicted seconds of every node of ``graph`` on ``device``, in node order."""
-        return self.predict_workloads(self._rows(graph), device)
+        return self.predict_workloads(workload_rows(graph), device)
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
         """``"learned"`` for every node."""
@@ -186,7 +183,7 @@ class XGBCostModel(_Learned):
     def _log_seconds(self, booster, graph_or_rows, device, outputs: int) -> np.ndarray:
         """``(n, outputs)`` log seconds of each node or row: ``booster``'s log ratio plus the
         log roofline seconds."""
-        rows = self._rows(graph_or_rows)
+        rows = workload_rows(graph_or_rows)
         if not rows:
             return np.zeros((0, outputs))
         return self._applied(booster, *self._inputs(rows, device), outputs)
@@ -202,7 +199,7 @@ class XGBCostModel(_Learned):
         row's own) and their predicted seconds, from one pass over their features (what a model
         built on this one's, :func:`autoplace.predict.adapt.adapt`, reads)."""
         self._check_fitted()
-        x, base = self._inputs(self._rows(rows), device)
+        x, base = self._inputs(workload_rows(rows), device)
         return x, np.exp(self._applied(self.point_booster_, x, base, 1)[:, 0])
 
     def quantiles(self, graph_or_rows, device=None) -> np.ndarray:
@@ -220,7 +217,7 @@ class XGBCostModel(_Learned):
         """True where a prediction leaves the training data: an op type or device it never saw,
         or a feature outside the range it was trained on."""
         self._check_fitted()
-        rows = self._rows(graph_or_rows)
+        rows = workload_rows(graph_or_rows)
         fps = self._device_per_row(rows, device)
         x, _ = self._inputs(rows, device)
         with np.errstate(invalid="ignore"):

@@ -398,7 +398,7 @@ class _Measurer:
 
     def kernel(self, d: Device) -> tuple[float, dict]:
         """``(seconds, detail)`` of ``d``'s ``kernel`` figure."""
-        fit = measure_kernel_floor(d, rounds=min(self.rounds, 5))
+        fit = measure_kernel_floor(d, rounds=self.rounds)
         return max(fit.per_kernel_s, 0.0), {
             "method": "the slope of a call's time over chains of tiny matmul kernels",
             "fit": {"kernels": list(fit.kernels), "seconds": list(fit.seconds),

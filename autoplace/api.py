@@ -535,8 +535,11 @@ def optimize(
     plan = _plan_of(graph, devices, solution, objective, sources)
     spread = _spread(graph, devices, cost_model, sources)
     found = predict_baselines(problem, objective, spread, replicate=replicate,
-                              all_threads=_all_threads_costs(graph, devices, cost_model, sources,
-                                                             described, threads_all))
+                              all_threads=_all_threads_costs(
+                                  graph, devices, cost_model, sources, described, threads_all,
+                                  None if not records else
+                                  (mod, db, records, func_name, (groups or {}).get(False), cost)))
+    found = [_with_hand_offs(b, measured, problem.device_names) for b in found]
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
     if calls and plain is not None:  # a latency build's call costs what its devices charge
@@ -558,7 +561,9 @@ def optimize(
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution,
                                      segment_overhead_s,
-                                     _call_of(calls, problem.device_names, solution))
+                                     _call_of(calls, problem.device_names, solution)
+                                     + (_hand_offs_s(chosen, measured,
+                                                     problem.device_names) or 0.0))
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
@@ -684,11 +689,15 @@ def _spread(graph: OpGraph, devices: Sequence[Device], cost_model,
 
 
 def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
-                       sources: tuple[str, ...], described: str, threads: int | None):
+                       sources: tuple[str, ...], described: str, threads: int | None,
+                       kernels=None):
     """For :func:`predict_baselines`: None with fewer than two CPU devices (``threads`` None),
     else ``(index of the first CPU device that can run every op, threads, ThreadedCosts)`` for
-    one CPU device with the ``threads`` of all of them (a shipped profile of this machine at
-    that count counts when the costs are the shipped ones)."""
+    one CPU device with the ``threads`` of all of them: from its build's kernels timed at that
+    count in the tuning store, where ``kernels`` (``(mod, db, records, func_name, CPU groups,
+    node costs)``) is given and the store has them all; else, unless the costs include tuned
+    kernels, from a profile at that count (a shipped profile of this machine counts when the
+    costs are the shipped ones)."""
     from autoplace.predict.threads import ThreadedCosts, costs_at_threads
 
     if threads is None:
@@ -696,12 +705,22 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
     cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
     k = next((k for k in cpus if all(devices[k].can_run(n.op_type) for n in graph.nodes)),
              cpus[0])
+    why = ""
+    if kernels is not None:
+        from autoplace.tuning.costs import kernel_costs
+
+        mod, db, records, func_name, cpu_groups, cost = kernels
+        timed, why = kernel_costs(mod, graph, devices[k], threads, cost[:, k], db, records,
+                                  func_name, cpu_groups)
+        if timed is not None:
+            return k, threads, ThreadedCosts(timed, np.full(len(timed), np.nan),
+                                             f"measured ({why})")
     if any("tuned" in s for s in sources):
         return k, threads, ThreadedCosts(
-            None, None, f"not predicted: the plan's costs include tuned kernels, which autoplace "
-                        f"times only at each device's own thread count; a build of one device "
-                        f"with all {threads} threads may well be faster: time it beside the plan "
-                        f"(benchmarks/latency_plans.py, or optimize --run for a pipeline)")
+            None, None, f"not predicted: the plan's costs include tuned kernels, and "
+                        f"{why or 'no tuning store times them at that count'}; a build of one "
+                        f"device with all {threads} threads may well be faster: time it beside "
+                        "the plan (benchmarks/latency_plans.py, or optimize --run for a pipeline)")
     extra = []
     if described.startswith("measured") and isinstance(cost_model, ProfiledCostModel):
         from autoplace.profile import LocalRunner, fingerprint
@@ -711,6 +730,41 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
         found = shipped_profile(fingerprint(info))
         extra = [found[0]] if found else []
     return k, threads, costs_at_threads(cost_model, graph, devices[k], threads, extra)
+
+
+def _with_hand_offs(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str]):
+    """Baseline ``b``, an all-threads one charged :func:`_hand_offs_s` on top (a throughput
+    one's solution too, whose value its plan predicts) and saying so; others as they are."""
+    if b.threads is None or b.value is None or b.solution is None:
+        return b
+    name = names[int(b.solution.assignment[0])]
+    extra = _hand_offs_s(b, measured, names)
+    if extra is None:
+        return replace(b, note=f"{b.note}; no hand-off to its worker thread charged (the "
+                               f"profile of {name} measured none)")
+    what = ("the input handed to its worker thread and the output back"
+            if b.solution.objective == "latency" else "each input handed to its worker thread")
+    sol = (b.solution if b.solution.objective == "latency"
+           else replace(b.solution, value=b.solution.value + extra))
+    return replace(b, value=b.value + extra, solution=sol,
+                   note=f"{b.note}; + {extra * 1e6:.1f} us an input: {what} ({name}'s measured "
+                        "hand-off)")
+
+
+def _hand_offs_s(b, measured: Mapping[str, Mapping[str, float]],
+                 names: Sequence[str]) -> float | None:
+    """What each input of all-threads baseline ``b``'s build costs beyond its kernels and call,
+    since the build runs on a worker thread of its own
+    (:class:`~autoplace.run.compile.ThreadedModel`, or a pipeline of one stage): the hand-off its
+    device's profile measured for a pipeline stage (``stage``), twice for a latency call (the
+    input to the worker and the output back), once per input of a throughput stream (the
+    worker's queue). 0 for other baselines; None where no profile measured the hand-off."""
+    if b.threads is None or b.solution is None:
+        return 0.0
+    hand_off = measured.get(names[int(b.solution.assignment[0])], {}).get("stage")
+    if hand_off is None:
+        return None
+    return (2 if b.solution.objective == "latency" else 1) * hand_off
 
 
 def _all_threads(devices: Sequence[Device]) -> int | None:

@@ -116,7 +116,7 @@ def test_kept_with_neighbours_names_the_copy_it_avoids():
     links = {(s.name, t.name): Link(s.name, t.name, alpha=1e-3, beta=1e12) for s in devs
              for t in devs if s is not t}
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, cost_model=TableCost({}),
-                             links=links, solver="brute", segment_overhead_s=0)
+                             links=links, solver="brute", segment_overhead_s=0, db=None)
     assert res.plan.assignment == ("a",) * len(res.graph) and res.copies == 0
     stem_relu = res.explain().nodes[1]
     assert stem_relu.reason == ("as fast on b; kept with its neighbours to avoid copying 16.4 KB "
@@ -160,7 +160,7 @@ def test_a_model_called_directly_says_a_pipeline_would_cost_more():
     # hand-offs than it gains, so the plan is one stage on one device, called directly.
     devs = [Device.cpu(0, name="a"), Device.cpu(1, name="b")]
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, objective="throughput",
-                             cost_model=TableCost({}), stage_overhead_s=150 * US)
+                             cost_model=TableCost({}), stage_overhead_s=150 * US, db=None)
     assert set(res.plan.stages) == {0} and res.predicted_latency_s == pytest.approx(
         res.problem.cost[:, 0].sum())
     why = [n.reason for n in res.explain().nodes]

@@ -398,8 +398,66 @@ def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _record_lines(db) >= 6
+    # Once tuned, the CLI times every kernel with the threads one device gets from two.
+    from autoplace.run.cores import all_threads
+
+    threads = all_threads([CPU, autoplace.Device.cpu(1)])[0]
+    if threads != LocalRunner(CPU).info()["threads"]:
+        assert f"kernel(s) with {threads} TVM threads" in done.stdout
     status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
                                        text=True, check=True).stdout)
     assert status["pending"] == 0
     [workloads] = records_root(db).glob("*/database_workload.json")
     assert len(workloads.read_text().splitlines()) == 1  # the kernel was not committed twice
+
+
+def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_baseline(
+        tuned, tmp_path):
+    """``tune(also_threads=...)`` times every kernel of the build at the count one device gets
+    from two (a kernel without a record with its default schedule), and optimize predicts the
+    all-threads baseline from those times, where without them it says what is missing."""
+    import shutil
+
+    from autoplace.backend.tuned import KernelRecords, target_key
+    from autoplace.run.cores import all_threads
+    from autoplace.tuning import device_kernels
+    from autoplace.tuning.campaign import tuning_target
+    from autoplace.tuning.costs import DEFAULT_KERNEL, fingerprint_at, time_kernels_at_threads
+
+    devs = [CPU, autoplace.Device.cpu(1)]
+    info = LocalRunner(CPU).info()
+    threads = all_threads(devs)[0]
+    if threads == info["threads"]:
+        pytest.skip(f"one device already has all {threads} TVM threads here")
+    src, db = tuned[0], tmp_path / "prof.db"
+    shutil.copy(src, db)
+    shutil.copytree(records_root(src), records_root(db))
+    mod = _model(True)  # the tuned relu(matmul) kernel, and a row sum that has no record
+    before = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), db=db)
+    assert "all threads" not in before.baselines
+    assert (f"2 of the 2 kernels of cpu0's build are not timed with {threads} TVM threads"
+            in before.baseline_notes["all threads"])
+
+    report = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
+                            progress=False)
+    assert report.timed == 0 and report.timed_at_threads == {threads: 1}
+    assert f"timed 1 kernel(s) with {threads} TVM threads" in describe(report)
+    target = tuning_target(CPU, info["threads"])
+    [folder] = [p for p in records_root(db).iterdir() if p.is_dir()]
+    records = KernelRecords({target_key(target): open_database(folder)})
+    kernels = [k[:3] for k in device_kernels([mod], target)]
+    with ProfileStore(db) as store:
+        assert time_kernels_at_threads(kernels, CPU, target, records, store, threads,
+                                       [0]) == 1  # the row sum: the matmul was timed above
+        rows = store.measurements(fingerprint_at(info, threads), schedule=None)
+        assert store.measurements() == []  # no per-op rows
+    assert sorted(m.schedule.split(":")[0] for m in rows) == [DEFAULT_KERNEL, "tuned"]
+    assert all(m.ok and m.latency_s > 0 for m in rows)
+
+    after = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), db=db)
+    assert after.baselines["all threads"] == pytest.approx(sum(m.latency_s for m in rows))
+    assert f"with {threads} threads, measured (its build's 2 kernels timed with" in \
+        after.baseline_notes["all threads"]
+    again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
+                           progress=False, retime=True)
+    assert again.timed == 1 and again.timed_at_threads == {threads: 1}

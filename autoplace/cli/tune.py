@@ -14,7 +14,9 @@ EPILOG = """examples:
   autoplace tune --model zoo:resnet --device rpc:board@10.0.0.5:9190 --db prof.db --trials 64
   autoplace optimize --model zoo:resnet --device cpu:0 --device cpu:1 --db prof.db
 
-Records go beside the store (prof.db.tuning/<device fingerprint>/). A campaign stopped at any
+Records go beside the store (prof.db.tuning/<device fingerprint>/). After tuning, every kernel
+of a CPU device is also timed with the TVM threads one device gets from several (--also-threads):
+what optimize predicts the "all threads" baseline from. A campaign stopped at any
 point (Ctrl-C, kill) resumes where it was when run again; a kernel shared by several models, or
 tuned by an earlier campaign, is tuned once. Each kernel's default schedule is timed once
 (a few calls), and the kernels that take the most time are tuned first, in two passes: one
@@ -42,10 +44,15 @@ def _cmd_tune(args) -> int:
             and not args.dry_run:
         raise ValueError("tuning GPU kernels is not supported yet: GPU builds use dlight's "
                          "default schedules")
+    also = args.also_threads
+    if also is None:
+        also = [n for n in [_all_threads_count([d for d in devices if isinstance(d, Device)])]
+                if n is not None]
     try:
         report = tune(mods, devices, args.db, trials=args.trials, dry_run=args.dry_run,
                       trials_per_iter=args.round, progress=not args.json,
-                      time_limit_s=None if args.minutes is None else args.minutes * 60)
+                      time_limit_s=None if args.minutes is None else args.minutes * 60,
+                      also_threads=[n for n in also if n > 0], retime=args.retime)
     except KeyboardInterrupt:
         print(f"autoplace tune: interrupted; every finished round is kept in {args.db}.tuning. "
               "Run the same command again to resume.")
@@ -58,6 +65,19 @@ def _cmd_tune(args) -> int:
     else:
         print(describe(report))
     return 0
+
+
+def _all_threads_count(devices) -> int | None:
+    """The TVM threads one CPU device gets in the "all threads" baseline of a plan over the CPU
+    devices among ``devices`` (over ``cpu:0`` and ``cpu:1`` when fewer than two are given)."""
+    from autoplace import Device
+    from autoplace.run.cores import all_threads
+
+    cpus = [d for d in devices if not d.is_gpu]
+    if len({d.index for d in cpus}) < 2:
+        cpus = [Device.cpu(0), Device.cpu(1)]
+    share = all_threads(cpus)
+    return None if share is None else share[0]
 
 
 def register_cli(sub) -> None:
@@ -76,6 +96,13 @@ def register_cli(sub) -> None:
     p.add_argument("--minutes", type=float, metavar="M",
                    help="start no kernel after M minutes (the one tuning finishes; the rest stay "
                         "pending for the next run)")
+    p.add_argument("--also-threads", type=int, action="append", metavar="N",
+                   help="also time every kernel of each CPU device with N TVM threads, what a "
+                        "plan's 'all threads' baseline costs (repeatable; default: the threads "
+                        "one device gets from two or more CPU devices of this machine; 0: none)")
+    p.add_argument("--retime", action="store_true",
+                   help="time every tuned kernel again, replacing the store's times (a machine "
+                        "whose speed changed)")
     p.add_argument("--dry-run", action="store_true",
                    help="only count the kernels still to tune and estimate the time")
     p.add_argument("--json", action="store_true",

@@ -84,6 +84,7 @@ class TuneReport:
     databases: dict[str, str]
     timed: int = 0  # tuned kernels timed into the store by this call
     out_of_time: bool = False  # the time limit stopped the campaign before every kernel was done
+    timed_at_threads: dict[int, int] = field(default_factory=dict)  # TVM threads -> kernels timed
 
     @property
     def pending_kernels(self) -> int:
@@ -109,6 +110,7 @@ class TuneReport:
                 "kernels": [asdict(k) for k in self.kernels],
                 "tuned_now": sum(k.tuned_now for k in self.kernels),
                 "failed": sum(k.failed for k in self.kernels), "timed": self.timed,
+                "timed_at_threads": {str(n): c for n, c in self.timed_at_threads.items()},
                 "out_of_time": self.out_of_time,
                 "wall_s": self.wall_s,
                 "databases": self.databases}
@@ -127,12 +129,21 @@ def tuning_target(device, threads: int) -> tvm.target.Target:
 
 class KernelUse(NamedTuple):
     """A distinct kernel of some models: its name in the first model that has it, its workload
-    (:func:`autoplace.backend.tuned.kernel_workload`), FLOPs, and calls in all the models."""
+    (:func:`autoplace.backend.tuned.kernel_workload`), FLOPs, and calls in all the models.
+    ``twins``: ``(name, workload)`` of the same kernel in other models under other names (tuned
+    as one; each timed under its own :func:`~autoplace.backend.tuned.kernel_key`, which is what
+    a build's kernel is looked up by)."""
 
     name: str
     workload: Any
     flops: float
     calls: int
+    twins: tuple = ()
+
+    def timed(self) -> list[tuple[str, Any, float]]:
+        """``(name, workload, flops)`` of this kernel and of each twin: what is timed."""
+        return [(self.name, self.workload, self.flops),
+                *((name, w, self.flops) for name, w in self.twins)]
 
 
 def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[KernelUse]:
@@ -152,7 +163,10 @@ def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[KernelUse]:
             bucket = seen.setdefault(tvm_ffi.structural_hash(workload), [])
             for i, k in enumerate(bucket):
                 if tvm_ffi.structural_equal(workload, k.workload):
-                    bucket[i] = k._replace(calls=k.calls + n)
+                    keys = {kernel_key(w) for w in (k.workload, *(w for _, w in k.twins))}
+                    twins = k.twins if kernel_key(workload) in keys else (
+                        *k.twins, (gv.name_hint, workload))
+                    bucket[i] = k._replace(calls=k.calls + n, twins=twins)
                     break
             else:
                 bucket.append(KernelUse(gv.name_hint, workload, _flops(workload), n))
@@ -232,10 +246,15 @@ class _DeviceTasks:
     ms_builder: Any = None  # first needed and kept for the campaign
     cost_models: dict = field(default_factory=dict)  # kernel key -> its MetaSchedule cost model
 
+    def timed(self) -> list[tuple[str, Any, float]]:
+        """``(name, workload, flops)`` of every kernel to time, twins included."""
+        return [x for k in self.kernels for x in k.use.timed()]
+
 
 def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False,
          trials_per_iter: int = 16, progress: bool = True,
-         runner_kwargs: dict | None = None, time_limit_s: float | None = None) -> TuneReport:
+         runner_kwargs: dict | None = None, time_limit_s: float | None = None,
+         also_threads: Sequence[int] = (), retime: bool = False) -> TuneReport:
     """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records,
     then time each tuned kernel into the profile store ``db`` (what tuned costs are made of).
     Kernels are tuned in two passes (``trials_per_iter`` trials each, then the rest), those that
@@ -267,12 +286,22 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         No kernel starts a pass once this many seconds have passed since the call (the one
         tuning then finishes its trials, and the tuned kernels are timed after). The kernels not
         reached stay pending (``out_of_time`` in the report); running again goes on with them.
+    also_threads : sequence of int
+        Other TVM thread counts at which to time every kernel of each CPU device of this process
+        (tuned or not) after tuning, as a build run with that many threads over all this
+        process's cores runs it: what the "all threads" baseline of a plan over several CPU
+        devices is predicted from (:func:`autoplace.tuning.costs.kernel_costs`;
+        ``autoplace tune`` passes the count one device gets there). Remote devices are not.
+    retime : bool
+        Time every tuned kernel (and, with ``also_threads``, every kernel) again, replacing the
+        times in the store: for a machine whose speed changed since they were taken.
 
     Returns
     -------
     TuneReport
         Per kernel, what was recorded before and what this call added; ``pending`` trials left;
-        ``timed``: tuned kernels timed by this call.
+        ``timed``: tuned kernels timed by this call (``timed_at_threads``: kernels timed at
+        each of ``also_threads``).
 
     Raises
     ------
@@ -290,6 +319,9 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         raise ValueError(f"trials must be at least 1, got {trials}")
     if time_limit_s is not None and not time_limit_s >= 0:
         raise ValueError(f"time_limit_s must be a number of seconds >= 0, got {time_limit_s!r}")
+    also_threads = tuple(also_threads)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in also_threads):
+        raise ValueError(f"also_threads must be TVM thread counts >= 1, got {also_threads!r}")
     mods = [mods] if isinstance(mods, tvm.IRModule) else list(mods)
     t0 = time.perf_counter()
     # A malformed spec, or a remote that cannot be reached, fails before anything is tuned.
@@ -324,9 +356,11 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         statuses, pending, late = _tune_all(tasks, trials, dry_run=dry_run,
                                             trials_per_iter=trials_per_iter, progress=progress,
                                             deadline=deadline)
-        timed = 0 if dry_run else _time_all(tasks.values(), db, progress)
+        timed = 0 if dry_run else _time_all(tasks.values(), db, progress, retime)
+        at_threads = {} if dry_run else _time_at_threads(tasks.values(), db, also_threads,
+                                                         progress, retime)
     return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed,
-                      late)
+                      late, at_threads)
 
 
 def _time_defaults(tasks, trials: int, progress: bool, deadline: float | None) -> None:
@@ -431,8 +465,9 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
         k.reread(t.database)
 
 
-def _time_all(tasks, db, progress: bool) -> int:
-    """Time every tuned kernel of ``tasks`` not timed yet into the store ``db``."""
+def _time_all(tasks, db, progress: bool, retime: bool = False) -> int:
+    """Time every tuned kernel of ``tasks`` not timed yet (``retime``: every one) into the
+    store ``db``."""
     from autoplace.backend.tuned import KernelRecords, target_key
     from autoplace.profile.store import ProfileStore
     from autoplace.tuning.costs import time_tuned_kernels
@@ -443,11 +478,39 @@ def _time_all(tasks, db, progress: bool) -> int:
             store.add_device(t.fingerprint, t.runner.spec, t.info)
             records = KernelRecords({target_key(t.target): t.database})
             try:
-                timed += time_tuned_kernels([k.use[:3] for k in t.kernels], t.runner, t.target,
-                                            records, store, t.fingerprint, progress=progress)
+                timed += time_tuned_kernels(t.timed(), t.runner, t.target, records, store,
+                                            t.fingerprint, progress=progress, retime=retime)
             finally:
                 t.runner.close()
     return timed
+
+
+def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
+                     retime: bool = False) -> dict[int, int]:
+    """Time every kernel of each local CPU task at each of ``counts`` TVM threads (other than
+    its own) over all this process's cores, into the store ``db`` (``retime``: those timed
+    before too): kernels timed per count."""
+    from autoplace.backend import process_cpus
+    from autoplace.backend.tuned import KernelRecords, target_key
+    from autoplace.profile.measure import LocalRunner
+    from autoplace.profile.store import ProfileStore
+    from autoplace.tuning.costs import time_kernels_at_threads
+
+    out: dict[int, int] = {}
+    local = [t for t in tasks if isinstance(t.runner, LocalRunner) and not t.runner.device.is_gpu]
+    if not counts or not local:
+        return out
+    cores = process_cpus()
+    with ProfileStore(db) as store:
+        for t in local:
+            records = KernelRecords({target_key(t.target): t.database})
+            for n in counts:
+                if n == t.info["threads"]:
+                    continue
+                out[n] = out.get(n, 0) + time_kernels_at_threads(
+                    t.timed(), t.runner.device, t.target, records, store, n, cores,
+                    progress=progress, retime=retime)
+    return out
 
 
 def _ms_runner(runner):
@@ -559,6 +622,10 @@ def describe(report: TuneReport) -> str:
             share, total = shared
             lines.append(f"  kernels with tuned records take {share:.0%} of the time the "
                          f"default kernels take ({total * 1e3:.1f} ms, one call of each model)")
+    for n, count in report.timed_at_threads.items():
+        if count:
+            lines.append(f"timed {count} kernel(s) with {n} TVM threads (what one CPU device "
+                         "with the threads of several costs)")
     if report.pending:
         why = " (the time limit stopped the campaign)" if report.out_of_time else ""
         lines.append(f"{report.pending_kernels} kernel(s) still to tune{why}: {report.pending} "

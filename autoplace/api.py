@@ -539,7 +539,9 @@ def optimize(
                                   graph, devices, cost_model, sources, described, threads_all,
                                   None if not records else
                                   (mod, db, records, func_name, (groups or {}).get(False), cost)))
-    found = [_with_hand_offs(b, measured, problem.device_names) for b in found]
+    found = [_with_hand_offs(b, measured, problem.device_names,
+                             stage_overhead_s if objective == "throughput" else None)
+             for b in found]
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
     if calls and plain is not None:  # a latency build's call costs what its devices charge
@@ -732,39 +734,42 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
     return k, threads, costs_at_threads(cost_model, graph, devices[k], threads, extra)
 
 
-def _with_hand_offs(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str]):
+def _with_hand_offs(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str],
+                    stage=None):
     """Baseline ``b``, an all-threads one charged :func:`_hand_offs_s` on top (a throughput
     one's solution too, whose value its plan predicts) and saying so; others as they are."""
     if b.threads is None or b.value is None or b.solution is None:
         return b
     name = names[int(b.solution.assignment[0])]
-    extra = _hand_offs_s(b, measured, names)
+    extra = _hand_offs_s(b, measured, names, stage)
     if extra is None:
         return replace(b, note=f"{b.note}; no hand-off to its worker thread charged (the "
                                f"profile of {name} measured none)")
-    what = ("the input handed to its worker thread and the output back"
-            if b.solution.objective == "latency" else "each input handed to its worker thread")
-    sol = (b.solution if b.solution.objective == "latency"
+    what = ("the input handed to its worker thread and the output back ("
+            f"{name}'s measured hand-off, twice)" if stage is None else
+            f"it runs as a pipeline stage on a worker thread ({name}'s stage overhead)")
+    sol = (b.solution if stage is None
            else replace(b.solution, value=b.solution.value + extra))
     return replace(b, value=b.value + extra, solution=sol,
-                   note=f"{b.note}; + {extra * 1e6:.1f} us an input: {what} ({name}'s measured "
-                        "hand-off)")
+                   note=f"{b.note}; + {extra * 1e6:.1f} us an input: {what}")
 
 
-def _hand_offs_s(b, measured: Mapping[str, Mapping[str, float]],
-                 names: Sequence[str]) -> float | None:
+def _hand_offs_s(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str],
+                 stage=None) -> float | None:
     """What each input of all-threads baseline ``b``'s build costs beyond its kernels and call,
-    since the build runs on a worker thread of its own
-    (:class:`~autoplace.run.compile.ThreadedModel`, or a pipeline of one stage): the hand-off its
-    device's profile measured for a pipeline stage (``stage``), twice for a latency call (the
-    input to the worker and the output back), once per input of a throughput stream (the
-    worker's queue). 0 for other baselines; None where no profile measured the hand-off."""
+    since it runs on a worker thread of its own: a latency call
+    (:class:`~autoplace.run.compile.ThreadedModel`) the input handed to the worker and the
+    output back, each the hand-off its device's profile measured for a pipeline stage
+    (``stage`` in ``measured``); with ``stage`` (a throughput plan's stage overhead: a figure,
+    or one per device name), a pipeline of one stage, charged that per input as any stage is.
+    0 for other baselines; None where no profile measured the hand-off."""
     if b.threads is None or b.solution is None:
         return 0.0
-    hand_off = measured.get(names[int(b.solution.assignment[0])], {}).get("stage")
-    if hand_off is None:
-        return None
-    return (2 if b.solution.objective == "latency" else 1) * hand_off
+    name = names[int(b.solution.assignment[0])]
+    if stage is not None:
+        return float(stage.get(name, 0.0) if isinstance(stage, Mapping) else stage)
+    hand_off = measured.get(name, {}).get("stage")
+    return None if hand_off is None else 2 * hand_off
 
 
 def _all_threads(devices: Sequence[Device]) -> int | None:

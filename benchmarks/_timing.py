@@ -1,5 +1,6 @@
 """Timing helpers shared by the benchmarks."""
 
+from autoplace.backend import settle  # noqa: F401 - between two runners' timings
 from autoplace.run.overhead import median_call_s  # noqa: F401 - the benchmarks' timing too
 
 

@@ -15,7 +15,8 @@ one process, one round after another:
 - the best single device with all the cores the plan's CPU devices have together (what a user
   with these cores runs instead of a two-device plan).
 
-Each round times every runner, starting one runner later than the round before.
+Each round times every runner, starting one runner later than the round before, each once the
+process is idle (the TVM workers of the runner timed before spin on for up to a second).
 
 Latencies are medians of ``--repeat`` calls after a warm-up; the table gives the median over
 ``--rounds`` rounds and measured/predicted for the plan's chosen runner. ``--overhead`` first
@@ -42,7 +43,7 @@ import autoplace
 from autoplace import zoo
 from autoplace.backend import limit_tvm_threads, process_cpus
 from autoplace.run.overhead import measure_segment_overhead
-from _timing import aligned, median_call_s
+from _timing import aligned, median_call_s, settle
 
 
 def median_ms(fn, inputs, repeat: int) -> float:
@@ -121,6 +122,7 @@ def bench(name: str, devices, args) -> dict:
         # Each round starts one runner later: none is always timed right after the same one
         # (a concurrent runner's worker threads, say).
         for key, run in timed[r % len(timed):] + timed[:r % len(timed)]:
+            settle()  # the last runner's TVM workers spin on for a while
             rounds[key].append(median_ms(run, inputs, args.repeat))
     runs["concurrent"].close()
     if all_cores is not None:

@@ -357,6 +357,32 @@ def test_in_own_thread_keeps_the_callers_affinity_and_raises_what_fn_raised():
         in_own_thread(lambda: 1 / 0)
 
 
+def test_settle_returns_once_the_workers_of_an_ended_pool_stop_spinning():
+    """A pool's workers spin on after the thread that owned it has ended; settle waits them
+    out, so that the next timing has the cores to itself."""
+    import resource
+    import time
+
+    from autoplace.backend import settle
+
+    m = zoo.load("inception")  # parallel kernels: the pool starts its workers
+    run = autoplace.compile(m.mod, autoplace.place(autoplace.OpGraph.from_relax(m.mod),
+                                                   [autoplace.Device.cpu(0)], [("*", "cpu0")]))
+
+    def work():
+        limit_tvm_threads(2, process_cpus())
+        for _ in range(20):
+            run(*m.inputs)
+
+    in_own_thread(work)
+    waited = settle(max_s=5.0)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(0.2)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    busy = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    assert waited < 5.0 and busy < 0.1, (waited, busy)
+
+
 def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
     from autoplace.backend import threads
 

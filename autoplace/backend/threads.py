@@ -14,7 +14,9 @@ core 0.
 from __future__ import annotations
 
 import os
+import resource
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -72,3 +74,19 @@ def process_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
 
     return in_own_thread(probe)
+
+
+def settle(max_s: float = 3.0, window_s: float = 0.05, busy: float = 0.1) -> float:
+    """Wait until this process is idle (under ``busy`` of a core over ``window_s``), at most
+    ``max_s`` seconds; returns the seconds waited. Call it between two timings: a TVM pool's
+    workers spin for up to about a second after its last kernel (also after the thread that
+    owned it has ended), so what is timed right after another pool's work shares the cores
+    with its spinning workers."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(window_s)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        if r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime < busy * window_s:
+            break
+    return time.perf_counter() - t0

@@ -27,7 +27,9 @@ def pipeline_report(res, model, devices, n: int) -> dict:
     "sequential" is the fastest single-device build called on each input in turn, "all threads"
     one CPU device with the threads of all the CPU devices, "replicas" every device running the
     whole model (None where there is no such baseline). Errors are against the sequential
-    outputs."""
+    outputs. Each is timed once the process is idle (:func:`autoplace.backend.settle`): the
+    TVM workers of the one before spin on for up to a second."""
+    from autoplace.backend import settle
     from autoplace.run.baseline import (fastest_single_device, random_inputs_like,
                                         time_all_threads, time_replicas)
 
@@ -35,16 +37,20 @@ def pipeline_report(res, model, devices, n: int) -> dict:
     rates, outputs = {}, {}
     with res.pipeline() as pipe:
         pipe.run(xs[:4])  # warm-up
+        settle()
         _, ref, seq_s = fastest_single_device(model.mod, res.graph, devices, xs,
                                               records=res.records)
         rates["sequential"] = n / seq_s
+        settle()
         timed = time_all_threads(model.mod, res.graph, devices, xs, records=res.records)
         if timed is not None:
             outputs["all_threads"], rates["all_threads"] = timed[0], n / timed[1]
         if "replicas" in res.baseline_plans:
+            settle()
             timed = time_replicas(model.mod, res.baseline_plans["replicas"], xs,
                                   records=res.records)
             outputs["replicas"], rates["replicas"] = timed[0], n / timed[1]
+        settle()
         outs = pipe.run(xs)
         stats, stages, workers = pipe.stats, pipe.staged.stages, pipe.workers
 

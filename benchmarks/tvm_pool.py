@@ -1,0 +1,110 @@
+"""How TVM's CPU thread pool is set up changes what a one-device build costs: each zoo model's
+build (with this machine's shipped tuning records, when it has them) timed under each setup, each
+in a fresh process.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/tvm_pool.py [--models inception,mlp] [--rounds 3]
+     [--db auto|none|PATH]
+
+Setups (the model called on the process's main thread unless said):
+
+- ``default``: ``TVM_NUM_THREADS`` unset, TVM's default pool (what a profile here measures, and
+  what ``autoplace.compile``'s model gets when called on the caller's thread);
+- ``env N``: ``TVM_NUM_THREADS=N`` (N = TVM's default count, then every core);
+- ``explicit N``: on a thread whose pool is ``runtime.config_threadpool(-3, N, cores)`` (what
+  autoplace's pipeline stages, concurrent segments and all-threads builds run with), called
+  there in a loop.
+
+Each figure is the median call time over ``--rounds`` rounds (a fresh process per setup per
+round, the setups in turn), in ms; the ratio is default / setup (> 1: the setup is faster).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+from autoplace import zoo
+
+
+def _child(name: str, explicit: int, db: str, repeat: int) -> None:
+    """Time ``name`` as its setup says; print the median seconds per call."""
+    import time
+
+    import autoplace
+    from autoplace.backend import in_own_thread, limit_tvm_threads, process_cpus
+
+    m = zoo.load(name)
+    dev = autoplace.Device.cpu(0)
+    res = autoplace.optimize(m.mod, [dev], db=None if db == "none" else db, time_limit=2)
+    run = res.compile()
+
+    def loop() -> float:
+        for _ in range(max(5, repeat // 10)):
+            run(*m.inputs)
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            run(*m.inputs)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    def pooled() -> float:
+        limit_tvm_threads(explicit, process_cpus())
+        return loop()
+
+    print(json.dumps(in_own_thread(pooled) if explicit else loop()), flush=True)
+
+
+def _time(name: str, env: dict, explicit: int, db: str, repeat: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", name, str(explicit), db,
+                          str(repeat)], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet,inception,transformer,mobilenet,mlp,branchy_cnn")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
+    args = ap.parse_args()
+
+    from autoplace.backend import process_cpus, tvm_threads
+
+    base = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    os.environ.clear()
+    os.environ.update(base)
+    default, cores = tvm_threads(), len(process_cpus())
+    setups = {"default": ({}, 0), f"env {default}": ({"TVM_NUM_THREADS": str(default)}, 0)}
+    if cores != default:
+        setups[f"env {cores}"] = ({"TVM_NUM_THREADS": str(cores)}, 0)
+    setups[f"explicit {default}"] = ({}, default)
+    if cores != default:
+        setups[f"explicit {cores}"] = ({}, cores)
+    print(f"uptime: {os.getloadavg()}; TVM's default threads {default}, cores {cores}; "
+          f"db {args.db}", flush=True)
+    rows = []
+    for name in args.models.split(","):
+        times = {k: [] for k in setups}
+        for _ in range(args.rounds):
+            for key, (env, explicit) in setups.items():
+                times[key].append(_time(name, env, explicit, args.db, args.repeat))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append((name, med))
+        print(f"{name:12s} " + "  ".join(
+            f"{k} {v * 1e3:.3f} ({med['default'] / v:.2f}x)" for k, v in med.items()),
+            flush=True)
+    print("ms, median call over rounds; (x): default / setup, > 1: faster than TVM's default "
+          "pool")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    else:
+        main()

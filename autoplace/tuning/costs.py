@@ -161,7 +161,7 @@ def time_kernels_at_threads(kernels, device: Device, target, records: KernelReco
 def _time_into(store: ProfileStore, kernels, runner, target, records: KernelRecords, fp: str,
                policy: TimingPolicy, desc: str, progress: bool, retime: bool = False) -> int:
     """Time each of ``kernels`` (``(name, workload, flops, record or None)``) not yet in
-    ``store`` under ``fp`` (``retime``: each one) on ``runner`` (its ``measure_kernel``), tuned
+    ``store`` under ``fp`` (``retime``: each one) on ``runner`` (:func:`time_kernel`), tuned
     by its record or, with none, as :data:`DEFAULT_KERNEL`; each committed as it is measured.
     Returns how many."""
     from tqdm.auto import tqdm
@@ -178,7 +178,7 @@ def _time_into(store: ProfileStore, kernels, runner, target, records: KernelReco
         func = (workload["main"] if schedule == DEFAULT_KERNEL
                 else records.scheduled(workload["main"], target))
         try:
-            t = runner.measure_kernel(kernel_workload(func), target, policy)
+            t = time_kernel(func, target, runner, policy)
             m = Measurement(row.workload_key, fp, "ok", t.median_s, t.min_s,
                             t.mean_s, t.cv, t.repeats, t.number, schedule=schedule)
         except OpFailed as e:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ def test_demo_builds_runs_and_reports_the_difference():
     assert r.returncode == 0, r.stderr
     assert "predicted latency" in r.stdout
     assert "max |difference| from the single-device build = 0" in r.stdout
+    assert re.search(r"compiled the plan \(cpu[01](, cpu[01])?( with \d+ TVM threads)?\) and ran",
+                     r.stdout), r.stdout[-500:]
 
 
 def test_optimize_json_report():

@@ -76,9 +76,7 @@ def main() -> None:
 
     from autoplace.backend import process_cpus, tvm_threads
 
-    base = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
-    os.environ.clear()
-    os.environ.update(base)
+    os.environ.pop("TVM_NUM_THREADS", None)  # "default" is TVM's own choice; children inherit
     default, cores = tvm_threads(), len(process_cpus())
     setups = {"default": ({}, 0), f"env {default}": ({"TVM_NUM_THREADS": str(default)}, 0)}
     if cores != default:
@@ -88,14 +86,12 @@ def main() -> None:
         setups[f"explicit {cores}"] = ({}, cores)
     print(f"uptime: {os.getloadavg()}; TVM's default threads {default}, cores {cores}; "
           f"db {args.db}", flush=True)
-    rows = []
     for name in args.models.split(","):
         times = {k: [] for k in setups}
         for _ in range(args.rounds):
             for key, (env, explicit) in setups.items():
                 times[key].append(_time(name, env, explicit, args.db, args.repeat))
         med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append((name, med))
         print(f"{name:12s} " + "  ".join(
             f"{k} {v * 1e3:.3f} ({med['default'] / v:.2f}x)" for k, v in med.items()),
             flush=True)

@@ -7,15 +7,17 @@ Run: PYTHONPATH=. .venv/bin/python benchmarks/tvm_pool.py [--models inception,ml
 
 Setups (the model called on the process's main thread unless said):
 
-- ``default``: ``TVM_NUM_THREADS`` unset, TVM's default pool (what a profile here measures, and
-  what ``autoplace.compile``'s model gets when called on the caller's thread);
-- ``env N``: ``TVM_NUM_THREADS=N`` (N = TVM's default count, then every core);
+- ``tvm default``: the build's VM called directly, ``TVM_NUM_THREADS`` unset: TVM's own default
+  pool (mode "big cores");
+- ``tvm env N``: the same with ``TVM_NUM_THREADS=N`` (N = TVM's default count, then every core);
+- ``autoplace``: the compiled model called (it sets up the caller's pool as
+  :func:`autoplace.backend.own_pool` says: TVM's default count, every core shared);
 - ``explicit N``: on a thread whose pool is ``runtime.config_threadpool(-3, N, cores)`` (what
   autoplace's pipeline stages, concurrent segments and all-threads builds run with), called
   there in a loop.
 
 Each figure is the median call time over ``--rounds`` rounds (a fresh process per setup per
-round, the setups in turn), in ms; the ratio is default / setup (> 1: the setup is faster).
+round, the setups in turn), in ms; the ratio is tvm default / setup (> 1: the setup is faster).
 """
 
 import argparse
@@ -30,9 +32,13 @@ import numpy as np
 from autoplace import zoo
 
 
-def _child(name: str, explicit: int, db: str, repeat: int) -> None:
-    """Time ``name`` as its setup says; print the median seconds per call."""
+def _child(name: str, setup: str, explicit: int, db: str, repeat: int) -> None:
+    """Time ``name`` as its setup (``tvm``, ``autoplace`` or ``explicit``) says; print the
+    median seconds per call."""
     import time
+
+    import tvm
+    from tvm import relax
 
     import autoplace
     from autoplace.backend import in_own_thread, limit_tvm_threads, process_cpus
@@ -41,14 +47,24 @@ def _child(name: str, explicit: int, db: str, repeat: int) -> None:
     dev = autoplace.Device.cpu(0)
     res = autoplace.optimize(m.mod, [dev], db=None if db == "none" else db, time_limit=2)
     run = res.compile()
+    if setup == "tvm":  # the VM alone: nothing of autoplace's between the call and TVM's pool
+        fn = relax.VirtualMachine(run.executable, tvm.cpu(0))[run.func_name]
+        args = [tvm.runtime.tensor(x) for x in m.inputs]
+        args += [tvm.runtime.tensor(v.numpy()) for v, _ in run.lifted]
+
+        def call():
+            fn(*args)
+    else:
+        def call():
+            run(*m.inputs)
 
     def loop() -> float:
         for _ in range(max(5, repeat // 10)):
-            run(*m.inputs)
+            call()
         ts = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            run(*m.inputs)
+            call()
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts))
 
@@ -56,11 +72,11 @@ def _child(name: str, explicit: int, db: str, repeat: int) -> None:
         limit_tvm_threads(explicit, process_cpus())
         return loop()
 
-    print(json.dumps(in_own_thread(pooled) if explicit else loop()), flush=True)
+    print(json.dumps(in_own_thread(pooled) if setup == "explicit" else loop()), flush=True)
 
 
-def _time(name: str, env: dict, explicit: int, db: str, repeat: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--child", name, str(explicit), db,
+def _time(name: str, env: dict, setup: str, explicit: int, db: str, repeat: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", name, setup, str(explicit), db,
                           str(repeat)], env={**os.environ, **env}, capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,29 +94,31 @@ def main() -> None:
 
     os.environ.pop("TVM_NUM_THREADS", None)  # "default" is TVM's own choice; children inherit
     default, cores = tvm_threads(), len(process_cpus())
-    setups = {"default": ({}, 0), f"env {default}": ({"TVM_NUM_THREADS": str(default)}, 0)}
+    setups = {"tvm default": ({}, "tvm", 0),
+              f"tvm env {default}": ({"TVM_NUM_THREADS": str(default)}, "tvm", 0)}
     if cores != default:
-        setups[f"env {cores}"] = ({"TVM_NUM_THREADS": str(cores)}, 0)
-    setups[f"explicit {default}"] = ({}, default)
+        setups[f"tvm env {cores}"] = ({"TVM_NUM_THREADS": str(cores)}, "tvm", 0)
+    setups["autoplace"] = ({}, "autoplace", 0)
+    setups[f"explicit {default}"] = ({}, "explicit", default)
     if cores != default:
-        setups[f"explicit {cores}"] = ({}, cores)
+        setups[f"explicit {cores}"] = ({}, "explicit", cores)
     print(f"uptime: {os.getloadavg()}; TVM's default threads {default}, cores {cores}; "
           f"db {args.db}", flush=True)
     for name in args.models.split(","):
         times = {k: [] for k in setups}
         for _ in range(args.rounds):
-            for key, (env, explicit) in setups.items():
-                times[key].append(_time(name, env, explicit, args.db, args.repeat))
+            for key, (env, setup, explicit) in setups.items():
+                times[key].append(_time(name, env, setup, explicit, args.db, args.repeat))
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{name:12s} " + "  ".join(
-            f"{k} {v * 1e3:.3f} ({med['default'] / v:.2f}x)" for k, v in med.items()),
+            f"{k} {v * 1e3:.3f} ({med['tvm default'] / v:.2f}x)" for k, v in med.items()),
             flush=True)
-    print("ms, median call over rounds; (x): default / setup, > 1: faster than TVM's default "
-          "pool")
+    print("ms, median call over rounds; (x): tvm default / setup, > 1: faster than TVM's "
+          "default pool")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
     else:
         main()

@@ -345,6 +345,50 @@ def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
         assert out[tuple(cores)] == (set(cores), 1)
 
 
+def test_a_compiled_model_sets_up_its_callers_pool_once_and_leaves_a_workers_alone(monkeypatch):
+    """The caller's thread gets TVM's default count in the mode stages run with (not TVM's
+    "big cores" default, which pins it to core 0), once; a thread autoplace set up keeps its
+    pool."""
+    import tvm
+
+    from autoplace.backend import own_pool, threads
+
+    configs = []
+    real = tvm.get_global_func
+
+    def recording(name, *args, **kwargs):
+        fn = real(name, *args, **kwargs)
+        if name != "runtime.config_threadpool":
+            return fn
+        return lambda *a: configs.append((threading.current_thread().name, a[0], a[1])) or fn(*a)
+
+    monkeypatch.setattr(tvm, "get_global_func", recording)
+    m = zoo.load("mlp")
+    run = autoplace.compile(m.mod, autoplace.place(autoplace.OpGraph.from_relax(m.mod),
+                                                   [autoplace.Device.cpu(0)], [("*", "cpu0")]))
+    default = threads.tvm_threads()
+    out = {}
+
+    def caller():
+        mine = os.sched_getaffinity(0)
+        run(*m.inputs)
+        run(*m.inputs)
+        out["calls"] = list(configs)
+        out["caller"] = (own_pool(), os.sched_getaffinity(0) == mine)
+
+    def worker():
+        limit_tvm_threads(2, process_cpus())
+        run(*m.inputs)
+        out["worker"] = own_pool()
+
+    for name, body in (("caller", caller), ("worker", worker)):
+        t = threading.Thread(target=body, name=name)
+        t.start()
+        t.join()
+    assert out == {"calls": [("caller", -3, default)], "caller": (default, True), "worker": 2}
+    assert configs == [("caller", -3, default), ("worker", -3, 2)]
+
+
 def test_in_own_thread_keeps_the_callers_affinity_and_raises_what_fn_raised():
     mine = os.sched_getaffinity(0)
 

@@ -9,6 +9,12 @@ pin, so questions about threads and cores are asked in a throwaway thread (:func
 among those cores). Two pools given every core slow each other down (their idle threads spin on
 the cores the other needs), and ``config_threadpool(1, n)`` (mode "big cores") pins every pool to
 core 0.
+
+TVM's own default pool (mode "big cores") also costs each kernel with a parallel loop several
+microseconds more than a pool in the mode above with the same thread count, even with one
+thread. So every thread autoplace runs or times a build on has its pool set up in that mode:
+workers by :func:`limit_tvm_threads`, and any other thread (the caller's, when a compiled model
+is called or a profile is measured) by :func:`own_pool`, with TVM's default count.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# Which threads' TVM pools autoplace has set up, and with how many threads.
+_pool = threading.local()
 
 
 def in_own_thread(fn: Callable[[], T]) -> T:
@@ -58,6 +67,26 @@ def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
+    _pool.threads = n
+
+
+def own_pool() -> int:
+    """Set up the calling thread's TVM pool as autoplace runs builds, unless it did already on
+    this thread: TVM's default thread count (:func:`tvm_threads`) shared over every core this
+    process may use, in the mode of :func:`limit_tvm_threads` (the module doc says why). The
+    calling thread's own affinity is left as it is. Returns the pool's thread count.
+
+    A pool the caller set up with ``runtime.config_threadpool`` itself is replaced on the
+    thread's first call."""
+    threads = getattr(_pool, "threads", None)
+    if threads is None:
+        import tvm
+
+        threads = tvm_threads()
+        tvm.get_global_func("runtime.config_threadpool")(
+            -3, threads, [str(c) for c in process_cpus()])
+        _pool.threads = threads
+    return threads
 
 
 def process_cpus() -> list[int]:

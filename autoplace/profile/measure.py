@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import process_cpus, tvm_threads
+from autoplace.backend import own_pool, process_cpus, tvm_threads
 from autoplace.devices import Device
 from autoplace.profile.workload import random_inputs
 
@@ -271,6 +271,11 @@ class LocalRunner:
                 "hardware": hardware, "tvm": tvm.__version__, "threads": threads,
                 "host": platform.node(), "remote": None}
 
+    def _own_pool(self) -> None:
+        """A CPU is timed on a TVM pool set up as builds run on (:func:`own_pool`)."""
+        if not self.device.is_gpu:
+            own_pool()
+
     def check(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the device exists (:func:`check_present`) and
         runs a trivial op."""
@@ -287,6 +292,7 @@ class LocalRunner:
 
         from autoplace.backend import build_single
 
+        self._own_pool()
         try:
             ex = build_single(mod, self.device.tvm_target(), gpu=self.device.is_gpu)
         except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"
@@ -316,6 +322,7 @@ class LocalRunner:
         """
         import tvm
 
+        self._own_pool()
         try:
             lib = tvm.compile(mod, target=target)
         except Exception as e:  # noqa: BLE001 - any build failure means "cannot run here"

@@ -98,10 +98,12 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
     import tvm
     from tvm import relax
 
-    from autoplace.backend import build_single
+    from autoplace.backend import build_single, own_pool
 
     ex = build_single(mod, device.tvm_target(), gpu=device.is_gpu)
     dev = device.tvm_device()
+    if not device.is_gpu:
+        own_pool()
     vm = relax.VirtualMachine(ex, dev)
     if inputs is None:
         inputs = random_inputs(mod[func_name], np.random.default_rng(0))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.annotate import annotate_lifted
-from autoplace.backend import lowering_pipeline, to_numpy, to_tvm
+from autoplace.backend import lowering_pipeline, own_pool, to_numpy, to_tvm
 from autoplace.plan import Plan
 
 if TYPE_CHECKING:
@@ -65,11 +65,13 @@ class CompiledModel:
         return len(self._input_devices)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-
+        """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
+        costs were measured, on its first call (:func:`autoplace.backend.own_pool`)."""
         if len(inputs) != self.num_inputs:
             names = [p.name for p in self.mod[self.func_name].params[: self.num_inputs]]
             raise TypeError(f"expected {self.num_inputs} inputs ({', '.join(names)}), "
                             f"got {len(inputs)}")
+        own_pool()
         args = [to_tvm(x, dev) for x, dev in zip(inputs, self._input_devices)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import build_single, limit_tvm_threads, process_cpus, to_numpy, to_tvm
+from autoplace.backend import (build_single, limit_tvm_threads, own_pool, process_cpus, to_numpy,
+                               to_tvm)
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run.cores import stage_threads
@@ -133,7 +134,8 @@ class Pipeline:
         TVM kernel threads per CPU stage (or replica), on its device's share of the cores
         (:func:`stage_threads`). ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
         profile of this machine's CPU was measured with) divided among the plan's CPU devices.
-        A pipeline of one stage leaves the caller's thread and its TVM threads as they are.
+        A pipeline of one stage runs on the caller's thread, whose TVM pool it sets up as a
+        compiled model does (:func:`autoplace.backend.own_pool`).
     replicas : sequence of Device
         Two or more devices that each run the (one-stage) model on the inputs they take, with
         ``executables`` one per replica: data parallelism instead of a pipeline.
@@ -305,6 +307,8 @@ class Pipeline:
         """The one stage on each input in turn, its arrays converted straight onto its device."""
         fn, dev = self._direct
         stage, busy, results = self.staged.stages[0], 0.0, []
+        if not stage.device.is_gpu:
+            own_pool()
         t0 = time.perf_counter()
         for n, x in enumerate(inputs):
             if self._closed.is_set():

@@ -128,7 +128,11 @@ def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
     >>> run.kernels                             # doctest: +SKIP
     {'tuned': 0, 'default': 7}
     """
-    annotated, lifted = annotate_lifted(mod, plan, func_name)
+    # TVM's VM loads constants onto its first device: one CPU device keeps them in the build
+    # (passing them on every call costs each call), others get them lifted to parameters.
+    used = plan.used_devices()
+    one_cpu = len(used) == 1 and not used[0].is_gpu
+    annotated, lifted = annotate_lifted(mod, plan, func_name, lift_constants=not one_cpu)
     counts: dict[str, int] = {}
     executable = build(annotated, plan, records, counts)
     cls = CompiledModel if plan.threads is None else ThreadedModel

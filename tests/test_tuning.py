@@ -74,7 +74,10 @@ def test_each_tuned_kernel_is_timed_into_the_store_once(tuned):
     with ProfileStore(db) as store:
         [row] = [m for m in _tuned_rows(store)]
         assert row.ok and row.latency_s > 0 and row.workload.startswith("kernel:")
-        assert {w["key"]: w["op_type"] for w in store.workloads()} == {row.workload: "kernel"}
+        [build] = _build_rows(store)  # the model built whole, timed in one call
+        assert build.ok and build.latency_s > 0 and build.workload.startswith("build:")
+        assert {w["key"]: w["op_type"] for w in store.workloads()} == {row.workload: "kernel",
+                                                                      build.workload: "build"}
         assert store.measurements() == []  # no per-op ("default") rows were written
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, progress=False)
     assert again.timed == 0 and again.pending == 0
@@ -84,18 +87,26 @@ def _tuned_rows(store):
     return [m for m in store.measurements(schedule=None) if m.schedule.startswith("tuned:")]
 
 
+def _build_rows(store):
+    from autoplace.tuning.costs import BUILD
+
+    return store.measurements(schedule=BUILD)
+
+
 def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tuned):
     db, _ = tuned
     mod = _model(False)
     with ProfileStore(db) as store:
-        [row] = _tuned_rows(store)
+        [row], [build] = _tuned_rows(store), _build_rows(store)
     res = autoplace.optimize(mod, [CPU, autoplace.Device.cpu(1)],
                              cost_model=autoplace.RooflineCostModel(), db=db)
     graph = res.graph
     matmul = next(n.index for n in graph.nodes if n.op_type == "matmul")
     relu = next(n.index for n in graph.nodes if n.op_type == "nn.relu")
+    # The build's one kernel, scaled to what the build ran whole: the build's time.
+    assert build.latency_s != pytest.approx(row.latency_s, rel=1e-6)
     for k in range(2):  # both devices have this machine's fingerprint: the same records
-        assert res.problem.cost[matmul, k] == pytest.approx(row.latency_s)
+        assert res.problem.cost[matmul, k] == pytest.approx(build.latency_s)
         assert res.problem.cost[relu, k] == 0.0
     assert res.plan.cost_sources[matmul] == res.plan.cost_sources[relu] == "tuned"
     assert any("2 of 2 ops in tuned kernels" in line for line in res.records_note)
@@ -414,15 +425,17 @@ def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
 def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_baseline(
         tuned, tmp_path):
     """``tune(also_threads=...)`` times every kernel of the build at the count one device gets
-    from two (a kernel without a record with its default schedule), and optimize predicts the
-    all-threads baseline from those times, where without them it says what is missing."""
+    from two (a kernel without a record with its default schedule), and the build whole, and
+    optimize predicts the all-threads baseline from those times (the kernels' sum scaled to the
+    build's time), where without them it says what is missing."""
     import shutil
 
     from autoplace.backend.tuned import KernelRecords, target_key
     from autoplace.run.cores import all_threads
     from autoplace.tuning import device_kernels
     from autoplace.tuning.campaign import tuning_target
-    from autoplace.tuning.costs import DEFAULT_KERNEL, fingerprint_at, time_kernels_at_threads
+    from autoplace.tuning.costs import (BUILD, DEFAULT_KERNEL, build_key, fingerprint_at,
+                                        time_kernels_at_threads)
 
     devs = [CPU, autoplace.Device.cpu(1)]
     info = LocalRunner(CPU).info()
@@ -451,13 +464,26 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
                                        [0]) == 1  # the row sum: the matmul was timed above
         rows = store.measurements(fingerprint_at(info, threads), schedule=None)
         assert store.measurements() == []  # no per-op rows
-    assert sorted(m.schedule.split(":")[0] for m in rows) == [DEFAULT_KERNEL, "tuned"]
+    kernel_rows = [m for m in rows if m.schedule != BUILD]
+    assert sorted(m.schedule.split(":")[0] for m in kernel_rows) == [DEFAULT_KERNEL, "tuned"]
     assert all(m.ok and m.latency_s > 0 for m in rows)
+    # tune built the model it tuned whole; this one's build is not timed yet
+    assert [m.workload for m in rows if m.schedule == BUILD] == [build_key(_model(False), CPU)]
 
     after = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), db=db)
-    assert after.baselines["all threads"] == pytest.approx(sum(m.latency_s for m in rows))
+    kernels_s = sum(m.latency_s for m in kernel_rows)
+    assert after.baselines["all threads"] == pytest.approx(kernels_s)
     assert f"with {threads} threads, measured (its build's 2 kernels timed with" in \
         after.baseline_notes["all threads"]
+    with ProfileStore(db) as store:  # now the build too: its kernels scale to its time
+        assert time_kernels_at_threads(kernels, CPU, target, records, store, threads, [0],
+                                       mods=[mod]) == 0
+        build = store.measurement(fingerprint_at(info, threads), build_key(mod, CPU), BUILD)
+    assert build.ok and build.latency_s != pytest.approx(kernels_s, rel=1e-6)
+    whole = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), db=db)
+    assert whole.baselines["all threads"] == pytest.approx(build.latency_s)
+    assert f"x{build.latency_s / kernels_s:.2f} as the whole build ran" in \
+        whole.baseline_notes["all threads"]
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
                            progress=False, retime=True)
     assert again.timed == 1 and again.timed_at_threads == {threads: 1}

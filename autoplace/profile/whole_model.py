@@ -71,7 +71,7 @@ class ModelTiming:
 
 def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] | None = None, *,
                repeat: int = 20, func_name: str = "main", instrumented_runs: int = 10,
-               min_repeat_ms: int = 10) -> ModelTiming:
+               min_repeat_ms: int = 10, records=None) -> ModelTiming:
     """Build ``mod`` for one device and time it whole, and kernel by kernel.
 
     Parameters
@@ -90,6 +90,8 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
         Runs with ``vm.set_instrument``; per-kernel times are their medians.
     min_repeat_ms : int
         Minimum duration of one timing repeat (TVM raises ``number`` to reach it).
+    records : KernelRecords, optional
+        Tuning records the build applies (:func:`autoplace.tuning.open_records`).
 
     Returns
     -------
@@ -100,7 +102,7 @@ def time_model(mod: tvm.IRModule, device: Device, inputs: Sequence[np.ndarray] |
 
     from autoplace.backend import build_single, own_pool
 
-    ex = build_single(mod, device.tvm_target(), gpu=device.is_gpu)
+    ex = build_single(mod, device.tvm_target(), gpu=device.is_gpu, records=records)
     dev = device.tvm_device()
     if not device.is_gpu:
         own_pool()

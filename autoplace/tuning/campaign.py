@@ -356,9 +356,9 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         statuses, pending, late = _tune_all(tasks, trials, dry_run=dry_run,
                                             trials_per_iter=trials_per_iter, progress=progress,
                                             deadline=deadline)
-        timed = 0 if dry_run else _time_all(tasks.values(), db, progress, retime)
+        timed = 0 if dry_run else _time_all(tasks.values(), db, progress, retime, mods)
         at_threads = {} if dry_run else _time_at_threads(tasks.values(), db, also_threads,
-                                                         progress, retime)
+                                                         progress, retime, mods)
     return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed,
                       late, at_threads)
 
@@ -465,31 +465,39 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
         k.reread(t.database)
 
 
-def _time_all(tasks, db, progress: bool, retime: bool = False) -> int:
+def _time_all(tasks, db, progress: bool, retime: bool = False, mods=()) -> int:
     """Time every tuned kernel of ``tasks`` not timed yet (``retime``: every one) into the
-    store ``db``."""
+    store ``db``; on a CPU of this process also every other kernel (as :data:`DEFAULT_KERNEL`)
+    and each of ``mods`` built whole (:func:`~autoplace.tuning.costs.time_builds`), what a
+    build's kernels are charged in proportion to. Returns how many tuned kernels were timed."""
     from autoplace.backend.tuned import KernelRecords, target_key
+    from autoplace.profile.measure import LocalRunner
     from autoplace.profile.store import ProfileStore
-    from autoplace.tuning.costs import time_tuned_kernels
+    from autoplace.tuning.costs import time_builds, time_tuned_kernels
 
     timed = 0
     with ProfileStore(db) as store:
         for t in tasks:
             store.add_device(t.fingerprint, t.runner.spec, t.info)
             records = KernelRecords({target_key(t.target): t.database})
+            cpu = isinstance(t.runner, LocalRunner) and not t.runner.device.is_gpu
             try:
                 timed += time_tuned_kernels(t.timed(), t.runner, t.target, records, store,
-                                            t.fingerprint, progress=progress, retime=retime)
+                                            t.fingerprint, progress=progress, retime=retime,
+                                            every=cpu)
+                if cpu:
+                    time_builds(mods, t.runner.device, records, store, t.fingerprint,
+                                retime=retime)
             finally:
                 t.runner.close()
     return timed
 
 
 def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
-                     retime: bool = False) -> dict[int, int]:
-    """Time every kernel of each local CPU task at each of ``counts`` TVM threads (other than
-    its own) over all this process's cores, into the store ``db`` (``retime``: those timed
-    before too): kernels timed per count."""
+                     retime: bool = False, mods=()) -> dict[int, int]:
+    """Time every kernel of each local CPU task, and each of ``mods`` built whole, at each of
+    ``counts`` TVM threads (other than its own) over all this process's cores, into the store
+    ``db`` (``retime``: those timed before too): kernels timed per count."""
     from autoplace.backend import process_cpus
     from autoplace.backend.tuned import KernelRecords, target_key
     from autoplace.profile.measure import LocalRunner
@@ -509,7 +517,7 @@ def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
                     continue
                 out[n] = out.get(n, 0) + time_kernels_at_threads(
                     t.timed(), t.runner.device, t.target, records, store, n, cores,
-                    progress=progress, retime=retime)
+                    progress=progress, retime=retime, mods=mods)
     return out
 
 

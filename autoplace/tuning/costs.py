@@ -13,13 +13,22 @@ threads" baseline of a plan over several CPU devices) runs the same kernels on a
 kernels are timed at that count too (:func:`time_kernels_at_threads`), every one of them, those
 without a record under schedule :data:`DEFAULT_KERNEL`, and stored under the device's
 fingerprint at that count (:func:`fingerprint_at`); :func:`kernel_costs` reads them back.
+
+Kernels run slower inside a model than each one timed alone, back to back with itself (the VM
+dispatches each; its inputs and weights are no longer where its last call left them in the
+caches). So each tuned model is also built whole and timed in one call of the VM on each CPU
+device and count (:func:`time_builds`, schedule :data:`BUILD`), and where a store has that time
+and every kernel of the build, the build's kernels are charged their times scaled by the
+ratio of the two (:func:`in_build_factor`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +51,11 @@ log = logging.getLogger(__name__)
 #: The schedule under which a kernel without a tuning record is stored when timed as one fused
 #: kernel, as the build compiles it (``"default"`` is a single op's row).
 DEFAULT_KERNEL = "default-kernel"
+
+#: The schedule under which a model's whole build (each kernel as the build compiles it) is
+#: stored, timed in one call of the VM without its inputs' copies: workload ``build:<hash of its
+#: kernels>`` (:func:`build_key`).
+BUILD = "whole-build"
 
 
 @dataclass(frozen=True)
@@ -102,10 +116,11 @@ def time_kernel(func: tvm.tirx.PrimFunc, target, device, policy: TimingPolicy = 
 def time_tuned_kernels(kernels, device, target, records: KernelRecords,
                        store: ProfileStore, device_fingerprint: str,
                        policy: TimingPolicy = TimingPolicy(), progress: bool = True,
-                       retime: bool = False) -> int:
+                       retime: bool = False, every: bool = False) -> int:
     """Time, into ``store``, each of ``kernels`` (``(name, workload, flops)``) whose best record
     in ``records`` was not timed yet (``retime``: every one, again), on ``device`` (as
-    :func:`time_kernel` takes it); returns how many were timed now. Each is committed as it is
+    :func:`time_kernel` takes it); with ``every``, also those without a record, as
+    :data:`DEFAULT_KERNEL`. Returns how many were timed now. Each is committed as it is
     measured, so an interrupted run loses nothing."""
     device = as_runner(device)
     todo = []
@@ -113,6 +128,8 @@ def time_tuned_kernels(kernels, device, target, records: KernelRecords,
         record = records.best(workload["main"], target)
         if record is not None and not isinstance(record, str):
             todo.append((name, workload, flops, record))
+        elif every:
+            todo.append((name, workload, flops, None))
     return _time_into(store, todo, device, target, records, device_fingerprint, policy,
                       f"timing tuned kernels ({device.name})", progress, retime)
 
@@ -120,13 +137,13 @@ def time_tuned_kernels(kernels, device, target, records: KernelRecords,
 def time_kernels_at_threads(kernels, device: Device, target, records: KernelRecords,
                             store: ProfileStore, threads: int, cores: Sequence[int],
                             policy: TimingPolicy = TimingPolicy(), progress: bool = True,
-                            retime: bool = False) -> int:
+                            retime: bool = False, mods: Sequence[tvm.IRModule] = ()) -> int:
     """Time, into ``store``, every one of ``kernels`` (``(name, workload, flops)``) as a build of
     this CPU ``device`` run with ``threads`` TVM threads over ``cores`` runs it: with the schedule
     of its best record in ``records``, else its default one (:data:`DEFAULT_KERNEL`), under the
-    device's fingerprint at that count (:func:`fingerprint_at`, added to the store's devices).
-    Kernels timed before are skipped (``retime``: timed again); returns how many were timed
-    now."""
+    device's fingerprint at that count (:func:`fingerprint_at`, added to the store's devices),
+    and each of ``mods`` built whole (:func:`time_builds`). Kernels and builds timed before are
+    skipped (``retime``: timed again); returns how many kernels were timed now."""
     from concurrent.futures import ThreadPoolExecutor
 
     from autoplace.backend import limit_tvm_threads
@@ -153,9 +170,48 @@ def time_kernels_at_threads(kernels, device: Device, target, records: KernelReco
             def measure_kernel(*args):
                 return worker.submit(local.measure_kernel, *args).result()
 
-        return _time_into(store, todo, _Pooled(), target, records, fp, policy,
-                          f"timing kernels with {threads} threads ({local.name})", progress,
-                          retime)
+        timed = _time_into(store, todo, _Pooled(), target, records, fp, policy,
+                           f"timing kernels with {threads} threads ({local.name})", progress,
+                           retime)
+        time_builds(mods, device, records, store, fp, retime=retime,
+                    run=lambda fn: worker.submit(fn).result())
+        return timed
+
+
+def build_key(mod: tvm.IRModule, device: Device, func_name: str = "main") -> str:
+    """The workload under which the whole build of ``mod`` for the CPU ``device`` is stored: a
+    hash of the kernels it calls, one per call (two models calling the same kernels share it)."""
+    _, funcs = _kernel_funcs(mod, device)
+    return _key_of([kernel_key(kernel_workload(funcs[name]))
+                    for name, _ in fused_groups(mod, func_name) if name in funcs])
+
+
+def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRecords,
+                store: ProfileStore, fp: str, *, retime: bool = False,
+                run: Callable = lambda fn: fn()) -> int:
+    """Time, into ``store`` under fingerprint ``fp``, each of ``mods`` built whole for the CPU
+    ``device`` with ``records`` (:func:`autoplace.profile.whole_model.time_model`, called
+    as ``run(fn)``: on the calling thread's pool unless ``run`` says otherwise), under
+    :data:`BUILD`. Builds timed before are skipped (``retime``: timed again); returns how many
+    were timed now."""
+    from autoplace.profile.whole_model import time_model
+
+    timed = 0
+    for mod in mods:
+        key = build_key(mod, device)
+        if not retime and store.measurement(fp, key, BUILD) is not None:
+            continue
+        store.add_workloads([KernelWorkload(key, 0.0, 0, 0, op_type="build")])
+        try:
+            t = run(partial(time_model, mod, device, records=records, instrumented_runs=1))
+            m = Measurement(key, fp, "ok", t.median, t.min, cv=t.cv, schedule=BUILD)
+        except Exception as e:  # noqa: BLE001 - the kernels' times are charged unscaled
+            log.warning("%s: the whole build did not run (%s); its kernels' times are charged "
+                        "as timed alone", device.name, e)
+            m = Measurement(key, fp, "unsupported", schedule=BUILD, error=str(e))
+        store.put(m)
+        timed += 1
+    return timed
 
 
 def _time_into(store: ProfileStore, kernels, runner, target, records: KernelRecords, fp: str,
@@ -220,22 +276,22 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
             and read_device(device_folder(db, fingerprints[k])) is not None]
     if not cpus or not len(graph.nodes) or not Path(db).exists():
         return TunedCosts(out, tuned, 0)
-    groups = [(name, nodes) for name, nodes in (
-        fused_groups(mod, func_name) if cpu_groups is None else cpu_groups) if nodes]
-    timed: dict[str, tuple[list, int]] = {}  # fingerprint -> ([(nodes, seconds)], untimed)
+    groups = fused_groups(mod, func_name) if cpu_groups is None else cpu_groups
+    timed: dict[str, _Timed] = {}
     with ProfileStore(db, readonly=True) as store:
         for k in cpus:
             fp = fingerprints[k]
             if fp not in timed:
                 timed[fp] = _timed_groups(mod, groups, devices[k], fp, records, store)
-            for nodes, seconds in timed[fp][0]:
-                if not np.isfinite(out[list(nodes), k]).all():
+            scale = timed[fp].factor
+            for nodes, seconds, is_tuned in timed[fp].found:
+                if not is_tuned or not np.isfinite(out[list(nodes), k]).all():
                     continue  # the device cannot run one of its ops: leave the group alone
                 keep = anchor(nodes, graph, out[:, k])
                 out[list(nodes), k] = 0.0
-                out[keep, k] = seconds
+                out[keep, k] = seconds * scale
                 tuned[list(nodes), k] = True
-    return TunedCosts(out, tuned, sum(untimed for _, untimed in timed.values()))
+    return TunedCosts(out, tuned, sum(t.untimed_tuned for t in timed.values()))
 
 
 def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int,
@@ -248,53 +304,98 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
     Returns ``(costs, note)``; costs are None, and the note says why, unless every kernel of the
     build was timed at that count."""
     fp = fingerprint_at(LocalRunner(device).info(), threads)
-    groups = [(name, nodes) for name, nodes in (
-        fused_groups(mod, func_name) if cpu_groups is None else cpu_groups) if nodes]
     if not Path(db).exists():
         return None, f"no store {db}"
+    groups = fused_groups(mod, func_name) if cpu_groups is None else cpu_groups
     with ProfileStore(db, readonly=True) as store:
-        found, untimed = _timed_groups(mod, groups, device, fp, records, store, every=True)
-    failed = len(groups) - len(found) - untimed
-    if untimed or failed:
-        return None, (f"{untimed + failed} of the {len(groups)} kernels of {device.name}'s build "
-                      f"{'are not timed' if not failed else 'failed or are not timed'} with "
+        t = _timed_groups(mod, groups, device, fp, records, store)
+    if not t.complete:
+        missing = t.kernels - len(t.found)
+        return None, (f"{missing} of the {t.kernels} kernels of {device.name}'s build "
+                      f"{'are not timed' if not t.failed else 'failed or are not timed'} with "
                       f"{threads} TVM threads in {db} (autoplace tune times them)")
     out = np.zeros(len(graph.nodes))
-    for nodes, seconds in found:
-        out[anchor(nodes, graph, cost)] += seconds
+    for nodes, seconds, _ in t.found:
+        out[anchor(nodes, graph, cost)] += seconds * t.factor
     out[~np.isfinite(cost)] = np.inf
-    return out, f"its build's {len(groups)} kernels timed with {threads} threads in {db}"
+    return out, (f"its build's {t.kernels} kernels timed with {threads} threads in {db}"
+                 + ("" if t.factor == 1.0 else
+                    f", x{t.factor:.2f} as the whole build ran"))
 
 
-def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
-                  store: ProfileStore, every: bool = False):
-    """The fused groups of ``mod`` whose kernel has a timed tuned record for this device (with
-    ``every``, each kernel as the build compiles it: those without a record timed as
-    :data:`DEFAULT_KERNEL`) under fingerprint ``fp``, with that time; and how many have a
-    record (``every``: a kernel) but no time."""
+@dataclass(frozen=True)
+class _Timed:
+    """What a store holds of one build's kernels under one fingerprint (:func:`_timed_groups`):
+    ``found``: ``(nodes, seconds, tuned)`` per timed kernel call (a tuned record's, else the
+    default schedule's); how many calls are untimed with and without a record, and failed;
+    ``kernels``: the calls; ``factor``: :func:`in_build_factor`."""
+
+    found: list
+    untimed_tuned: int
+    untimed_default: int
+    failed: int
+    kernels: int
+    factor: float
+
+    @property
+    def complete(self) -> bool:
+        return len(self.found) == self.kernels
+
+
+def _kernel_funcs(mod: tvm.IRModule, device: Device):
+    """``(target, {name: PrimFunc})``: the kernels of ``mod``'s build for the CPU ``device``."""
     import tvm
 
     from autoplace.tuning.campaign import tuning_target
 
     target = tuning_target(device, LocalRunner(device).info()["threads"])
-    funcs = {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc)}
-    found, untimed = [], 0
+    return target, {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()
+                    if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
+                  store: ProfileStore) -> _Timed:
+    """The kernel calls of ``mod``'s build for this device (``groups``: its ``fused_groups``;
+    those with no op node are not charged) and their times in ``store`` under fingerprint
+    ``fp``: each kernel with its best record in ``records``, else as :data:`DEFAULT_KERNEL`."""
+    target, funcs = _kernel_funcs(mod, device)
+    found, untimed_tuned, untimed_default, failed, kernels = [], 0, 0, 0, 0
     for name, nodes in groups:
+        if not nodes:
+            continue
+        kernels += 1
         func = funcs.get(name)
         record = records.best(func, target) if func is not None else None
-        if record is None or isinstance(record, str):
-            if not every:
-                continue
-            if func is None:
-                untimed += 1
-                continue
-            schedule = DEFAULT_KERNEL
-        else:
-            schedule = tuned_schedule(record)
+        tuned = record is not None and not isinstance(record, str)
+        if func is None:
+            untimed_default += 1
+            continue
+        schedule = tuned_schedule(record) if tuned else DEFAULT_KERNEL
         m = store.measurement(fp, kernel_key(kernel_workload(func)), schedule)
         if m is None:
-            untimed += 1
+            untimed_tuned, untimed_default = (untimed_tuned + tuned,
+                                              untimed_default + (not tuned))
         elif m.ok:
-            found.append((nodes, m.latency_s))
-    return found, untimed
+            found.append((nodes, m.latency_s, tuned))
+        else:
+            failed += 1
+    factor = 1.0
+    if len(found) == kernels and kernels:
+        keys = sorted(kernel_key(kernel_workload(funcs[name])) for name, _ in groups
+                      if name in funcs)
+        factor = in_build_factor(store.measurement(fp, _key_of(keys), BUILD),
+                                 sum(seconds for _, seconds, _ in found))
+    return _Timed(found, untimed_tuned, untimed_default, failed, kernels, factor)
+
+
+def in_build_factor(build: Measurement | None, kernels_s: float) -> float:
+    """How many times as long as its kernels timed alone (``kernels_s``, their sum) a build ran
+    whole (``build``, its :data:`BUILD` row): what each of its kernels is charged times its own
+    time. 1.0 without a timed build."""
+    if build is None or not build.ok or not kernels_s > 0:
+        return 1.0
+    return float(build.latency_s / kernels_s)
+
+
+def _key_of(kernel_keys: Sequence[str]) -> str:
+    return "build:" + hashlib.sha256("\n".join(sorted(kernel_keys)).encode()).hexdigest()[:16]

@@ -9,7 +9,8 @@ The four are timed one after another, ``--seconds`` each, in ``--rounds`` rounds
 speed drifts by minutes); each figure is the median over the rounds of the rounds' medians.
 
 Per stage, the median microseconds of one call of its function:
-- ``alone``: on the main thread, the stages one after another, each on inputs it was given
+- ``alone``: on the main thread (its TVM pool set up as a profile's is:
+  :func:`autoplace.backend.own_pool`), the stages one after another, each on inputs it was given
   before (the profile's conditions);
 - ``together``: each stage in its own thread on its own cores (as the pipeline places them),
   all at once, each calling its function on the same inputs over and over;
@@ -27,7 +28,7 @@ import numpy as np
 
 import autoplace
 import autoplace.run.pipeline as pipeline
-from autoplace.backend import limit_tvm_threads, to_tvm
+from autoplace.backend import limit_tvm_threads, own_pool, to_tvm
 from autoplace.run.baseline import random_inputs_like
 from autoplace.run.cores import stage_threads
 from autoplace.run.pipeline import compile_stage
@@ -80,14 +81,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     devs = [autoplace.Device.cpu(0), autoplace.Device.cpu(1)]
+    own_pool()
     print(f"{'model':<12}{'stage':>6}{'alone':>8}{'together':>10}{'fresh':>8}{'pipeline':>10}"
           f"{'(cpu)':>8}   us per call, medians")
     for name in args.models.split(","):
         m = zoo.load(name)
+        # A pipeline, to time its stages: charged no hand-off, the solver splits the model.
         res = autoplace.optimize(m.mod, devs, objective="throughput", replicate=False,
-                                 baseline_guard=False)  # a pipeline, to time its stages
+                                 baseline_guard=False, stage_overhead_s=0.0)
         staged = split(m.mod, res.plan, res.graph.func_name)
-        exes = [compile_stage(s) for s in staged.stages]
+        exes = [compile_stage(s, res.records) for s in staged.stages]  # as the pipeline builds
         xs = random_inputs_like(m.inputs, 64, np.random.default_rng(0))
         fns = [pipeline._load_vm(e, s.device)[0] for e, s in zip(exes, staged.stages)]
         inputs = _stage_inputs(staged, fns, xs)

@@ -303,3 +303,18 @@ def test_gelu_on_a_cpu_uses_the_fast_erf_and_matches_a_float64_gelu(devs, rng):
     for names in (["a"] * len(g.nodes), ["a", "b", "b"][:len(g.nodes)]):
         out = autoplace.compile(TwoGelus, autoplace.Plan.from_assignment(g, devs, names))(x)
         np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=5e-6)
+
+
+def test_a_build_on_one_cpu_device_keeps_its_constants_and_others_lift_them(rng):
+    """Constants passed on every call cost each call: one CPU device's build keeps them (TVM's
+    VM loads them onto its first device, that one); a two-device build lifts them to parameters
+    uploaded to their devices. Both give the same outputs."""
+    m = zoo.load("mlp")
+    graph = autoplace.OpGraph.from_relax(m.mod)
+    cpu0, cpu1 = autoplace.Device.cpu(0), autoplace.Device.cpu(1)
+    one = autoplace.compile(m.mod, autoplace.place(graph, [cpu1], [("*", "cpu1")]))
+    half = len(graph.nodes) // 2
+    two = autoplace.compile(m.mod, autoplace.Plan.from_assignment(
+        graph, [cpu0, cpu1], ["cpu0"] * half + ["cpu1"] * (len(graph.nodes) - half)))
+    assert one.lifted == () and len(two.lifted) > 0
+    np.testing.assert_allclose(one(*m.inputs)[0], two(*m.inputs)[0], rtol=1e-5)

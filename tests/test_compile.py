@@ -318,3 +318,33 @@ def test_a_build_on_one_cpu_device_keeps_its_constants_and_others_lift_them(rng)
         graph, [cpu0, cpu1], ["cpu0"] * half + ["cpu1"] * (len(graph.nodes) - half)))
     assert one.lifted == () and len(two.lifted) > 0
     np.testing.assert_allclose(one(*m.inputs)[0], two(*m.inputs)[0], rtol=1e-5)
+
+
+def test_a_compiled_model_copies_each_call_into_the_same_input_tensor_without_mixing_calls(rng):
+    """Inputs are copied into tensors kept from call to call (no allocation per call); a result
+    already returned does not change on the next call."""
+    from autoplace.backend.tensors import InputSlot
+
+    @I.ir_module
+    class Relu:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32")):
+            with R.dataflow():
+                y = R.nn.relu(x)
+                R.output(y)
+            return y
+
+    a, b = (rng.standard_normal((4, 8)).astype("float32") for _ in range(2))
+    run = autoplace.compile(Relu, autoplace.Plan.from_assignment(
+        autoplace.OpGraph.from_relax(Relu), [autoplace.Device.cpu(0)], ["cpu0"]))
+    first = run(a)[0]
+    second = run(b)[0]
+    np.testing.assert_array_equal(first, np.maximum(a, 0))
+    np.testing.assert_array_equal(second, np.maximum(b, 0))
+    for dev in (tvm.cpu(0), tvm.cpu(1)):
+        slot = InputSlot(dev)
+        t = slot.fill(a)
+        assert slot.fill(b) is t and t.device == dev
+        np.testing.assert_array_equal(t.numpy(), b)
+        wider = slot.fill(np.ones((2, 3), "float64"))  # another shape and dtype: a new tensor
+        assert wider is not t and wider.numpy().dtype == np.float64

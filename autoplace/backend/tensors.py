@@ -29,6 +29,33 @@ def to_tvm(x, dev: tvm.runtime.Device) -> tvm.runtime.Tensor:
     return tvm.runtime.from_dlpack(out)
 
 
+class InputSlot:
+    """One input of a compiled function, kept as a TVM tensor on ``dev`` that each call's array
+    is copied into (:meth:`fill`): no allocation per call, and on ``cpu(0)`` one numpy copy into
+    memory TVM shares. A tensor filled for one call must not be used after the next fill."""
+
+    def __init__(self, dev: tvm.runtime.Device):
+        self.dev = dev
+        self._tensor = self._view = None
+        self._kind = None  # (shape, dtype) of the tensor held
+
+    def fill(self, x) -> tvm.runtime.Tensor:
+        """The tensor holding a copy of the array ``x`` (a new one when its shape or dtype
+        changed)."""
+        import tvm
+
+        x = np.asarray(x)
+        if self._kind != (x.shape, x.dtype):
+            self._tensor = to_tvm(x, self.dev)
+            self._view = np.from_dlpack(self._tensor) if self.dev == tvm.cpu(0) and x.size else None
+            self._kind = (x.shape, x.dtype)
+        elif self._view is not None:
+            np.copyto(self._view, x)
+        else:
+            self._tensor.copyfrom(np.ascontiguousarray(x))
+        return self._tensor
+
+
 def to_numpy(t: tvm.runtime.Tensor) -> np.ndarray:
     """A numpy copy of the TVM tensor ``t`` (from a CPU tensor through DLPack, about 15 us
     less than ``t.numpy()``)."""

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.annotate import annotate_lifted
-from autoplace.backend import lowering_pipeline, own_pool, to_numpy, to_tvm
+from autoplace.backend import lowering_pipeline, own_pool, to_numpy
+from autoplace.backend.tensors import InputSlot
 from autoplace.plan import Plan
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class CompiledModel:
         consts = [tvm.runtime.tensor(value.numpy(), devices[k]) for value, k in self.lifted]
         object.__setattr__(self, "_vm", relax.VirtualMachine(self.executable, devices))
         object.__setattr__(self, "_input_devices", input_devices)
+        object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
 
     @property
@@ -66,13 +68,15 @@ class CompiledModel:
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
-        costs were measured, on its first call (:func:`autoplace.backend.own_pool`)."""
+        costs were measured, on its first call (:func:`autoplace.backend.own_pool`). Each input
+        is copied into a tensor the model keeps for it, so calls from several threads at once
+        are not allowed (nor does TVM's VM allow them)."""
         if len(inputs) != self.num_inputs:
             names = [p.name for p in self.mod[self.func_name].params[: self.num_inputs]]
             raise TypeError(f"expected {self.num_inputs} inputs ({', '.join(names)}), "
                             f"got {len(inputs)}")
         own_pool()
-        args = [to_tvm(x, dev) for x, dev in zip(inputs, self._input_devices)]
+        args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
 

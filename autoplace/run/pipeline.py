@@ -29,6 +29,7 @@ import numpy as np
 
 from autoplace.backend import (build_single, limit_tvm_threads, own_pool, process_cpus, to_numpy,
                                to_tvm)
+from autoplace.backend.tensors import InputSlot
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run.cores import stage_threads
@@ -170,7 +171,7 @@ class Pipeline:
         self._closed = threading.Event()
         self._run_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._direct = None
+        self._direct = self._slots = None
         if len(staged.stages) == 1 and not replicas and threads is None:
             # One stage: no pipeline to overlap, so no worker, queue or lock either (what the
             # throughput model assumes: a one-stage plan costs no hand-off). Called on the
@@ -304,18 +305,22 @@ class Pipeline:
             return [results[k] for k in range(len(results))]
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
-        """The one stage on each input in turn, its arrays converted straight onto its device."""
+        """The one stage on each input in turn, its arrays copied straight into tensors on its
+        device that are kept for the next input (:class:`~autoplace.backend.tensors.InputSlot`)."""
         fn, dev = self._direct
         stage, busy, results = self.staged.stages[0], 0.0, []
         if not stage.device.is_gpu:
             own_pool()
+        if self._slots is None:
+            self._slots = {name: InputSlot(dev) for name in self.staged.inputs}
+        slots = self._slots
         t0 = time.perf_counter()
         for n, x in enumerate(inputs):
             if self._closed.is_set():
                 raise PipelineClosedError(f"the pipeline was closed while running "
                                           f"({len(results)} results were in)")
-            values = {name: _as_tensor(a, dev) for name, a in zip(self.staged.inputs,
-                                                                   self._checked(n, x))}
+            values = {name: _on_device(a, dev) if hasattr(a, "copyto") else slots[name].fill(a)
+                      for name, a in zip(self.staged.inputs, self._checked(n, x))}
             t1 = time.perf_counter()
             try:
                 result = fn(*[values[name] for name in stage.inputs])
@@ -519,11 +524,6 @@ def _stage_error(stage: Stage, seq: int, e: Exception, device: Device | None = N
     name = (device or stage.device).name
     return PipelineError(f"stage {stage.index} on {name} failed on input {seq}: "
                          f"{type(e).__name__}: {e}", stage.index, seq)
-
-
-def _as_tensor(value, dev):
-    """``value`` (an array or a TVM tensor) as a TVM tensor on ``dev``."""
-    return _on_device(value, dev) if hasattr(value, "copyto") else to_tvm(value, dev)
 
 
 def _take(value):

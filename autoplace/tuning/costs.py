@@ -120,8 +120,8 @@ def time_tuned_kernels(kernels, device, target, records: KernelRecords,
     """Time, into ``store``, each of ``kernels`` (``(name, workload, flops)``) whose best record
     in ``records`` was not timed yet (``retime``: every one, again), on ``device`` (as
     :func:`time_kernel` takes it); with ``every``, also those without a record, as
-    :data:`DEFAULT_KERNEL`. Returns how many were timed now. Each is committed as it is
-    measured, so an interrupted run loses nothing."""
+    :data:`DEFAULT_KERNEL`. Returns how many tuned kernels were timed now. Each is committed as
+    it is measured, so an interrupted run loses nothing."""
     device = as_runner(device)
     todo = []
     for name, workload, flops in kernels:
@@ -130,8 +130,9 @@ def time_tuned_kernels(kernels, device, target, records: KernelRecords,
             todo.append((name, workload, flops, record))
         elif every:
             todo.append((name, workload, flops, None))
-    return _time_into(store, todo, device, target, records, device_fingerprint, policy,
-                      f"timing tuned kernels ({device.name})", progress, retime)
+    schedules = _time_into(store, todo, device, target, records, device_fingerprint, policy,
+                           f"timing tuned kernels ({device.name})", progress, retime)
+    return sum(s != DEFAULT_KERNEL for s in schedules)
 
 
 def time_kernels_at_threads(kernels, device: Device, target, records: KernelRecords,
@@ -170,9 +171,9 @@ def time_kernels_at_threads(kernels, device: Device, target, records: KernelReco
             def measure_kernel(*args):
                 return worker.submit(local.measure_kernel, *args).result()
 
-        timed = _time_into(store, todo, _Pooled(), target, records, fp, policy,
-                           f"timing kernels with {threads} threads ({local.name})", progress,
-                           retime)
+        timed = len(_time_into(store, todo, _Pooled(), target, records, fp, policy,
+                               f"timing kernels with {threads} threads ({local.name})",
+                               progress, retime))
         time_builds(mods, device, records, store, fp, retime=retime,
                     run=lambda fn: worker.submit(fn).result())
         return timed
@@ -215,11 +216,12 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
 
 
 def _time_into(store: ProfileStore, kernels, runner, target, records: KernelRecords, fp: str,
-               policy: TimingPolicy, desc: str, progress: bool, retime: bool = False) -> int:
+               policy: TimingPolicy, desc: str, progress: bool,
+               retime: bool = False) -> list[str]:
     """Time each of ``kernels`` (``(name, workload, flops, record or None)``) not yet in
     ``store`` under ``fp`` (``retime``: each one) on ``runner`` (:func:`time_kernel`), tuned
     by its record or, with none, as :data:`DEFAULT_KERNEL`; each committed as it is measured.
-    Returns how many."""
+    Returns the schedule of each kernel timed."""
     from tqdm.auto import tqdm
 
     todo = []
@@ -244,7 +246,7 @@ def _time_into(store: ProfileStore, kernels, runner, target, records: KernelReco
             m = Measurement(row.workload_key, fp, "unsupported", schedule=schedule,
                             error=str(e))
         store.put(m)
-    return len(todo)
+    return [schedule for *_, schedule in todo]
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
             scale = timed[fp].factor
             for nodes, seconds, is_tuned in timed[fp].found:
                 if not is_tuned or not np.isfinite(out[list(nodes), k]).all():
-                    continue  # the device cannot run one of its ops: leave the group alone
+                    continue  # untuned: its ops keep their costs; or the device cannot run one
                 keep = anchor(nodes, graph, out[:, k])
                 out[list(nodes), k] = 0.0
                 out[keep, k] = seconds * scale
@@ -327,12 +329,11 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
 class _Timed:
     """What a store holds of one build's kernels under one fingerprint (:func:`_timed_groups`):
     ``found``: ``(nodes, seconds, tuned)`` per timed kernel call (a tuned record's, else the
-    default schedule's); how many calls are untimed with and without a record, and failed;
+    default schedule's); how many calls with a record are untimed, and how many failed;
     ``kernels``: the calls; ``factor``: :func:`in_build_factor`."""
 
     found: list
     untimed_tuned: int
-    untimed_default: int
     failed: int
     kernels: int
     factor: float
@@ -359,22 +360,20 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
     those with no op node are not charged) and their times in ``store`` under fingerprint
     ``fp``: each kernel with its best record in ``records``, else as :data:`DEFAULT_KERNEL`."""
     target, funcs = _kernel_funcs(mod, device)
-    found, untimed_tuned, untimed_default, failed, kernels = [], 0, 0, 0, 0
+    found, untimed_tuned, failed, kernels = [], 0, 0, 0
     for name, nodes in groups:
         if not nodes:
             continue
         kernels += 1
         func = funcs.get(name)
-        record = records.best(func, target) if func is not None else None
-        tuned = record is not None and not isinstance(record, str)
         if func is None:
-            untimed_default += 1
             continue
+        record = records.best(func, target)
+        tuned = record is not None and not isinstance(record, str)
         schedule = tuned_schedule(record) if tuned else DEFAULT_KERNEL
         m = store.measurement(fp, kernel_key(kernel_workload(func)), schedule)
         if m is None:
-            untimed_tuned, untimed_default = (untimed_tuned + tuned,
-                                              untimed_default + (not tuned))
+            untimed_tuned += tuned
         elif m.ok:
             found.append((nodes, m.latency_s, tuned))
         else:
@@ -385,7 +384,7 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
                       if name in funcs)
         factor = in_build_factor(store.measurement(fp, _key_of(keys), BUILD),
                                  sum(seconds for _, seconds, _ in found))
-    return _Timed(found, untimed_tuned, untimed_default, failed, kernels, factor)
+    return _Timed(found, untimed_tuned, failed, kernels, factor)
 
 
 def in_build_factor(build: Measurement | None, kernels_s: float) -> float:

@@ -42,10 +42,10 @@ class InputSlot:
     def fill(self, x) -> tvm.runtime.Tensor:
         """The tensor holding a copy of the array ``x`` (a new one when its shape or dtype
         changed)."""
-        import tvm
-
         x = np.asarray(x)
         if self._kind != (x.shape, x.dtype):
+            import tvm
+
             self._tensor = to_tvm(x, self.dev)
             self._view = np.from_dlpack(self._tensor) if self.dev == tvm.cpu(0) and x.size else None
             self._kind = (x.shape, x.dtype)

@@ -62,12 +62,9 @@ def tvm_threads() -> int:
 def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
     """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (the module doc
     says why this mode)."""
-    import tvm
-
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
-    tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
-    _pool.threads = n
+    _share_cores(n, cores)
 
 
 def own_pool() -> int:
@@ -80,13 +77,18 @@ def own_pool() -> int:
     thread's first call."""
     threads = getattr(_pool, "threads", None)
     if threads is None:
-        import tvm
-
         threads = tvm_threads()
-        tvm.get_global_func("runtime.config_threadpool")(
-            -3, threads, [str(c) for c in process_cpus()])
-        _pool.threads = threads
+        _share_cores(threads, process_cpus())
     return threads
+
+
+def _share_cores(n: int, cores: Sequence[int]) -> None:
+    """The calling thread's TVM pool: ``n`` threads sharing ``cores`` (mode -3), noted as set
+    up by autoplace."""
+    import tvm
+
+    tvm.get_global_func("runtime.config_threadpool")(-3, n, [str(c) for c in cores])
+    _pool.threads = n
 
 
 def process_cpus() -> list[int]:

@@ -123,13 +123,7 @@ def time_tuned_kernels(kernels, device, target, records: KernelRecords,
     :data:`DEFAULT_KERNEL`. Returns how many tuned kernels were timed now. Each is committed as
     it is measured, so an interrupted run loses nothing."""
     device = as_runner(device)
-    todo = []
-    for name, workload, flops in kernels:
-        record = records.best(workload["main"], target)
-        if record is not None and not isinstance(record, str):
-            todo.append((name, workload, flops, record))
-        elif every:
-            todo.append((name, workload, flops, None))
+    todo = [k for k in _with_records(kernels, records, target) if every or k[3] is not None]
     schedules = _time_into(store, todo, device, target, records, device_fingerprint, policy,
                            f"timing tuned kernels ({device.name})", progress, retime)
     return sum(s != DEFAULT_KERNEL for s in schedules)
@@ -153,10 +147,7 @@ def time_kernels_at_threads(kernels, device: Device, target, records: KernelReco
     info = {**local.info(), "threads": int(threads)}
     fp = fingerprint_at(info, threads)
     store.add_device(fp, f"{local.spec} ({threads} threads)", info)
-    todo = []
-    for name, workload, flops in kernels:
-        record = records.best(workload["main"], target)
-        todo.append((name, workload, flops, None if isinstance(record, str) else record))
+    todo = _with_records(kernels, records, target)
     # One worker, one TVM pool for every kernel: the workers of a pool whose thread has ended
     # spin for about a second, and would slow the next kernel's pool down.
     with ThreadPoolExecutor(1, thread_name_prefix="autoplace-kernels",
@@ -213,6 +204,16 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
         store.put(m)
         timed += 1
     return timed
+
+
+def _with_records(kernels, records: KernelRecords, target) -> list[tuple]:
+    """``(name, workload, flops, record or None)`` of each of ``kernels``: its best record in
+    ``records`` for ``target``, None without one (or with only a failed one)."""
+    out = []
+    for name, workload, flops in kernels:
+        record = records.best(workload["main"], target)
+        out.append((name, workload, flops, None if isinstance(record, str) else record))
+    return out
 
 
 def _time_into(store: ProfileStore, kernels, runner, target, records: KernelRecords, fp: str,

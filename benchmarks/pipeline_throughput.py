@@ -6,7 +6,8 @@ Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)
      [--no-contiguous] [--stage-overhead SECONDS] [--profile FILE ...] [--json FILE]
 
-For each model: ``optimize(objective="throughput")`` with the default costs, a :class:`Pipeline`
+For each model: ``optimize(objective="throughput")`` with the default costs and the tuning records
+it finds (every build here applies them), a :class:`Pipeline`
 of the plan's stages (one thread per stage), and the whole model built for the best single device
 (the fastest of each device alone, timed once on the same inputs). Both run
 the same inputs in the same process, interleaved ``--rounds`` times; the best round of each is
@@ -67,9 +68,10 @@ def _stage_costs(problem, plan) -> list[float]:
     return np.bincount(plan.stages, weights=problem.cost[np.arange(a.size), a]).tolist()
 
 
-def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads, problem):
+def _row(label, mod, plan, pred, single, seq_pred, xs, rounds, micro_batch, threads, problem,
+         records):
     t0 = time.perf_counter()
-    with Pipeline.from_plan(mod, plan, micro_batch=micro_batch,
+    with Pipeline.from_plan(mod, plan, micro_batch=micro_batch, records=records,
                             num_threads=threads or None) as pipe:
         t_build = time.perf_counter() - t0
         pipe.run(xs[:4])  # warm-up
@@ -152,7 +154,7 @@ def main():
         # themselves, so the sequential runs here start unpinned too.
         os.sched_setaffinity(0, range(os.cpu_count()))
         xs = random_inputs_like(m.inputs, args.inputs, rng)
-        single = fastest_single_device(m.mod, res.graph, devs, xs)[0]
+        single = fastest_single_device(m.mod, res.graph, devs, xs, records=res.records)[0]
         # The best single device's predicted rate, as the solver charges it (its call too).
         seq_pred = 1 / min((v for k, v in res.baselines.items() if k.startswith("only ")),
                            default=res.problem.cost.sum(axis=0).min())
@@ -165,7 +167,7 @@ def main():
                 tag = label + (f" mb{mb}" if len(args.micro_batch) > 1 else "") \
                     + (f" t{threads}" if len(args.threads) > 1 else "")
                 rows.append(_row(tag, m.mod, plan, pred, single, seq_pred, xs, args.rounds, mb,
-                                 threads, res.problem))
+                                 threads, res.problem, res.records))
         if args.json:  # after every model, so that a run cut short keeps what it measured
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)

@@ -451,6 +451,9 @@ def test_cpu_devices_split_the_cores_and_tvm_threads(monkeypatch):
 
 
 def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
+    import inspect
+
+    import autoplace.run.pipeline as pipeline
     from autoplace.run.overhead import measure_stage_overhead
 
     fit = measure_stage_overhead(devs, max_stages=3, inputs=20, rounds=1)
@@ -459,6 +462,11 @@ def test_measure_stage_overhead_fits_a_line_through_its_timings(devs):
     line = fit.fixed_s + fit.per_stage_s * np.arange(2, 4)
     np.testing.assert_allclose(line, fit.seconds[1:], rtol=1e-9)
     assert "us * stages" in str(fit)
+    # Measured as a pipeline runs by default: inputs handed on in micro-batches.
+    default = inspect.signature(Pipeline).parameters["micro_batch"].default
+    assert fit.micro_batch == pipeline.MICRO_BATCH == default > 1
+    fit1 = measure_stage_overhead(devs, max_stages=3, inputs=20, rounds=1, micro_batch=1)
+    assert fit1.micro_batch == 1
     with pytest.raises(ValueError, match="max_stages >= 3"):
         measure_stage_overhead(devs, max_stages=2)
 
@@ -577,3 +585,29 @@ def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkey
     with pytest.raises(ValueError, match="replicas run a model of one stage"):
         Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
                  replicas=devs)
+
+
+# Returns its input as it is beside a result computed from it.
+@I.ir_module
+class Echo:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            R.output(a)
+        return (x, a)
+
+
+def test_replicas_keep_each_input_apart_from_the_next(devs, rng):
+    # A replica copies each input into a tensor it keeps for the next: the inputs of the
+    # second model are handed back as outputs, so they must not be overwritten.
+    xs = _inputs([np.zeros((4, 8), "float32")], 24, rng)
+    for mod in (Skip, Echo):
+        with Pipeline.from_plan(mod, _replicated(mod, devs)) as pipe:
+            outs = _within(20, lambda: pipe.run(xs))
+        assert len(outs) == len(xs)
+        for (x,), out in zip(xs, outs):
+            a = np.maximum(x, 0)
+            want = [np.exp(a) + a] if mod is Skip else [x, a]
+            for got, w in zip(out, want):
+                np.testing.assert_allclose(got, w, rtol=1e-6)

@@ -22,7 +22,7 @@ from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.profile.store import OVERHEAD_KINDS
-from autoplace.run.pipeline import Pipeline, compile_stage
+from autoplace.run.pipeline import MICRO_BATCH, Pipeline, compile_stage
 from autoplace.run.split import split
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 class StageOverhead:
     """Time per input of ``k = 1..len(seconds)`` trivial stages, and the fit
     ``seconds[k - 1] ~= fixed_s + per_stage_s * k`` over ``k >= 2`` (one stage is called
-    directly, with no hand-off): :func:`robust_line`."""
+    directly, with no hand-off): :func:`robust_line`. The stages handed inputs on
+    ``micro_batch`` at a time."""
 
     devices: tuple[str, ...]
     seconds: tuple[float, ...]
     fixed_s: float
     per_stage_s: float
+    micro_batch: int = MICRO_BATCH
 
     def __str__(self) -> str:
         per_k = " ".join(f"{s * 1e6:.0f}" for s in self.seconds)
@@ -132,7 +134,8 @@ def measure_kernel_floor(device: Device, *, kernels: Sequence[int] = (1, 8, 16, 
 
 
 def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
-                           inputs: int = 200, rounds: int = 3, size: int = 4) -> StageOverhead:
+                           inputs: int = 200, rounds: int = 3, size: int = 4,
+                           micro_batch: int = MICRO_BATCH) -> StageOverhead:
     """Measure what a stage costs the pipeline beyond its kernels.
 
     For ``k = 1..max_stages``, a chain of ``k`` one-add stages on ``size``-element tensors,
@@ -142,7 +145,9 @@ def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
     plan's stages are, ``per_stage_s`` is the hand-off part of
     :data:`autoplace.solve.problem.STAGE_OVERHEAD_S`; on one device the hand-offs cost less
     (the stages take turns on one lock instead of waking each other across cores). ``k = 1`` is
-    a direct call, timed for reference and left out of the fit.
+    a direct call, timed for reference and left out of the fit. The pipelines hand inputs on
+    ``micro_batch`` at a time (a :class:`Pipeline`'s default): a hand-off is paid once per
+    micro-batch, so the figure holds for pipelines that do the same.
     """
     devices = list(devices)
     if not devices or max_stages < 3:
@@ -165,7 +170,8 @@ def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
             plan = Plan.from_assignment(graph, devices, names, stages=tuple(range(k)),
                                         objective="throughput")
             staged = split(mod, plan)
-            pipes.append(Pipeline(staged, [exes[s.device.name] for s in staged.stages]))
+            pipes.append(Pipeline(staged, [exes[s.device.name] for s in staged.stages],
+                                  micro_batch=micro_batch))
             pipes[-1].run(xs[:8])  # warm-up
         best = [float("inf")] * len(pipes)
         for _ in range(rounds):
@@ -178,7 +184,8 @@ def measure_stage_overhead(devices: Sequence[Device], *, max_stages: int = 6,
     for k, s in enumerate(seconds, 1):
         log.info("%d stages: %.1f us per input", k, s * 1e6)
     per_stage, fixed = robust_line(np.arange(2, max_stages + 1), seconds[1:])
-    return StageOverhead(tuple(d.name for d in devices), tuple(seconds), fixed, per_stage)
+    return StageOverhead(tuple(d.name for d in devices), tuple(seconds), fixed, per_stage,
+                         micro_batch)
 
 
 def _timed(pipe: Pipeline, xs) -> float:
@@ -477,6 +484,7 @@ def _fit_detail(fit: StageOverhead | SegmentOverhead) -> dict:
     """A fit as JSON-able data (seconds)."""
     if isinstance(fit, StageOverhead):
         return {"devices": list(fit.devices), "fixed_s": fit.fixed_s,
-                "per_stage_s": fit.per_stage_s, "seconds_by_stages": list(fit.seconds)}
+                "per_stage_s": fit.per_stage_s, "seconds_by_stages": list(fit.seconds),
+                "micro_batch": fit.micro_batch}
     return {"devices": list(fit.devices), "fixed_s": fit.fixed_s,
             "per_segment_s": fit.per_segment_s, "extra_s_by_segments": list(fit.extra_s)}

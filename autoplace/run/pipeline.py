@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often blocked workers look at the closed flag
+MICRO_BATCH = 8  # inputs a pipeline hands on together by default (Pipeline's micro_batch)
 
 
 class PipelineError(RuntimeError):
@@ -129,8 +130,13 @@ class Pipeline:
         Micro-batches each queue between stages holds before the stage feeding it waits
         (back-pressure).
     micro_batch : int
-        Inputs handed from stage to stage together: each stage runs them one after another, and
-        the hand-off (queue, thread wake-up) is paid once per micro-batch instead of per input.
+        Inputs handed from stage to stage (and from the last stage, or a replica, back to the
+        caller) together: each stage runs them one after another, and the hand-off (a queue, a
+        thread woken, which takes a core from a stage that computes) is paid once per
+        micro-batch instead of per input. A worker takes its inputs one at a time all the same,
+        so replicas share the inputs as evenly as with 1. More holds more inputs between two
+        stages (up to ``queue_size + 2`` micro-batches) and makes the first result of a run
+        come later; a stage that fails hands its micro-batch on at once.
     num_threads : int or None
         TVM kernel threads per CPU stage (or replica), on its device's share of the cores
         (:func:`stage_threads`). ``None``: TVM's default count (``TVM_NUM_THREADS``, what a
@@ -146,7 +152,7 @@ class Pipeline:
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
-                 queue_size: int = 4, num_threads: int | None = None, micro_batch: int = 1,
+                 queue_size: int = 4, num_threads: int | None = None, micro_batch: int = MICRO_BATCH,
                  replicas: Sequence[Device] = (), threads: int | None = None):
         replicas = tuple(replicas)
         if replicas and (len(staged.stages) != 1 or len(replicas) < 2 or threads is not None):
@@ -390,15 +396,16 @@ class Pipeline:
                 pass
         return False
 
-    def _next(self, source: _Source) -> _Item | None:
-        """The next input of ``source``, numbered and copied (under its lock: replicas pull
-        from one source), or None when there is none left or the run was aborted."""
+    def _next(self, source: _Source, take) -> _Item | None:
+        """The next input of ``source``, numbered and its arrays copied by ``take`` (under
+        its lock: replicas pull from one source), or None when there is none left or the run
+        was aborted."""
         with source.lock:
             if source.done or source.abort.is_set():
                 return None
             try:
                 x = next(source.it)
-                item = self._item(source.next_seq, x)
+                item = self._item(source.next_seq, x, take)
             except StopIteration:
                 source.done = True
                 return None
@@ -408,11 +415,11 @@ class Pipeline:
             source.next_seq += 1
             return item
 
-    def _pull(self, source: _Source, process, q_out: queue.Queue) -> bool:
+    def _pull(self, source: _Source, process, q_out: queue.Queue, take) -> bool:
         """Stage 0 (or a replica): run inputs of ``source`` until none is left and pass them on
         in micro-batches; the last puller to finish ends the run. False once closed."""
         batch = []
-        while (item := self._next(source)) is not None:
+        while (item := self._next(source, take)) is not None:
             process(item)
             batch.append(item)
             if len(batch) == self.micro_batch or item.error is not None:
@@ -434,9 +441,22 @@ class Pipeline:
                             f"({', '.join(self.staged.inputs)}), got {len(x)}")
         return x
 
-    def _item(self, n: int, x) -> _Item:
+    def _item(self, n: int, x, take) -> _Item:
         arrays = self._checked(n, x)
-        return _Item(n, {name: _take(a) for name, a in zip(self.staged.inputs, arrays)})
+        return _Item(n, {name: take(name, a) for name, a in zip(self.staged.inputs, arrays)})
+
+    def _taker(self) -> Callable[[str, Any], Any]:
+        """How a worker that pulls inputs copies an input's arrays: a replica into tensors it
+        keeps from input to input (:class:`~autoplace.backend.tensors.InputSlot`: its one call
+        reads them before it pulls the next), stage 0 of a pipeline into new ones (later stages
+        may read them after it pulled the next). A model that returns an input as it is
+        gets new ones too, since the caller reads its outputs later."""
+        if self._pullers == 1 or set(self.staged.inputs) & set(self.staged.outputs):
+            return lambda name, a: _take(a)
+        import tvm
+
+        slots = {name: InputSlot(tvm.cpu(0)) for name in self.staged.inputs}
+        return lambda name, a: a if hasattr(a, "copyto") else slots[name].fill(a)
 
     def _processor(self, w: int, fn, dev) -> Callable[[_Item], None]:
         """Worker ``w``'s stage on one item: its inputs read from the item's values, its outputs
@@ -475,13 +495,14 @@ class Pipeline:
         ready.wait()
         k = self._stage_of[w]
         q_in, q_out = self._queues[k], self._queues[k + 1]
+        take = self._taker()
 
         while True:
             batch = self._get(q_in)
             if batch is None:
                 return
             if isinstance(batch, _Source):
-                if not self._pull(batch, process, q_out):
+                if not self._pull(batch, process, q_out, take):
                     return
                 continue
             if batch is not _END:

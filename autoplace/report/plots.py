@@ -215,11 +215,11 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
             ax.bar(len(names), o * f * scale, bottom=w * f * scale, color=_OVERHEAD_COLOUR,
                    edgecolor="white", gid=f"load:{problem.device_names[k]}:overhead")
         names.append(f"{problem.device_names[k]}\n({f:.0%} of inputs)")
-    hand_off = problem.stage_overhead_s[ks]
-    if hand_off.any():
-        ax.bar(len(names), float((hand_off * share).sum()) * scale, color=_OVERHEAD_COLOUR,
+    host = problem.stage_overhead_s[ks] + problem.call_s[ks]
+    if host.any():
+        ax.bar(len(names), float((host * share).sum()) * scale, color=_OVERHEAD_COLOUR,
                gid="load:host")
-        names.append("host\n(hand-offs)")
+        names.append("host\n(hand-offs, calls)")
     ax.axhline(sol.value * scale, color="k", ls="--", lw=1)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel(f"{unit} per input")

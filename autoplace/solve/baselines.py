@@ -51,7 +51,7 @@ def replicas(problem: Problem, objective: str = "throughput") -> Solution:
     them running it on the inputs it takes (:func:`~autoplace.solve.simulate.simulate_replicas`).
 
     Devices join in order of their own rate; the best of those prefixes is returned (a device
-    that adds less than the host's share of its hand-offs is left out). The solution's
+    that adds less than the host's share of its hand-offs and calls is left out). The solution's
     ``assignment`` puts every node on its fastest replica, one stage; ``replicas`` lists them.
 
     Raises

@@ -57,7 +57,9 @@ class Problem:
         Throughput only: seconds per input that calling a stage on device ``k`` costs its
         device beyond its ops (the inputs' upload, the kernels' launch and the wait for them,
         the outputs' download): charged to every stage, a plan of one stage too, and to each
-        replica, but not to the host (the call runs outside Python's lock); 0 by default.
+        replica; a replica's to the host too (it copies its input in and its output out, in
+        Python: :func:`~autoplace.solve.simulate.simulate_replicas`), a stage's not; 0 by
+        default.
     node_names, device_names : tuples of str
         Used only in error messages and reports.
     max_stages : int or None

@@ -27,8 +27,9 @@ Replicas model (:func:`simulate_replicas`)
     whenever it is free. Device ``k`` delivers ``1 / (T_k + o_k + c_k)`` inputs per second, where
     ``T_k`` is the model's summed compute there, ``o_k`` its ``stage_overhead_s`` (each replica
     is a worker thread the inputs are handed to) and ``c_k`` its ``call_s``; the time per input is
-    the inverse of the summed rates, or the host's share of the hand-offs (``o_k`` per input
-    device ``k`` takes) if that is more.
+    the inverse of the summed rates, or the host's load if that is more: ``o_k + c_k`` per input
+    device ``k`` takes. A replica's call counts there too, unlike a pipeline stage's: it copies
+    the input in and the output out, which run in Python, under one lock for every replica.
 """
 
 from __future__ import annotations
@@ -357,7 +358,7 @@ def simulate_replicas(problem: Problem, devices) -> float:
     if (period <= 0).any():
         return 0.0
     rate = 1.0 / period
-    host = float((rate / rate.sum() * problem.stage_overhead_s[ks]).sum())
+    host = float((rate / rate.sum() * (problem.stage_overhead_s[ks] + problem.call_s[ks])).sum())
     return float(max(1.0 / rate.sum(), host))
 
 

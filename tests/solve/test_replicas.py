@@ -67,3 +67,13 @@ def test_replicas_need_two_devices_that_hold_and_run_the_whole_model():
         solve(p, "latency", "replicas")
     with pytest.raises(ValueError, match="two or more distinct devices"):
         simulate_replicas(p, [0])
+
+
+def test_the_host_pays_each_replicas_hand_off_and_call():
+    # Whole model 0.1 s on either device, hand-off 0.1 s, call 0.2 s: each replica takes
+    # 0.4 s an input, two take 0.2 s; but the host copies every input in and out and hands it
+    # on, 0.3 s, one input at a time.
+    p = Problem.build([[0.1, 0.1]], stage_overhead_s=0.1, call_s=0.2)
+    assert simulate_replicas(p, [0, 1]) == pytest.approx(0.3)
+    assert simulate_replicas(Problem.build([[0.1, 0.1]], stage_overhead_s=0.1, call_s=0.0),
+                             [0, 1]) == pytest.approx(0.1)

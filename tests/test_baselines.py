@@ -312,3 +312,35 @@ def test_cli_run_reports_every_baseline_measured_in_the_same_run(tmp_path):
         assert rep[key] > 0, key
     assert rep["baselines_max_abs_err"] == {"all_threads": 0.0, "replicas": 0.0}
     assert {"only cpu0", "replicas"} <= set(rep["baselines_s"])
+
+
+@pytest.mark.parametrize("cost, kept", [(1.0, True), (0.2, False)])
+def test_replicas_must_beat_one_device_by_more_than_their_hand_offs_spread(cost, kept):
+    from autoplace.report.baselines import HAND_OFF_SPREAD, guard, predict_baselines
+    from autoplace.solve import Problem, solve
+
+    # One op of `cost` s on either device, exact; a replica's hand-off 0.17 s. Replicas:
+    # (cost + 0.17) / 2 s an input against `cost` on one device. At 1 s they gain 0.415 s; at
+    # 0.2 s only 0.015 s, inside two sigma of the hand-offs' spread.
+    p = Problem.build([[cost, cost]], stage_overhead_s=0.17)
+    sp = np.zeros((1, 2))
+    sol = solve(p, "throughput", "replicas")
+    assert sol.value == pytest.approx((cost + 0.17) / 2)
+    chosen, d = guard(p, sol, sp, predict_baselines(p, "throughput", sp), "replicas")
+    # dv/dT_k = 1/4 for each of two replicas, each hand-off's sigma HAND_OFF_SPREAD * 0.17.
+    assert d.plan_sigma_s == pytest.approx(np.sqrt(2) * 0.25 * HAND_OFF_SPREAD * 0.17)
+    assert d.baseline == "only d0" and d.gain_s == pytest.approx(cost - sol.value)
+    assert d.kept is kept and (chosen is None) is kept
+
+
+def test_replicas_the_host_limits_rest_on_their_hand_offs_alone():
+    from autoplace.report.baselines import HAND_OFF_SPREAD, value_sigma
+    from autoplace.solve import Problem, solve
+
+    # Whole model 0.1 s, hand-off 0.2 s: each replica 0.3 s, two 0.15 s, but the host hands
+    # every input on, 0.2 s. Its sigma is that of the hand-offs, each on half the inputs.
+    p = Problem.build([[0.1, 0.1]], stage_overhead_s=0.2)
+    sol = solve(p, "throughput", "replicas")
+    assert sol.value == pytest.approx(0.2)
+    sigma, unknown = value_sigma(p, sol, np.full((1, 2), 0.5))
+    assert sigma == pytest.approx(np.sqrt(2) * 0.5 * HAND_OFF_SPREAD * 0.2) and unknown == 0

@@ -23,11 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
-from autoplace.solve.simulate import device_loads, replica_periods, stage_counts, stage_overhead
+from autoplace.solve.simulate import (device_loads, hand_offs, replica_periods, stage_counts,
+                                      stage_overhead)
 
 #: How many standard deviations of the gain a multi-device plan must clear (one-sided, about
 #: 98 % if the cost errors were normal).
 GUARD_SIGMAS = 2.0
+
+#: Relative standard deviation of a stage's hand-off (``stage_overhead_s``) from one measurement
+#: to the next: the figure ``autoplace profile --only-overheads`` stores moves that much between
+#: runs on one machine (docs/results.md gives the runs). Replicas and pipelines rest on it.
+HAND_OFF_SPREAD = 0.25
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,8 +111,10 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
 
     A latency plan's value rests on its critical path; every node stands in for it here (the
     sum over all nodes bounds the path's variance). A pipeline's rests on its busiest device's
-    nodes (none when a link or the host is the bottleneck); one device's on all its nodes;
-    replicas' on every replica's nodes, weighted by how much each replica's time moves the rate.
+    nodes and hand-offs (none when a link or the host is the bottleneck); one device's on all
+    its nodes; replicas' on every replica's nodes and hand-off, weighted by how much each
+    replica's time moves the rate, or on the hand-offs alone when the host is their
+    bottleneck. A hand-off's spread is :data:`HAND_OFF_SPREAD`.
     """
     a = np.asarray(sol.assignment, dtype=np.int64)
     rows = np.arange(problem.num_nodes)
@@ -121,20 +129,27 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
         period = replica_periods(problem, ks)
         rate = 1.0 / period
         value = 1.0 / rate.sum()
+        hand_off = (HAND_OFF_SPREAD * problem.stage_overhead_s[ks]) ** 2
+        if sol.value > value * (1 + 1e-9):  # the host is the bottleneck
+            share = rate / rate.sum()
+            return math.sqrt(float((share ** 2 * hand_off).sum())), 0
         out, unknown = 0.0, 0
-        for k, r in zip(ks, rate):
+        for k, r, h in zip(ks, rate, hand_off):
             v = (spread[:, k] * problem.cost[:, k]) ** 2
-            out += (value ** 2 * r ** 2) ** 2 * float(np.nansum(v))
+            out += (value ** 2 * r ** 2) ** 2 * (float(np.nansum(v)) + h)
             unknown += int(np.isnan(v).sum())
         return math.sqrt(out), unknown
     if sol.objective == "throughput" and len(set(a.tolist())) > 1:
-        loads = device_loads(problem, a)
+        loads, handed = device_loads(problem, a), np.zeros(problem.num_devices)
         if sol.stages is not None or problem.staged:
-            loads = loads + stage_overhead(problem, stage_counts(problem, a, sol.stages))
+            counts = stage_counts(problem, a, sol.stages)
+            loads = loads + stage_overhead(problem, counts)
+            handed = hand_offs(problem, counts)
         if not math.isclose(float(loads.max()), sol.value, rel_tol=1e-9):
             return 0.0, 0  # a link or the host is the bottleneck
-        v, unknown = total(a == int(loads.argmax()))
-        return math.sqrt(v), unknown
+        busiest = int(loads.argmax())
+        v, unknown = total(a == busiest)
+        return math.sqrt(v + (HAND_OFF_SPREAD * handed[busiest]) ** 2), unknown
     v, unknown = total(np.ones(problem.num_nodes, dtype=bool))
     return math.sqrt(v), unknown
 
@@ -202,26 +217,28 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
     """The baseline to return instead of ``sol``, if any, and the decision in words.
 
     The candidates are the ``baselines`` with a plan (single devices, all threads, replicas).
-    A solver's plan that is itself one of them is replaced by a faster one, whatever the
-    margin. Any other
-    (multi-device) plan is kept only if the best candidate's value minus the plan's exceeds
-    ``sigmas`` standard deviations of that difference (:func:`value_sigma` of each, combined as
-    if independent: when both rest on the same measurements they err alike, so this
-    overstates the spread and favours the baseline). ``(None, None)`` when there is no
-    candidate.
+    A solver's plan of one device (one stage) is replaced by a faster one, whatever the
+    margin. Any other plan, replicas too (they use several devices), is kept only if the best
+    candidate's value (replicas left out) minus the plan's exceeds ``sigmas`` standard
+    deviations of that difference (:func:`value_sigma` of each, combined as if independent:
+    when both rest on the same measurements they err alike, so this overstates the spread and
+    favours the baseline). ``(None, None)`` when there is no candidate.
     """
     runnable = [b for b in baselines if b.solution is not None and b.value is not None]
+    replicated = sol.replicas is not None
+    if replicated:
+        runnable = [b for b in runnable if b.solution.replicas is None]
     if not runnable:
         return None, None
     best = min(runnable, key=lambda b: b.value)
-    if is_baseline(sol) and best.value >= sol.value:
+    if is_baseline(sol) and not replicated and best.value >= sol.value:
         return None, None
     sigma, unknown = value_sigma(problem, sol, spread)
     decision = GuardDecision(
         kept=False, objective=sol.objective, plan_s=float(sol.value), plan_sigma_s=sigma,
         baseline=best.name, baseline_s=float(best.value), baseline_sigma_s=best.sigma,
         sigmas=sigmas, unknown=unknown + best.unknown, solver_plan=solver_plan)
-    kept = not is_baseline(sol) and decision.gain_s > decision.margin_s
+    kept = (replicated or not is_baseline(sol)) and decision.gain_s > decision.margin_s
     decision = dataclasses.replace(decision, kept=kept)
     return (None if kept else best), decision
 

@@ -307,14 +307,14 @@ def _whole_model_reason(plan) -> str | None:
 
 def _guard_text(result) -> str:
     """Why ``result`` holds this plan, in words ("" when nothing was decided)."""
-    decision = getattr(result, "guard", None)
-    if decision is not None:
-        return decision.describe()
-    plan = result.plan
-    if plan.replicas and "+replicas" in plan.solver:
-        return ("replicas of the whole model are predicted faster than the best pipeline "
-                "the solver found")
-    return ""
+    decision, plan = getattr(result, "guard", None), result.plan
+    replicas = ("replicas of the whole model are predicted faster than the best pipeline "
+                "the solver found" if plan.replicas and "+replicas" in plan.solver else "")
+    if decision is None:
+        return replicas
+    if replicas and decision.kept:
+        return f"{replicas}; {decision.describe()}"
+    return decision.describe()
 
 
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:

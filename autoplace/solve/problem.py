@@ -227,17 +227,18 @@ class InfeasibleError(ValueError):
 
 #: Default seconds per input that one pipeline stage costs beyond its ops' profiled time, by
 #: device kind, where the device's profile measured no hand-off: the hand-off between stages
-#: (``benchmarks/stage_overhead.py``; 19 us on the 2-core CPU, 80 us on an H100, whose stage's
-#: inputs and outputs also cross pageable memory) plus :data:`STAGE_SLOWDOWN_S`.
-#: docs/results.md gives the measurements.
-STAGE_OVERHEAD_S = {"cpu": 33e-6, "cuda": 80e-6}
+#: (``benchmarks/stage_overhead.py``, in micro-batches of a :class:`autoplace.run.Pipeline`'s
+#: default size on the CPU; on an H100, whose stage's inputs and outputs also cross pageable
+#: memory, handed on one at a time) plus :data:`STAGE_SLOWDOWN_S`. docs/results.md gives the
+#: measurements.
+STAGE_OVERHEAD_S = {"cpu": 12e-6, "cuda": 80e-6}
 
 #: Seconds per input by which a stage's own call runs slower inside a pipeline than alone, by
-#: device kind (``benchmarks/stage_slowdown.py``: a median 14 us over 10 CPU stages of five zoo
+#: device kind (``benchmarks/stage_slowdown.py``: the median over 10 CPU stages of five zoo
 #: models; not measured on a GPU). Part of :data:`STAGE_OVERHEAD_S`; a profile's measured
 #: hand-off (``autoplace profile``, :func:`autoplace.run.overhead.measure_overheads`) does not
 #: include it, so ``optimize`` charges the two together.
-STAGE_SLOWDOWN_S = {"cpu": 14e-6, "cuda": 0.0}
+STAGE_SLOWDOWN_S = {"cpu": 2e-6, "cuda": 0.0}
 
 #: Default seconds a segment of a latency plan run concurrently costs its device beyond its ops
 #: (:mod:`autoplace.solve.segments`): the worker's wake-up on its inputs and the VM call

@@ -587,7 +587,7 @@ def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkey
                  replicas=devs)
 
 
-# Returns its input as it is beside a result computed from it.
+# Returns its input as it is and a constant beside a result computed from it.
 @I.ir_module
 class Echo:
     @R.function
@@ -595,7 +595,7 @@ class Echo:
         with R.dataflow():
             a = R.nn.relu(x)
             R.output(a)
-        return (x, a)
+        return (x, a, R.const(np.full((2,), 3.0, "float32")))
 
 
 def test_replicas_keep_each_input_apart_from_the_next(devs, rng):
@@ -608,6 +608,19 @@ def test_replicas_keep_each_input_apart_from_the_next(devs, rng):
         assert len(outs) == len(xs)
         for (x,), out in zip(xs, outs):
             a = np.maximum(x, 0)
-            want = [np.exp(a) + a] if mod is Skip else [x, a]
+            want = [np.exp(a) + a] if mod is Skip else [x, a, np.full((2,), 3.0, "float32")]
+            assert len(out) == len(want)
             for got, w in zip(out, want):
                 np.testing.assert_allclose(got, w, rtol=1e-6)
+
+
+def test_a_one_stage_plan_returns_inputs_and_constants_as_the_model_does(devs, rng):
+    xs = _inputs([np.zeros((4, 8), "float32")], 5, rng)
+    with Pipeline.from_plan(Echo, _plan(Echo, devs, ["b"], [0])) as pipe:
+        assert pipe._direct is not None  # called on this thread, no worker
+        outs = pipe.run(xs)
+    for (x,), (echo, a, c) in zip(xs, outs):
+        np.testing.assert_array_equal(echo, x)
+        np.testing.assert_allclose(a, np.maximum(x, 0), rtol=1e-6)
+        np.testing.assert_array_equal(c, np.full((2,), 3.0, "float32"))
+        assert echo is not x  # a copy, as every output is

@@ -312,30 +312,41 @@ class Pipeline:
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
         """The one stage on each input in turn, its arrays copied straight into tensors on its
-        device that are kept for the next input (:class:`~autoplace.backend.tensors.InputSlot`)."""
+        device that are kept for the next input (:class:`~autoplace.backend.tensors.InputSlot`).
+        What each output is (a result of the call, an input, a constant) is worked out once,
+        not per input."""
         fn, dev = self._direct
         stage, busy, results = self.staged.stages[0], 0.0, []
         if not stage.device.is_gpu:
             own_pool()
         if self._slots is None:
-            self._slots = {name: InputSlot(dev) for name in self.staged.inputs}
+            self._slots = [InputSlot(dev) for _ in self.staged.inputs]
         slots = self._slots
+        position = {name: i for i, name in enumerate(self.staged.inputs)}
+        order = [position[name] for name in stage.inputs]
+        made = {name: j for j, name in enumerate(stage.outputs)}
+        # Per model output: ("call", index in the call's results), ("input", index), or
+        # ("const", array).
+        picks = [("const", self._consts[k]) if k in self._consts else
+                 ("call", made[k]) if k in made else ("input", position[k])
+                 for k in self.staged.outputs]
         t0 = time.perf_counter()
         for n, x in enumerate(inputs):
             if self._closed.is_set():
                 raise PipelineClosedError(f"the pipeline was closed while running "
                                           f"({len(results)} results were in)")
-            values = {name: _on_device(a, dev) if hasattr(a, "copyto") else slots[name].fill(a)
-                      for name, a in zip(self.staged.inputs, self._checked(n, x))}
+            args = [_on_device(a, dev) if hasattr(a, "copyto") else slot.fill(a)
+                    for slot, a in zip(slots, self._checked(n, x))]
             t1 = time.perf_counter()
             try:
-                result = fn(*[values[name] for name in stage.inputs])
+                result = fn(*[args[i] for i in order])
             except Exception as e:
                 raise _stage_error(stage, n, e) from e
             finally:
                 busy += time.perf_counter() - t1
-            values.update(zip(stage.outputs, result))
-            results.append(self._outputs(values))
+            results.append([np.array(v) if how == "const" else
+                            to_numpy(result[v] if how == "call" else args[v])
+                            for how, v in picks])
         self.stats = PipelineStats(len(results), time.perf_counter() - t0, (busy,))
         return results
 

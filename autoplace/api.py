@@ -539,9 +539,6 @@ def optimize(
                                   graph, devices, cost_model, sources, described, threads_all,
                                   None if not records else
                                   (mod, db, records, func_name, (groups or {}).get(False), cost)))
-    found = [_with_hand_offs(b, measured, problem.device_names,
-                             stage_overhead_s if objective == "throughput" else None)
-             for b in found]
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
     if calls and plain is not None:  # a latency build's call costs what its devices charge
@@ -563,9 +560,7 @@ def optimize(
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution,
                                      segment_overhead_s,
-                                     _call_of(calls, problem.device_names, solution)
-                                     + (_hand_offs_s(chosen, measured,
-                                                     problem.device_names) or 0.0))
+                                     _call_of(calls, problem.device_names, solution))
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
@@ -732,45 +727,6 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
         found = shipped_profile(fingerprint(info))
         extra = [found[0]] if found else []
     return k, threads, costs_at_threads(cost_model, graph, devices[k], threads, extra)
-
-
-def _with_hand_offs(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str],
-                    stage_overhead=None):
-    """Baseline ``b``, an all-threads one charged :func:`_hand_offs_s` on top (a throughput
-    one's solution too, whose value its plan predicts) and saying so; others as they are."""
-    if b.threads is None or b.value is None or b.solution is None:
-        return b
-    name = names[int(b.solution.assignment[0])]
-    extra = _hand_offs_s(b, measured, names, stage_overhead)
-    if extra is None:
-        return replace(b, note=f"{b.note}; no hand-off to its worker thread charged (the "
-                               f"profile of {name} measured none)")
-    what = ("the input handed to its worker thread and the output back ("
-            f"{name}'s measured hand-off, twice)" if stage_overhead is None else
-            f"it runs as a pipeline stage on a worker thread ({name}'s stage overhead)")
-    sol = (b.solution if stage_overhead is None
-           else replace(b.solution, value=b.solution.value + extra))
-    return replace(b, value=b.value + extra, solution=sol,
-                   note=f"{b.note}; + {extra * 1e6:.1f} us an input: {what}")
-
-
-def _hand_offs_s(b, measured: Mapping[str, Mapping[str, float]], names: Sequence[str],
-                 stage_overhead=None) -> float | None:
-    """What each input of all-threads baseline ``b``'s build costs beyond its kernels and call,
-    since it runs on a worker thread of its own: a latency call
-    (:class:`~autoplace.run.compile.ThreadedModel`) the input handed to the worker and the
-    output back, each the hand-off its device's profile measured for a pipeline stage
-    (``"stage"`` in ``measured``); with ``stage_overhead`` (a throughput plan's: a figure, or
-    one per device name), a pipeline of one stage, charged that per input as any stage is.
-    0 for other baselines; None where no profile measured the hand-off."""
-    if b.threads is None or b.solution is None:
-        return 0.0
-    name = names[int(b.solution.assignment[0])]
-    if stage_overhead is not None:
-        return float(stage_overhead.get(name, 0.0) if isinstance(stage_overhead, Mapping)
-                     else stage_overhead)
-    hand_off = measured.get(name, {}).get("stage")
-    return None if hand_off is None else 2 * hand_off
 
 
 def _all_threads(devices: Sequence[Device]) -> int | None:

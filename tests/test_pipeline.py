@@ -564,20 +564,25 @@ def test_a_replica_that_raises_surfaces_in_the_caller_and_nothing_hangs(devs, rn
     assert not any(t.is_alive() for t in pipe._threads)
 
 
-def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkeypatch):
-    import autoplace.run.pipeline as pipeline
+def test_a_plan_with_threads_runs_on_the_callers_thread_with_that_many(devs, rng):
+    from autoplace.backend import threads as pools
 
     g = autoplace.OpGraph.from_relax(Skip)
     plan = autoplace.Plan.from_assignment(g, devs, ["a"] * 3, stages=(0,) * 3,
                                           objective="throughput", threads=2)
-    calls = []
-    monkeypatch.setattr(pipeline, "limit_tvm_threads",
-                        lambda n, cores: calls.append((n, tuple(cores))) or limit_tvm_threads(n, cores))
     before = threading.active_count()
-    with Pipeline.from_plan(Skip, plan) as pipe:
-        assert threading.active_count() == before + 1
-        assert pipe._threads[0].name.startswith("autoplace-stage0-a")
-    assert calls == [(2, tuple(process_cpus()))]  # two threads over every core
+    out = {}
+
+    def caller():
+        with Pipeline.from_plan(Skip, plan) as pipe:
+            out["workers"] = threading.active_count() - before - 1  # this thread aside
+            out["first"] = pipe.run(_inputs([np.zeros((4, 8), "float32")], 2, rng))
+            out["pool"] = pools._pool.threads
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert out["workers"] == 0 and out["pool"] == 2 and len(out["first"]) == 2
     _assert_matches_single(Skip, plan, devs, _inputs([np.zeros((4, 8), "float32")], 5, rng))
     with pytest.raises(ValueError, match="threads is for a model of one stage"):
         Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
@@ -585,6 +590,37 @@ def test_a_plan_with_threads_runs_on_one_worker_with_that_many(devs, rng, monkey
     with pytest.raises(ValueError, match="replicas run a model of one stage"):
         Pipeline(split(Skip, _plan(Skip, devs, ["a", "b", "a"], [0, 1, 2])), [None] * 3,
                  replicas=devs)
+
+
+def test_own_pool_gives_a_plans_count_and_then_the_default_back(monkeypatch):
+    """A compiled model with ``threads`` sets its caller's pool to that count; one without sets
+    TVM's default back, unless limit_tvm_threads set the thread up (a worker keeps its pool)."""
+    import tvm
+
+    from autoplace.backend import own_pool, threads as pools
+
+    configs = []
+    real = tvm.get_global_func
+
+    def recording(name, *args, **kwargs):
+        fn = real(name, *args, **kwargs)
+        if name != "runtime.config_threadpool":
+            return fn
+        return lambda *a: configs.append(a[1]) or fn(*a)
+
+    monkeypatch.setattr(tvm, "get_global_func", recording)
+    default = pools.tvm_threads()
+    seen = {}
+
+    def caller():
+        seen["calls"] = [own_pool(), own_pool(default + 1), own_pool(default + 1), own_pool()]
+        limit_tvm_threads(default + 2, process_cpus())
+        seen["worker"] = own_pool()
+
+    in_own_thread(caller)
+    assert seen == {"calls": [default, default + 1, default + 1, default],
+                    "worker": default + 2}
+    assert configs == [default, default + 1, default, default + 2]
 
 
 # Returns its input as it is and a constant beside a result computed from it.

@@ -14,7 +14,8 @@ TVM's own default pool (mode "big cores") also costs each kernel with a parallel
 microseconds more than a pool in the mode above with the same thread count, even with one
 thread. So every thread autoplace runs or times a build on has its pool set up in that mode:
 workers by :func:`limit_tvm_threads`, and any other thread (the caller's, when a compiled model
-is called or a profile is measured) by :func:`own_pool`, with TVM's default count.
+is called or a profile is measured) by :func:`own_pool`, with TVM's default count or the count
+a plan asks for (``plan.threads``).
 """
 
 from __future__ import annotations
@@ -61,25 +62,44 @@ def tvm_threads() -> int:
 
 def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
     """Run the calling thread and its TVM pool of ``n`` threads on ``cores`` (the module doc
-    says why this mode)."""
+    says why this mode). A compiled model called on this thread later keeps that pool."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     _share_cores(n, cores)
+    _pool.kept = True
 
 
-def own_pool() -> int:
-    """Set up the calling thread's TVM pool as autoplace runs builds, unless it did already on
-    this thread: TVM's default thread count (:func:`tvm_threads`) shared over every core this
-    process may use, in the mode of :func:`limit_tvm_threads` (the module doc says why). The
-    calling thread's own affinity is left as it is. Returns the pool's thread count.
+def own_pool(threads: int | None = None) -> int:
+    """Set up the calling thread's TVM pool as autoplace runs builds: ``threads`` threads
+    (default: TVM's default count, :func:`tvm_threads`) shared over every core this process may
+    use, in the mode of :func:`limit_tvm_threads` (the module doc says why). The calling
+    thread's own affinity is left as it is. Returns the pool's thread count.
 
-    A pool the caller set up with ``runtime.config_threadpool`` itself is replaced on the
-    thread's first call."""
-    threads = getattr(_pool, "threads", None)
+    Nothing is done when the pool already has that count, nor, for the default count, when
+    :func:`limit_tvm_threads` set this thread up (a worker keeps its share of the cores). A pool
+    the caller set up with ``runtime.config_threadpool`` itself is replaced on the thread's
+    first call."""
+    have = getattr(_pool, "threads", None)
     if threads is None:
-        threads = tvm_threads()
-        _share_cores(threads, process_cpus())
+        if have is not None and (getattr(_pool, "kept", False) or have == _default_threads()):
+            return have
+        threads = _default_threads()
+    elif have == threads:
+        return have
+    _share_cores(threads, process_cpus())
+    _pool.kept = False
     return threads
+
+
+def _default_threads() -> int:
+    """TVM's default thread count (:func:`tvm_threads`), read once per process."""
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        _DEFAULT_THREADS = tvm_threads()
+    return _DEFAULT_THREADS
+
+
+_DEFAULT_THREADS: int | None = None
 
 
 def _share_cores(n: int, cores: Sequence[int]) -> None:

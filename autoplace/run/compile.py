@@ -68,40 +68,17 @@ class CompiledModel:
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
-        costs were measured, on its first call (:func:`autoplace.backend.own_pool`). Each input
-        is copied into a tensor the model keeps for it, so calls from several threads at once
-        are not allowed (nor does TVM's VM allow them)."""
+        costs were measured (:func:`autoplace.backend.own_pool`: TVM's default count, or the
+        plan's ``threads``; nothing is done when it already is). Each input is copied into a
+        tensor the model keeps for it, so calls from several threads at once are not allowed
+        (nor does TVM's VM allow them)."""
         if len(inputs) != self.num_inputs:
             names = [p.name for p in self.mod[self.func_name].params[: self.num_inputs]]
             raise TypeError(f"expected {self.num_inputs} inputs ({', '.join(names)}), "
                             f"got {len(inputs)}")
-        own_pool()
+        own_pool(self.plan.threads)
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
-
-
-class ThreadedModel(CompiledModel):
-    """A built one-device plan with ``plan.threads``: every call runs on one worker thread whose
-    TVM pool has that many threads over every core this process may use (TVM's pool belongs to
-    the calling thread, so the caller's own threads are left as they are). Call :meth:`close`
-    to stop the worker (it also stops at exit)."""
-
-    def __post_init__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        from autoplace.backend import limit_tvm_threads, process_cpus
-
-        super().__post_init__()
-        worker = ThreadPoolExecutor(1, thread_name_prefix="autoplace-threads",
-                                    initializer=limit_tvm_threads,
-                                    initargs=(self.plan.threads, process_cpus()))
-        object.__setattr__(self, "_worker", worker)
-
-    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        return self._worker.submit(CompiledModel.__call__, self, *inputs).result()
-
-    def close(self) -> None:
-        self._worker.shutdown(wait=True)
 
 
 def _vdevice_position(vdev, vdevs) -> int:
@@ -125,7 +102,7 @@ def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
             records: KernelRecords | None = None) -> CompiledModel:
     """Annotate ``mod`` with ``plan``, build it for the plan's devices, and return a callable.
     Kernels that ``records`` has (:func:`autoplace.tuning.open_records`) are built tuned. A plan
-    with ``threads`` runs on a worker with that many TVM threads (:class:`ThreadedModel`).
+    with ``threads`` runs on the calling thread with that many TVM threads over every core.
 
     >>> run = autoplace.compile(mod, plan)     # doctest: +SKIP
     >>> outs = run(x)                           # doctest: +SKIP
@@ -139,6 +116,5 @@ def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
     annotated, lifted = annotate_lifted(mod, plan, func_name, lift_constants=not one_cpu)
     counts: dict[str, int] = {}
     executable = build(annotated, plan, records, counts)
-    cls = CompiledModel if plan.threads is None else ThreadedModel
-    return cls(plan, annotated, executable, tuple(lifted), func_name,
-               {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)})
+    return CompiledModel(plan, annotated, executable, tuple(lifted), func_name,
+                         {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)})

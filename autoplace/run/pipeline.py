@@ -11,7 +11,8 @@ itself and its TVM pool on its device's share of the cores
 A replicated plan (``plan.replicas``) runs the same way with one worker per replica device
 instead of one per stage: each has its own VM of the whole model built for its device and takes
 the next input when it is free; results still come back in input order. A one-device plan with
-``plan.threads`` runs on one worker whose TVM pool has that many threads over every core.
+``plan.threads`` is called on the caller's thread too, its TVM pool given that many threads over
+every core.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend import (build_single, limit_tvm_threads, own_pool, process_cpus, to_numpy,
-                               to_tvm)
+from autoplace.backend import build_single, limit_tvm_threads, own_pool, to_numpy, to_tvm
 from autoplace.backend.tensors import InputSlot
 from autoplace.devices import Device
 from autoplace.plan import Plan
@@ -147,8 +147,8 @@ class Pipeline:
         Two or more devices that each run the (one-stage) model on the inputs they take, with
         ``executables`` one per replica: data parallelism instead of a pipeline.
     threads : int or None
-        One stage only: run it on a worker whose TVM pool has ``threads`` threads over every core
-        this process may use (a plan's ``threads``), instead of on the caller's thread.
+        One stage only: the caller's TVM pool gets ``threads`` threads over every core this
+        process may use (a plan's ``threads``) instead of TVM's default count.
     """
 
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
@@ -178,7 +178,8 @@ class Pipeline:
         self._run_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._direct = self._slots = None
-        if len(staged.stages) == 1 and not replicas and threads is None:
+        self._direct_threads = threads
+        if len(staged.stages) == 1 and not replicas:
             # One stage: no pipeline to overlap, so no worker, queue or lock either (what the
             # throughput model assumes: a one-stage plan costs no hand-off). Called on the
             # caller's thread.
@@ -202,10 +203,7 @@ class Pipeline:
         # that share cores, at most one kernel per device runs at a time).
         locks = {(d.kind, d.index): threading.Lock() for d in self._device_of}
         self._locks = [locks[(d.kind, d.index)] for d in self._device_of]
-        if threads is not None:
-            shares = [(threads, tuple(process_cpus()))]
-        else:
-            shares = stage_threads(self._device_of, num_threads)
+        shares = stage_threads(self._device_of, num_threads)
         ready = threading.Barrier(workers + 1)
         self._startup_errors: list[BaseException] = []
         self._threads = [
@@ -229,7 +227,7 @@ class Pipeline:
 
         A replicated plan gets one build of the whole model per replica device (one per distinct
         target, shared by the devices of that target) and one worker per replica; a plan with
-        ``threads`` one worker with that many TVM threads.
+        ``threads`` is called on the caller's thread with that many TVM threads.
 
         ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
         """
@@ -318,7 +316,7 @@ class Pipeline:
         fn, dev = self._direct
         stage, busy, results = self.staged.stages[0], 0.0, []
         if not stage.device.is_gpu:
-            own_pool()
+            own_pool(self._direct_threads)
         if self._slots is None:
             self._slots = [InputSlot(dev) for _ in self.staged.inputs]
         slots = self._slots

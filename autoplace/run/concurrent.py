@@ -114,6 +114,9 @@ class ConcurrentModel:
         threads = stage_threads(self._devices, num_threads)
         ready = threading.Barrier(len(self._devices) + 1)
         errors: list[BaseException] = []
+        # The builds outlive the workers, as a Pipeline's do: freed where the model is dropped,
+        # not by a worker as it ends.
+        self._executables = dict(executables)
         self._threads = []
         for q, dev, n in zip(self._queues, self._devices, threads):
             mine = [s for s in staged.stages if s.device.name == dev.name]

@@ -206,6 +206,10 @@ class Pipeline:
         shares = stage_threads(self._device_of, num_threads)
         ready = threading.Barrier(workers + 1)
         self._startup_errors: list[BaseException] = []
+        # The builds outlive the workers: a worker that dropped the last reference to one as it
+        # ended would free it on its own thread (a run of throughput_plans.py crashed in
+        # VMExecutable's destructor there); the pipeline frees them where it is dropped.
+        self._executables = tuple(executables)
         self._threads = [
             threading.Thread(target=self._work, args=(w, exe, n, ready), daemon=True,
                              name=f"autoplace-{'replica' if replicas else 'stage'}"

@@ -345,13 +345,10 @@ def test_a_stage_thread_runs_on_its_cores_whatever_its_parent_was_pinned_to():
         assert out[tuple(cores)] == (set(cores), 1)
 
 
-def test_a_compiled_model_sets_up_its_callers_pool_once_and_leaves_a_workers_alone(monkeypatch):
-    """The caller's thread gets TVM's default count in the mode stages run with (not TVM's
-    "big cores" default, which pins it to core 0), once; a thread autoplace set up keeps its
-    pool."""
+def _recorded_pool_configs(monkeypatch) -> list[tuple[str, int, int]]:
+    """A list that ``runtime.config_threadpool`` calls are recorded in from now on: (thread
+    name, mode, threads)."""
     import tvm
-
-    from autoplace.backend import own_pool, threads
 
     configs = []
     real = tvm.get_global_func
@@ -363,6 +360,16 @@ def test_a_compiled_model_sets_up_its_callers_pool_once_and_leaves_a_workers_alo
         return lambda *a: configs.append((threading.current_thread().name, a[0], a[1])) or fn(*a)
 
     monkeypatch.setattr(tvm, "get_global_func", recording)
+    return configs
+
+
+def test_a_compiled_model_sets_up_its_callers_pool_once_and_leaves_a_workers_alone(monkeypatch):
+    """The caller's thread gets TVM's default count in the mode stages run with (not TVM's
+    "big cores" default, which pins it to core 0), once; a thread autoplace set up keeps its
+    pool."""
+    from autoplace.backend import own_pool, threads
+
+    configs = _recorded_pool_configs(monkeypatch)
     m = zoo.load("mlp")
     run = autoplace.compile(m.mod, autoplace.place(autoplace.OpGraph.from_relax(m.mod),
                                                    [autoplace.Device.cpu(0)], [("*", "cpu0")]))
@@ -595,20 +602,9 @@ def test_a_plan_with_threads_runs_on_the_callers_thread_with_that_many(devs, rng
 def test_own_pool_gives_a_plans_count_and_then_the_default_back(monkeypatch):
     """A compiled model with ``threads`` sets its caller's pool to that count; one without sets
     TVM's default back, unless limit_tvm_threads set the thread up (a worker keeps its pool)."""
-    import tvm
-
     from autoplace.backend import own_pool, threads as pools
 
-    configs = []
-    real = tvm.get_global_func
-
-    def recording(name, *args, **kwargs):
-        fn = real(name, *args, **kwargs)
-        if name != "runtime.config_threadpool":
-            return fn
-        return lambda *a: configs.append(a[1]) or fn(*a)
-
-    monkeypatch.setattr(tvm, "get_global_func", recording)
+    configs = _recorded_pool_configs(monkeypatch)
     default = pools.tvm_threads()
     seen = {}
 
@@ -620,7 +616,7 @@ def test_own_pool_gives_a_plans_count_and_then_the_default_back(monkeypatch):
     in_own_thread(caller)
     assert seen == {"calls": [default, default + 1, default + 1, default],
                     "worker": default + 2}
-    assert configs == [default, default + 1, default, default + 2]
+    assert [n for _, _, n in configs] == [default, default + 1, default, default + 2]
 
 
 # Returns its input as it is and a constant beside a result computed from it.

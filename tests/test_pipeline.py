@@ -647,7 +647,16 @@ def test_replicas_keep_each_input_apart_from_the_next(devs, rng):
 
 
 def test_a_one_stage_plan_returns_inputs_and_constants_as_the_model_does(devs, rng):
+    import tvm
+
     xs = _inputs([np.zeros((4, 8), "float32")], 5, rng)
+    # A build of one result returns it bare (no tuple of one to index on every call).
+    with Pipeline.from_plan(Skip, _plan(Skip, devs, ["b"] * 3, [0] * 3)) as pipe:
+        fn, dev = pipe._direct
+        assert isinstance(fn(tvm.runtime.tensor(xs[0][0], dev)), tvm.runtime.Tensor)
+        for (x,), (out,) in zip(xs, pipe.run(xs)):
+            a = np.maximum(x, 0)
+            np.testing.assert_allclose(out, np.exp(a) + a, rtol=1e-6)
     with Pipeline.from_plan(Echo, _plan(Echo, devs, ["b"], [0])) as pipe:
         assert pipe._direct is not None  # called on this thread, no worker
         outs = pipe.run(xs)

@@ -245,7 +245,11 @@ class Pipeline:
                         dataclasses.replace(staged.stages[0], device=d), records)
             return cls(staged, [builds[(d.kind, d.target)] for d in devices],
                        replicas=devices, **kwargs)
-        return cls(staged, [compile_stage(s, records) for s in staged.stages],
+        stages = list(staged.stages)
+        if len(stages) == 1 and len(stages[0].outputs) == 1:
+            # Called directly: one tensor back, not a tuple of one to index on every call.
+            stages[0] = dataclasses.replace(stages[0], mod=_bare_result(stages[0].mod))
+        return cls(staged, [compile_stage(s, records) for s in stages],
                    threads=plan.threads, **kwargs)
 
     # ------------------------------------------------------------------ running
@@ -346,6 +350,8 @@ class Pipeline:
                 raise _stage_error(stage, n, e) from e
             finally:
                 busy += time.perf_counter() - t1
+            if hasattr(result, "numpy"):  # a build of one result returns it bare
+                result = (result,)
             results.append([np.array(v) if how == "const" else
                             to_numpy(result[v] if how == "call" else args[v])
                             for how, v in picks])
@@ -532,6 +538,20 @@ def _load_vm(executable, device: Device):
 
     dev = _runtime_device(device)
     return relax.VirtualMachine(executable, dev)["main"], dev
+
+
+def _bare_result(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` whose ``main`` returns the one field of the tuple it returned."""
+    import tvm
+    from tvm import relax
+
+    func = mod["main"]
+    body = relax.SeqExpr(func.body.blocks, relax.TupleGetItem(func.body.body, 0))
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"},
+                       attrs=mod.attrs)
+    out["main"] = relax.Function(func.params, body, func.body.body.ty.fields[0],
+                                 attrs=func.attrs)
+    return relax.transform.Normalize()(out)
 
 
 def compile_stage(stage: Stage, records: KernelRecords | None = None):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
-from autoplace.solve.simulate import (device_loads, hand_offs, replica_periods, stage_counts,
-                                      stage_overhead)
+from autoplace.solve.simulate import (device_loads, hand_offs, replica_host_s, replica_periods,
+                                      stage_counts, stage_overhead)
 
 #: How many standard deviations of the gain a multi-device plan must clear (one-sided, about
 #: 98 % if the cost errors were normal).
@@ -130,7 +130,7 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
         rate = 1.0 / period
         value = 1.0 / rate.sum()
         hand_off = (HAND_OFF_SPREAD * problem.stage_overhead_s[ks]) ** 2
-        if sol.value > value * (1 + 1e-9):  # the host is the bottleneck
+        if replica_host_s(problem, ks) > value:  # the host is the bottleneck
             share = rate / rate.sum()
             return math.sqrt(float((share ** 2 * hand_off).sum())), 0
         out, unknown = 0.0, 0

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.report.explain import _fmt_bytes, _fmt_s
-from autoplace.solve.simulate import (device_loads, hand_offs, link_loads, replica_periods,
-                                      stage_counts, stage_overhead)
+from autoplace.solve.simulate import (device_loads, hand_offs, link_loads, replica_host_s,
+                                      replica_periods, stage_counts, stage_overhead)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -215,10 +215,9 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
             ax.bar(len(names), o * f * scale, bottom=w * f * scale, color=_OVERHEAD_COLOUR,
                    edgecolor="white", gid=f"load:{problem.device_names[k]}:overhead")
         names.append(f"{problem.device_names[k]}\n({f:.0%} of inputs)")
-    host = problem.stage_overhead_s[ks] + problem.call_s[ks]
-    if host.any():
-        ax.bar(len(names), float((host * share).sum()) * scale, color=_OVERHEAD_COLOUR,
-               gid="load:host")
+    host = replica_host_s(problem, ks)
+    if host > 0:
+        ax.bar(len(names), host * scale, color=_OVERHEAD_COLOUR, gid="load:host")
         names.append("host\n(hand-offs, calls)")
     ax.axhline(sol.value * scale, color="k", ls="--", lw=1)
     ax.set_xticks(range(len(names)), names)

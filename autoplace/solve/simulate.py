@@ -298,6 +298,15 @@ def replica_periods(problem: Problem, devices) -> np.ndarray:
     return problem.cost[:, ks].sum(axis=0) + problem.stage_overhead_s[ks] + problem.call_s[ks]
 
 
+def replica_host_s(problem: Problem, devices) -> float:
+    """Seconds per input the host spends on replicas of ``devices`` (periods finite and
+    positive): each one's hand-off and call (``o_k + c_k``), on the share of the inputs it
+    takes."""
+    ks = np.asarray(devices, dtype=np.int64)
+    rate = 1.0 / replica_periods(problem, ks)
+    return float((rate / rate.sum() * (problem.stage_overhead_s[ks] + problem.call_s[ks])).sum())
+
+
 def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     """Time per input of the pipeline: the busiest device, directed link, or the host.
 
@@ -357,9 +366,7 @@ def simulate_replicas(problem: Problem, devices) -> float:
         raise InfeasibleError("a replica's device cannot run every node")
     if (period <= 0).any():
         return 0.0
-    rate = 1.0 / period
-    host = float((rate / rate.sum() * (problem.stage_overhead_s[ks] + problem.call_s[ks])).sum())
-    return float(max(1.0 / rate.sum(), host))
+    return float(max(1.0 / (1.0 / period).sum(), replica_host_s(problem, ks)))
 
 
 def check_feasible(problem: Problem, assignment, stages=None) -> None:

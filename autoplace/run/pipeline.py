@@ -33,7 +33,7 @@ from autoplace.backend.tensors import InputSlot
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run.cores import stage_threads
-from autoplace.run.split import Stage, StagedModule, split
+from autoplace.run.split import Stage, StagedModule, split, with_main
 
 if TYPE_CHECKING:
     import tvm
@@ -541,17 +541,13 @@ def _load_vm(executable, device: Device):
 
 
 def _bare_result(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` whose ``main`` returns the one field of the tuple it returned."""
-    import tvm
+    """A stage's ``mod`` whose ``main`` returns the one field of the tuple it returned."""
     from tvm import relax
 
     func = mod["main"]
     body = relax.SeqExpr(func.body.blocks, relax.TupleGetItem(func.body.body, 0))
-    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"},
-                       attrs=mod.attrs)
-    out["main"] = relax.Function(func.params, body, func.body.body.ty.fields[0],
-                                 attrs=func.attrs)
-    return relax.transform.Normalize()(out)
+    return with_main(mod, relax.Function(func.params, body, func.body.body.ty.fields[0],
+                                         attrs=func.attrs))
 
 
 def compile_stage(stage: Stage, records: KernelRecords | None = None):

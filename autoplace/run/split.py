@@ -191,7 +191,6 @@ def _plain(ty):
 
 def _stage_module(mod, func_name, members, inputs, outputs, types):
     """``main(*inputs) -> tuple(outputs)`` running ``members`` (node, var, call, arg trees)."""
-    import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -225,10 +224,19 @@ def _stage_module(mod, func_name, members, inputs, outputs, types):
                     env[name] = v
             result = bb.emit_output(relax.Tuple([lookup(k) for k in outputs]))
         bb.emit_func_output(result)
+    return with_main(mod, bb.get()["main"], func_name)
+
+
+def with_main(mod, main, func_name: str = "main"):
+    """A new module: ``mod``'s functions that are not Relax (its kernels), and ``main`` as
+    ``main`` in place of ``mod[func_name]``, normalized (``mod`` is unchanged)."""
+    import tvm
+    from tvm import relax
+
     others = {gv: f for gv, f in mod.functions.items()
               if gv.name_hint != func_name and not isinstance(f, relax.Function)}
     new_mod = tvm.IRModule(others, attrs=mod.attrs)
-    new_mod["main"] = bb.get()["main"]
+    new_mod["main"] = main
     return relax.transform.Normalize()(new_mod)
 
 

@@ -18,6 +18,9 @@
 #   latency    benchmarks/latency_plans.py on cpu:0 + cuda:0: the latency plans built, run and
 #              timed against the GPU alone (and the CPU with all its cores)
 #                                                        -> latency_plans.{json,log}
+#   throughput benchmarks/throughput_plans.py on cpu:0 + cuda:0: the throughput plans optimize
+#              returns, run against the GPU alone, the CPU with all its cores and replicas
+#                                                        -> throughput_plans.{json,log}
 #   pipeline   benchmarks/pipeline_throughput.py on cpu:0 + cuda:0: pipelines against the GPU
 #              alone                                     -> pipeline_throughput.{json,log}
 #
@@ -244,7 +247,7 @@ EOF
 
 STEPS=("$@")
 if ((${#STEPS[@]} == 0)); then
-    STEPS=(env setup overheads latency pipeline)
+    STEPS=(env setup overheads latency throughput pipeline)
 fi
 choose_python
 log "gpu_session: steps ${STEPS[*]}; results in $RESULTS; budget ${BUDGET_S}s; python $PY"
@@ -265,6 +268,13 @@ for s in "${STEPS[@]}"; do
                 --device "$CPU" --device "$GPU" --rounds "$ROUNDS" --repeat 30 \
                 --json "$RESULTS/latency_plans.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
             ;;
+        throughput)
+            profile_args
+            # shellcheck disable=SC2086 # the model list is words
+            step throughput 420 "$PY" benchmarks/throughput_plans.py --models $MODELS_LATENCY \
+                --device "$CPU" --device "$GPU" --rounds "$ROUNDS" --inputs 256 \
+                --json "$RESULTS/throughput_plans.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
+            ;;
         pipeline)
             profile_args
             step pipeline 540 "$PY" benchmarks/pipeline_throughput.py --device "$CPU" \
@@ -273,7 +283,7 @@ for s in "${STEPS[@]}"; do
                 --json "$RESULTS/pipeline_throughput.json" ${PROFILE_ARGS[@]+"${PROFILE_ARGS[@]}"}
             ;;
         *)
-            log "unknown step $s (steps: collect env setup overheads latency pipeline)"
+            log "unknown step $s (steps: collect env setup overheads latency throughput pipeline)"
             FAILED+=("$s (unknown)")
             ;;
     esac

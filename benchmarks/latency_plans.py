@@ -94,14 +94,8 @@ def load(name: str):
 def bench(name: str, devices, args) -> dict:
     mod, inputs = load(name)
     db = None if args.db == "none" else args.db
-    cost_model = "auto"
-    if args.profile:
-        from autoplace.predict import MeasuredCostModel
-        from autoplace.profile import DeviceProfile
-
-        cost_model = MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
     res = autoplace.optimize(mod, devices, db=db, time_limit=args.time_limit,
-                             cost_model=cost_model)
+                             cost_model=cost_model(args))
     graph, dlv = res.graph, res.delivery
     runs = {
         "concurrent": res.compile(concurrent=True),
@@ -185,7 +179,20 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--device", action="append", help="cpu:N or cuda:N (default cpu:0 cpu:1)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--db", default="auto", help="tuning records: auto (shipped), none, or a store")
+    ap.add_argument("--profile", action="append", default=[],
+                    help="measured profile JSON for the devices of its kind (repeatable; "
+                         "default: optimize's automatic choice)")
     return ap
+
+
+def cost_model(args):
+    """``optimize``'s cost model: the measured profiles of ``--profile``, else "auto"."""
+    if not args.profile:
+        return "auto"
+    from autoplace.predict import MeasuredCostModel
+    from autoplace.profile import DeviceProfile
+
+    return MeasuredCostModel([DeviceProfile.load(p) for p in args.profile])
 
 
 def start(args):
@@ -218,9 +225,6 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--overhead", action="store_true", help="measure the segment overhead first")
-    ap.add_argument("--profile", action="append", default=[],
-                    help="measured profile JSON for the devices of its kind (repeatable; "
-                         "default: optimize's automatic choice)")
     ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
                     help="print the report as JSON instead of a table; with FILE, write it there "
                          "(after every model) and print the table")

@@ -2,9 +2,10 @@
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/throughput_plans.py [--models zoo:resnet resnet18 ...]
      [--device cpu:0 --device cpu:1] [--inputs 64] [--rounds 3] [--db auto|none|PATH]
-     [--no-guard] [--json [FILE]]
+     [--no-guard] [--json [FILE]] [--profile FILE ...]
 
-Per model, ``autoplace.optimize(objective="throughput")`` (default cost model, tuning records,
+Per model, ``autoplace.optimize(objective="throughput")`` (default cost model or the measured
+profiles of ``--profile``, tuning records,
 replication allowed, the baseline guard on unless ``--no-guard``) plans over the devices; then,
 ``--rounds`` times, the measurement of ``autoplace optimize --run N``: the plan's pipeline (or
 replicas, or the single device the guard returned) over ``--inputs`` inputs and, on the same
@@ -30,7 +31,7 @@ from types import SimpleNamespace
 import autoplace
 from autoplace.cli.optimize import pipeline_report
 from _timing import aligned
-from latency_plans import bench_all, common_parser, load, start
+from latency_plans import bench_all, common_parser, cost_model, load, start
 
 BASELINES = ("sequential", "all_threads", "replicas")
 
@@ -39,7 +40,7 @@ def bench(name: str, devices, args) -> dict:
     mod, inputs = load(name)
     res = autoplace.optimize(mod, devices, objective="throughput",
                              db=None if args.db == "none" else args.db,
-                             baseline_guard=not args.no_guard)
+                             baseline_guard=not args.no_guard, cost_model=cost_model(args))
     model = SimpleNamespace(mod=mod, inputs=inputs)
     rounds = [pipeline_report(res, model, devices, args.inputs) for _ in range(args.rounds)]
     rates = {"plan": statistics.median(r["measured_inputs_per_s"] for r in rounds)}

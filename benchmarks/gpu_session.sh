@@ -43,10 +43,12 @@
 #
 # The device tool runs one command for at most 10 minutes and carries at most 64 MiB: pack
 # TVM and the rest here with benchmarks/gpu_pack.sh, carry one part per call (`collect`), then
-# run the steps over two calls, e.g. `benchmarks/gpu_session.sh collect setup env overheads
-# latency` with the last part, then `benchmarks/gpu_session.sh pipeline` while the machine is
-# still warm (set RESULTS outside the working tree, e.g. /root/gpu-results, so that the second
-# call finds the first's exports). On the H100 machine the steps took about 5 minutes in all.
+# run the steps with the last part: `RESULTS=/root/gpu-results BUDGET_S=540 ROUNDS=2
+# benchmarks/gpu_session.sh collect setup env overheads latency throughput pipeline` took
+# about 9.5 minutes on the H100 machine (setup 0.4, overheads 2, latency 2, throughput 3.3,
+# pipeline 1.5). Steps left out can follow in a second call while the machine is warm
+# (RESULTS outside the working tree, so that it finds the first's exports). A session's
+# device time (15 minutes) holds the machine's start, the three calls and one such run.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

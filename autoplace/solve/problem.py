@@ -227,11 +227,11 @@ class InfeasibleError(ValueError):
 
 #: Default seconds per input that one pipeline stage costs beyond its ops' profiled time, by
 #: device kind, where the device's profile measured no hand-off: the hand-off between stages
-#: (``benchmarks/stage_overhead.py``, in micro-batches of a :class:`autoplace.run.Pipeline`'s
-#: default size on the CPU; on an H100, whose stage's inputs and outputs also cross pageable
-#: memory, handed on one at a time) plus :data:`STAGE_SLOWDOWN_S`. docs/results.md gives the
-#: measurements.
-STAGE_OVERHEAD_S = {"cpu": 12e-6, "cuda": 80e-6}
+#: in micro-batches of a :class:`autoplace.run.Pipeline`'s default size
+#: (``benchmarks/stage_overhead.py`` on the CPU; on an H100, whose stage's inputs and outputs
+#: also cross pageable memory, ``autoplace profile --only-overheads``) plus
+#: :data:`STAGE_SLOWDOWN_S`. docs/results.md gives the measurements.
+STAGE_OVERHEAD_S = {"cpu": 12e-6, "cuda": 54e-6}
 
 #: Seconds per input by which a stage's own call runs slower inside a pipeline than alone, by
 #: device kind (``benchmarks/stage_slowdown.py``: the median over 10 CPU stages of five zoo

@@ -142,6 +142,48 @@ def test_the_gain_must_clear_two_sigma_of_its_spread(spread, kept):
         assert chosen.name == "only d0" and chosen.solution.value == 2.0
 
 
+def _all_threads(p, value, sigma):
+    """An "all threads" baseline of ``value`` ± ``sigma`` (its plan: d0 alone)."""
+    from autoplace.report.baselines import Baseline
+    from autoplace.solve import solve
+
+    return Baseline("all threads", value, sigma, solution=solve(p, "latency", "single:0"),
+                    threads=2, problem=p)
+
+
+@pytest.mark.parametrize("value, sigma, returned", [(1.9, 0.2, None), (1.0, 0.05, "all threads")])
+def test_all_threads_must_clear_the_margin_over_the_solvers_one_device(value, sigma, returned):
+    from autoplace.report.baselines import guard, predict_baselines
+    from autoplace.solve import solve
+
+    # The solver's plan: both ops on d0, 2 s ± sqrt(2) * 0.1. All threads takes the cores of
+    # both devices: 1.9 s ± 0.2 is within 2 sigma of the gain (0.49 s), 1.0 s ± 0.05 is not.
+    p, sp = _two_ops(0.1)
+    one = solve(p, "latency", "single:0")
+    found = [*predict_baselines(p, "latency", sp), _all_threads(p, value, sigma)]
+    chosen, d = guard(p, one, sp, found, "d0 alone")
+    assert d.baseline == "all threads" and d.kept is (returned is None)
+    assert (chosen and chosen.name) == returned
+    if returned is None:
+        assert "takes several devices and beats it by only 100 ms, within 2 sigma" in str(d)
+
+
+def test_a_split_plan_is_judged_against_one_device_when_all_threads_is_within_the_margin():
+    from autoplace.report.baselines import guard, predict_baselines
+    from autoplace.solve import solve
+
+    # The split plan (1 s) against all threads (1.9 s, within the margin of d0's 2 s): the
+    # plan is judged against d0 alone, and kept; all threads at 0.5 s beats both.
+    p, sp = _two_ops(0.1)
+    split = solve(p, "latency", "cpsat")
+    found = predict_baselines(p, "latency", sp)
+    chosen, d = guard(p, split, sp, [*found, _all_threads(p, 1.9, 0.2)], "split")
+    assert chosen is None and d.kept and d.baseline in ("only d0", "only d1")
+    assert "all threads (1.9 s ± 200 ms) takes several devices and beats" in str(d)
+    chosen, d = guard(p, split, sp, [*found, _all_threads(p, 0.5, 0.01)], "split")
+    assert chosen.name == "all threads" and not d.kept and not d.passed_over
+
+
 class FlatWithCalls(Flat):
     """Flat costs, and overheads measured per device (as profiles give them): a call, and
     optionally the least a kernel costs."""

@@ -72,6 +72,7 @@ class GuardDecision:
     sigmas: float
     unknown: int  # costs the two values rest on whose spread is unknown
     solver_plan: str  # str() of the solver's plan
+    passed_over: str = ""  # a baseline of several devices that did not clear the margin
 
     @property
     def gain_s(self) -> float:
@@ -93,14 +94,19 @@ class GuardDecision:
         base = f"{self.baseline} ({_fmt(self.baseline_s)} ± {_fmt(self.baseline_sigma_s)})"
         unknown = (f"; {self.unknown} of the costs have no known spread and count as exact"
                    if self.unknown else "")
+        passed = f"; {self.passed_over}" if self.passed_over else ""
+        if self.kept and self.gain_s <= 0:  # the solver's one device, over several devices
+            return (f"kept {plan}: {base} takes several devices and beats it by only "
+                    f"{_fmt(-self.gain_s)}, within {self.sigmas:g} sigma of the gain "
+                    f"({_fmt(self.margin_s)}){unknown}")
         if self.kept:
             return (f"kept {plan}: it beats {base} by {_fmt(self.gain_s)}, more than "
-                    f"{self.sigmas:g} sigma of the gain ({_fmt(self.margin_s)}){unknown}")
+                    f"{self.sigmas:g} sigma of the gain ({_fmt(self.margin_s)}){unknown}{passed}")
         how = (f"loses to it by {_fmt(-self.gain_s)}" if self.gain_s < 0 else
                "is no faster" if self.gain_s == 0 else
                f"beats it by only {_fmt(self.gain_s)}, within {self.sigmas:g} sigma of the "
                f"gain ({_fmt(self.margin_s)})")
-        return (f"returned the baseline {base} instead of {plan}, which {how}{unknown}. "
+        return (f"returned the baseline {base} instead of {plan}, which {how}{unknown}{passed}. "
                 "optimize(..., baseline_guard=False) returns the solver's plan")
 
 
@@ -203,6 +209,11 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
     return out
 
 
+def several_devices(b: Baseline) -> bool:
+    """Whether baseline ``b`` takes the resources of several devices (all threads, replicas)."""
+    return b.threads is not None or b.solution.replicas is not None
+
+
 def is_baseline(sol: Solution) -> bool:
     """Whether ``sol`` is itself a baseline's plan: one device (and one stage), or replicas."""
     if sol.replicas is not None:
@@ -217,12 +228,19 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
     """The baseline to return instead of ``sol``, if any, and the decision in words.
 
     The candidates are the ``baselines`` with a plan (single devices, all threads, replicas).
-    A solver's plan of one device (one stage) is replaced by a faster one, whatever the
-    margin. Any other plan, replicas too (they use several devices), is kept only if the best
-    candidate's value (replicas left out) minus the plan's exceeds ``sigmas`` standard
-    deviations of that difference (:func:`value_sigma` of each, combined as if independent:
-    when both rest on the same measurements they err alike, so this overstates the spread and
-    favours the baseline). ``(None, None)`` when there is no candidate.
+    Each step from one device to more must clear ``sigmas`` standard deviations of its gain
+    (:func:`value_sigma` of each value, combined as if independent: when both rest on the same
+    measurements they err alike, so this overstates the spread and favours the simpler plan):
+
+    1. the fallback is the fastest single device (the solver's plan among them when it is one
+       device and one stage), unless the fastest baseline of several devices
+       (:func:`several_devices`) beats it by that margin;
+    2. a solver's plan of one device is replaced by a faster fallback, whatever the margin;
+       any other plan, replicas too, is kept only if it beats the fallback (replicas left out
+       when the plan is replicas) by that margin.
+
+    ``(None, None)`` when there is no candidate, or when the solver's one device is the
+    fallback and no baseline of several devices came near it.
     """
     runnable = [b for b in baselines if b.solution is not None and b.value is not None]
     replicated = sol.replicas is not None
@@ -230,17 +248,41 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
         runnable = [b for b in runnable if b.solution.replicas is None]
     if not runnable:
         return None, None
-    best = min(runnable, key=lambda b: b.value)
-    if is_baseline(sol) and not replicated and best.value >= sol.value:
-        return None, None
-    sigma, unknown = value_sigma(problem, sol, spread)
-    decision = GuardDecision(
-        kept=False, objective=sol.objective, plan_s=float(sol.value), plan_sigma_s=sigma,
-        baseline=best.name, baseline_s=float(best.value), baseline_sigma_s=best.sigma,
-        sigmas=sigmas, unknown=unknown + best.unknown, solver_plan=solver_plan)
-    kept = (replicated or not is_baseline(sol)) and decision.gain_s > decision.margin_s
-    decision = dataclasses.replace(decision, kept=kept)
-    return (None if kept else best), decision
+    own = Baseline("the solver's plan", float(sol.value), *value_sigma(problem, sol, spread),
+                   solution=sol, problem=problem)
+
+    def compare(plan: Baseline, base: Baseline) -> GuardDecision:
+        d = GuardDecision(
+            kept=False, objective=sol.objective, plan_s=plan.value, plan_sigma_s=plan.sigma,
+            baseline=base.name, baseline_s=float(base.value), baseline_sigma_s=base.sigma,
+            sigmas=sigmas, unknown=plan.unknown + base.unknown, solver_plan=solver_plan)
+        return dataclasses.replace(d, kept=d.gain_s > d.margin_s)
+
+    one_device = is_baseline(sol) and not replicated
+    singles = ([own] if one_device else []) + [b for b in runnable if not several_devices(b)]
+    several = [b for b in runnable if several_devices(b)]
+    fallback = min(singles, key=lambda b: b.value) if singles else None  # ties: the first
+    passed_over = None
+    if several:
+        top = min(several, key=lambda b: b.value)
+        if fallback is None or compare(top, fallback).kept:
+            fallback = top
+        elif top.value < fallback.value:
+            passed_over = top
+    if one_device and fallback is own:
+        if passed_over is None:
+            return None, None
+        return None, dataclasses.replace(compare(own, passed_over), kept=True)
+    decision = compare(own, fallback)
+    if passed_over is not None:
+        step = compare(passed_over, fallback)
+        decision = dataclasses.replace(decision, passed_over=(
+            f"{passed_over.name} ({_fmt(passed_over.value)} ± {_fmt(passed_over.sigma)}) takes "
+            f"several devices and beats {fallback.name} by only {_fmt(step.gain_s)}, within "
+            f"{sigmas:g} sigma ({_fmt(step.margin_s)})"))
+    if one_device:  # a faster single device, whatever the margin
+        decision = dataclasses.replace(decision, kept=False)
+    return (None if decision.kept else fallback), decision
 
 
 def _fmt(s: float) -> str:

@@ -437,12 +437,15 @@ def optimize(
         profile measured with that many threads predicts it; replicas, for throughput) by more
         than the uncertainty of the costs: the gain must exceed
         :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the gain, from
-        each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats,
-        a learned model's quantiles) times the cost, summed in quadrature over the nodes each
-        value rests on (:func:`~autoplace.report.baselines.value_sigma`). Otherwise the
-        baseline is returned. Costs with no known spread (roofline estimates, tuned kernels)
-        count as exact, so on roofline costs a plan is kept whenever it is predicted faster at
-        all. ``.guard`` says what was decided and why; ``False`` returns the solver's plan.
+        each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats
+        or occasions, whichever differ more; a learned model's quantiles; a roofline estimate's
+        fixed spread; a tuned kernel's timing likewise, with the whole build's that scales it)
+        times the cost, summed in quadrature over the nodes each value rests on
+        (:func:`~autoplace.report.baselines.value_sigma`). Otherwise the baseline is returned.
+        A baseline that takes several devices (all threads, replicas) is that baseline only if
+        it beats the fastest single device by the same margin. Costs with no known spread count
+        as exact. ``.guard`` says what was decided and why; ``False`` returns the solver's
+        plan.
 
     Returns
     -------
@@ -504,9 +507,11 @@ def optimize(
     groups = groups_by_kind(mod, devices, func_name) if graph.nodes else None
     cost = fused_costs(mod, graph, devices, cost, func_name, groups)
     db, records, note = (None, None, ()) if db is None else _tuning_records(db, devices)
+    tuned = None
     if records:
-        cost, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
-                                                func_name, (groups or {}).get(False))
+        tuned, sources, more = _with_tuned_costs(mod, graph, devices, cost, sources, db, records,
+                                                 func_name, (groups or {}).get(False))
+        cost = tuned.cost
         note += more
     floors = {name: kinds["kernel"] for name, kinds in measured.items() if "kernel" in kinds}
     if floors:
@@ -533,7 +538,7 @@ def optimize(
     plain = build_problem(graph, devices, cost, links, pin_rules) if objective == "latency" \
         else None
     plan = _plan_of(graph, devices, solution, objective, sources)
-    spread = _spread(graph, devices, cost_model, sources)
+    spread = _spread(graph, devices, cost_model, tuned)
     found = predict_baselines(problem, objective, spread, replicate=replicate,
                               all_threads=_all_threads_costs(
                                   graph, devices, cost_model, sources, described, threads_all,
@@ -673,15 +678,15 @@ def _plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective
         replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas))
 
 
-def _spread(graph: OpGraph, devices: Sequence[Device], cost_model,
-            sources: tuple[str, ...]) -> np.ndarray:
-    """``(n, d)`` relative spread of the costs the solver saw (``nan``: unknown), unknown where
-    a tuned kernel's time replaced the cost model's."""
+def _spread(graph: OpGraph, devices: Sequence[Device], cost_model, tuned=None) -> np.ndarray:
+    """``(n, d)`` relative spread of the costs the solver saw (``nan``: unknown): the cost
+    model's, and where a tuned kernel's time replaced its cost, the tuned one's (``tuned``: a
+    :class:`autoplace.tuning.costs.TunedCosts`)."""
     from autoplace.report import cost_spread
 
     spread = cost_spread(graph, devices, cost_model)
-    tuned = np.array(["tuned" in s for s in sources], dtype=bool)
-    spread[tuned] = np.nan
+    if tuned is not None:
+        spread[tuned.tuned] = tuned.spread[tuned.tuned]
     return spread
 
 
@@ -707,11 +712,10 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
         from autoplace.tuning.costs import kernel_costs
 
         mod, db, records, func_name, cpu_groups, cost = kernels
-        timed, why = kernel_costs(mod, graph, devices[k], threads, cost[:, k], db, records,
-                                  func_name, cpu_groups)
+        timed, spread, why = kernel_costs(mod, graph, devices[k], threads, cost[:, k], db,
+                                          records, func_name, cpu_groups)
         if timed is not None:
-            return k, threads, ThreadedCosts(timed, np.full(len(timed), np.nan),
-                                             f"measured ({why})")
+            return k, threads, ThreadedCosts(timed, spread, f"measured ({why})")
     if any("tuned" in s for s in sources):
         return k, threads, ThreadedCosts(
             None, None, f"not predicted: the plan's costs include tuned kernels, and "
@@ -806,9 +810,10 @@ def _tuning_records(db, devices: Sequence[Device]):
 
 def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
                       sources: tuple[str, ...], db, records, func_name: str, cpu_groups=None):
-    """Costs and sources with the tuned kernels timed in store ``db`` charged (``records``: the
-    ones the build applies; ``cpu_groups``: the kernels of the model's CPU build, if known), and
-    a line on what they cover."""
+    """The costs with the tuned kernels timed in store ``db`` charged (a
+    :class:`~autoplace.tuning.costs.TunedCosts`; ``records``: the ones the build applies;
+    ``cpu_groups``: the kernels of the model's CPU build, if known), the sources, and a line on
+    what they cover."""
     from autoplace.tuning.costs import tuned_costs
 
     tc = tuned_costs(mod, graph, devices, cost, db, records, _fingerprints(devices), func_name,
@@ -821,7 +826,7 @@ def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.n
     if tc.untimed:
         lines += (f"costs: {tc.untimed} tuned kernel(s) not timed yet: run autoplace tune "
                   "again to time them",)
-    return tc.cost, sources, lines
+    return tc, sources, lines
 
 
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:

@@ -484,6 +484,35 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     assert whole.baselines["all threads"] == pytest.approx(build.latency_s)
     assert f"x{build.latency_s / kernels_s:.2f} as the whole build ran" in \
         whole.baseline_notes["all threads"]
+    # Each kernel's charge is as sure as its timing and the build's that scales it.
+    from autoplace.tuning.costs import kernel_costs
+
+    cost, spread, _ = kernel_costs(mod, whole.graph, CPU, threads, whole.problem.cost[:, 0], db,
+                                   records)
+    charged = cost > 0
+    assert sorted(cost[charged]) == pytest.approx(
+        sorted(m.latency_s * build.latency_s / kernels_s for m in kernel_rows))
+    assert sorted(spread[charged]) == pytest.approx(
+        sorted(np.hypot(m.spread, build.spread) for m in kernel_rows))
+    assert all(m.spread > 0 for m in kernel_rows) and build.spread > 0 and not spread[~charged].any()
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
                            progress=False, retime=True)
     assert again.timed == 1 and again.timed_at_threads == {threads: 1}
+    # A second pass times every kernel and build once more: each row keeps the fastest of two
+    # occasions and the slowest's time, and its spread is at least its repeats'.
+    with ProfileStore(db) as store:
+        before = {(m.device, m.workload, m.schedule): m
+                  for m in store.measurements(schedule=None, device=None)}
+    twice = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
+                           progress=False, passes=2)
+    assert twice.timed == 1 and twice.timed_at_threads == {threads: 1}  # the second pass only
+    with ProfileStore(db) as store:
+        after = {(m.device, m.workload, m.schedule): m
+                 for m in store.measurements(schedule=None, device=None)}
+    assert after.keys() == before.keys()
+    more = [k for k, m in after.items() if m.passes == before[k].passes + 1]
+    # the tuned kernel and the tuned model's build, with the device's threads and with all
+    assert len(more) == 4 and all(after[k] == before[k] for k in after.keys() - set(more))
+    for m, old in ((after[k], before[k]) for k in more):
+        assert m.latency_s <= old.latency_s and m.slowest_s >= m.latency_s
+        assert m.spread >= m.cv and m.spread == max(m.cv, m.occasion_spread)

@@ -52,7 +52,8 @@ def _cmd_tune(args) -> int:
         report = tune(mods, devices, args.db, trials=args.trials, dry_run=args.dry_run,
                       trials_per_iter=args.round, progress=not args.json,
                       time_limit_s=None if args.minutes is None else args.minutes * 60,
-                      also_threads=[n for n in also if n > 0], retime=args.retime)
+                      also_threads=[n for n in also if n > 0], retime=args.retime,
+                      passes=args.passes)
     except KeyboardInterrupt:
         print(f"autoplace tune: interrupted; every finished round is kept in {args.db}.tuning. "
               "Run the same command again to resume.")
@@ -103,6 +104,10 @@ def register_cli(sub) -> None:
     p.add_argument("--retime", action="store_true",
                    help="time every tuned kernel again, replacing the store's times (a machine "
                         "whose speed changed)")
+    p.add_argument("--passes", type=int, default=1, metavar="N",
+                   help="time the tuned kernels and builds on N occasions, keeping the fastest "
+                        "and the slowest's time: the spread the baseline guard charges "
+                        "(default 1)")
     p.add_argument("--dry-run", action="store_true",
                    help="only count the kernels still to tune and estimate the time")
     p.add_argument("--json", action="store_true",

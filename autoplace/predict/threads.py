@@ -50,5 +50,5 @@ def costs_at_threads(model, graph: OpGraph, device: Device, threads: int,
                                          f"{len(graph.nodes)} ops (first {missing[0].name})")
     keys = [n.workload_key for n in graph.nodes]
     return ThreadedCosts(np.array([known[k] for k in keys], dtype=float),
-                         np.array([prof.cv.get(k, np.nan) for k in keys], dtype=float),
+                         np.array([prof.spread.get(k, np.nan) for k in keys], dtype=float),
                          f"measured ({prof.name}, {threads} threads)")

@@ -137,6 +137,13 @@ class Measurement:
             return None
         return self.slowest_s / self.latency_s - 1
 
+    @property
+    def spread(self) -> float | None:
+        """How sure the label is, relative to it: the larger of its repeats' spread (``cv``) and
+        its occasions' (:attr:`occasion_spread`); None when neither is known."""
+        known = [s for s in (self.cv, self.occasion_spread) if s is not None]
+        return max(known) if known else None
+
 
 def fastest(old: Measurement | None, new: Measurement) -> Measurement:
     """One more pass over a workload: keep the faster occasion, count both. A failure does not
@@ -789,6 +796,10 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
     return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=timeout_s, isolation_level=None)
 
 
+def _or_nan(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -806,7 +817,7 @@ class DeviceProfile:
     fingerprint: str
     info: dict
     latency_s: dict[str, float]        # workload key -> seconds (Measurement.latency_s)
-    cv: dict[str, float]               # workload key -> spread of the repeats
+    spread: dict[str, float]           # workload key -> Measurement.spread (nan: unknown)
     unsupported: dict[str, str]        # workload key -> why it failed there
     links: tuple[LinkFit, ...] = ()
     overheads: tuple[OverheadFit, ...] = ()
@@ -822,7 +833,8 @@ class DeviceProfile:
         return cls(dev["name"], dev["fingerprint"], dev["info"],
                    {m["workload"]: Measurement(**m, device=dev["fingerprint"]).latency_s
                     for m in ok},
-                   {m["workload"]: m["cv"] for m in ok},
+                   {m["workload"]: _or_nan(Measurement(**m, device=dev["fingerprint"]).spread)
+                    for m in ok},
                    {m["workload"]: m["error"] or "" for m in data["measurements"]
                     if m["status"] == "unsupported"},
                    tuple(LinkFit(**{**f, "points": tuple(map(tuple, f["points"]))})

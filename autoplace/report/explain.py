@@ -320,7 +320,8 @@ def _guard_text(result) -> str:
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:
     """``(n, d)`` relative uncertainty of each node's cost on each device; ``nan`` if unknown.
 
-    Measured costs: the spread (std / mean) of the profile's repeats. Learned costs from a
+    Measured costs: the spread of the profile's repeats (std / mean) or of its occasions,
+    whichever is larger (:attr:`autoplace.profile.Measurement.spread`). Learned costs from a
     model with ``quantiles`` (:class:`~autoplace.predict.XGBCostModel`, also as a measured
     model's fallback): half the P10-P90 band over the P50. Roofline estimates:
     :attr:`RooflineCostModel.spread <autoplace.predict.RooflineCostModel.spread>`.
@@ -340,7 +341,7 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
         q = None
         for n in graph.nodes:
             if sources[n.index] == "measured" and prof is not None:
-                out[n.index, k] = prof.cv.get(n.workload_key, np.nan)
+                out[n.index, k] = prof.spread.get(n.workload_key, np.nan)
             elif sources[n.index] == "learned" and isinstance(learned, QuantileCostModel):
                 q = learned.quantiles(graph, dev) if q is None else q
                 lo, mid, hi = q[n.index, 0], q[n.index, q.shape[1] // 2], q[n.index, -1]

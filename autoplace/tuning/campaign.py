@@ -254,7 +254,8 @@ class _DeviceTasks:
 def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False,
          trials_per_iter: int = 16, progress: bool = True,
          runner_kwargs: dict | None = None, time_limit_s: float | None = None,
-         also_threads: Sequence[int] = (), retime: bool = False) -> TuneReport:
+         also_threads: Sequence[int] = (), retime: bool = False,
+         passes: int = 1) -> TuneReport:
     """Tune the kernels of ``mods`` for each of ``devices`` until each has ``trials`` records,
     then time each tuned kernel into the profile store ``db`` (what tuned costs are made of).
     Kernels are tuned in two passes (``trials_per_iter`` trials each, then the rest), those that
@@ -295,13 +296,19 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
     retime : bool
         Time every tuned kernel (and, with ``also_threads``, every kernel) again, replacing the
         times in the store: for a machine whose speed changed since they were taken.
+    passes : int
+        Occasions on which to time the kernels and whole builds: after the first (what
+        ``retime`` says), each further pass times every one again and keeps the fastest
+        occasion and the slowest's time. How far they differ is the spread the baseline guard
+        charges a plan for (:attr:`autoplace.profile.Measurement.spread`); on a machine whose
+        speed moves from one minute to the next, one pass understates it.
 
     Returns
     -------
     TuneReport
         Per kernel, what was recorded before and what this call added; ``pending`` trials left;
         ``timed``: tuned kernels timed by this call (``timed_at_threads``: kernels timed at
-        each of ``also_threads``).
+        each of ``also_threads``), once per pass.
 
     Raises
     ------
@@ -356,9 +363,12 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         statuses, pending, late = _tune_all(tasks, trials, dry_run=dry_run,
                                             trials_per_iter=trials_per_iter, progress=progress,
                                             deadline=deadline)
-        timed = 0 if dry_run else _time_all(tasks.values(), db, progress, retime, mods)
-        at_threads = {} if dry_run else _time_at_threads(tasks.values(), db, also_threads,
-                                                         progress, retime, mods)
+        timed, at_threads = 0, {}
+        for p in range(0 if dry_run else max(1, passes)):
+            timed += _time_all(tasks.values(), db, progress, retime and p == 0, mods, p > 0)
+            for n, k in _time_at_threads(tasks.values(), db, also_threads, progress,
+                                         retime and p == 0, mods, p > 0).items():
+                at_threads[n] = at_threads.get(n, 0) + k
     return TuneReport(trials, tuple(statuses), pending, time.perf_counter() - t0, databases, timed,
                       late, at_threads)
 
@@ -465,11 +475,13 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
         k.reread(t.database)
 
 
-def _time_all(tasks, db, progress: bool, retime: bool = False, mods=()) -> int:
-    """Time every tuned kernel of ``tasks`` not timed yet (``retime``: every one) into the
-    store ``db``; on a CPU of this process also every other kernel (as :data:`DEFAULT_KERNEL`)
-    and each of ``mods`` built whole (:func:`~autoplace.tuning.costs.time_builds`), what a
-    build's kernels are charged in proportion to. Returns how many tuned kernels were timed."""
+def _time_all(tasks, db, progress: bool, retime: bool = False, mods=(),
+              again: bool = False) -> int:
+    """Time every tuned kernel of ``tasks`` not timed yet (``retime``: every one; ``again``:
+    every one, on one more occasion) into the store ``db``; on a CPU of this process also every
+    other kernel (as :data:`DEFAULT_KERNEL`) and each of ``mods`` built whole
+    (:func:`~autoplace.tuning.costs.time_builds`), what a build's kernels are charged in
+    proportion to. Returns how many tuned kernels were timed."""
     from autoplace.backend.tuned import KernelRecords, target_key
     from autoplace.profile.measure import LocalRunner
     from autoplace.profile.store import ProfileStore
@@ -484,20 +496,21 @@ def _time_all(tasks, db, progress: bool, retime: bool = False, mods=()) -> int:
             try:
                 timed += time_tuned_kernels(t.timed(), t.runner, t.target, records, store,
                                             t.fingerprint, progress=progress, retime=retime,
-                                            every=cpu)
+                                            every=cpu, again=again)
                 if cpu:
                     time_builds(mods, t.runner.device, records, store, t.fingerprint,
-                                retime=retime)
+                                retime=retime, again=again)
             finally:
                 t.runner.close()
     return timed
 
 
 def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
-                     retime: bool = False, mods=()) -> dict[int, int]:
+                     retime: bool = False, mods=(), again: bool = False) -> dict[int, int]:
     """Time every kernel of each local CPU task, and each of ``mods`` built whole, at each of
     ``counts`` TVM threads (other than its own) over all this process's cores, into the store
-    ``db`` (``retime``: those timed before too): kernels timed per count."""
+    ``db`` (``retime``: those timed before too; ``again``: all, on one more occasion): kernels
+    timed per count."""
     from autoplace.backend import process_cpus
     from autoplace.backend.tuned import KernelRecords, target_key
     from autoplace.profile.measure import LocalRunner
@@ -517,7 +530,7 @@ def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
                     continue
                 out[n] = out.get(n, 0) + time_kernels_at_threads(
                     t.timed(), t.runner.device, t.target, records, store, n, cores,
-                    progress=progress, retime=retime, mods=mods)
+                    progress=progress, retime=retime, mods=mods, again=again)
     return out
 
 

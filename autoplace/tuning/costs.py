@@ -41,7 +41,7 @@ from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
 from autoplace.profile.campaign import as_runner
 from autoplace.profile.measure import LocalRunner, OpFailed, TimingPolicy, fingerprint
-from autoplace.profile.store import Measurement, ProfileStore
+from autoplace.profile.store import Measurement, ProfileStore, fastest
 
 if TYPE_CHECKING:
     import tvm
@@ -116,29 +116,32 @@ def time_kernel(func: tvm.tirx.PrimFunc, target, device, policy: TimingPolicy = 
 def time_tuned_kernels(kernels, device, target, records: KernelRecords,
                        store: ProfileStore, device_fingerprint: str,
                        policy: TimingPolicy = TimingPolicy(), progress: bool = True,
-                       retime: bool = False, every: bool = False) -> int:
+                       retime: bool = False, every: bool = False, again: bool = False) -> int:
     """Time, into ``store``, each of ``kernels`` (``(name, workload, flops)``) whose best record
-    in ``records`` was not timed yet (``retime``: every one, again), on ``device`` (as
+    in ``records`` was not timed yet (``retime``: every one, again, replacing its time;
+    ``again``: every one, on one more occasion, :func:`fastest`), on ``device`` (as
     :func:`time_kernel` takes it); with ``every``, also those without a record, as
     :data:`DEFAULT_KERNEL`. Returns how many tuned kernels were timed now. Each is committed as
     it is measured, so an interrupted run loses nothing."""
     device = as_runner(device)
     todo = [k for k in _with_records(kernels, records, target) if every or k[3] is not None]
     schedules = _time_into(store, todo, device, target, records, device_fingerprint, policy,
-                           f"timing tuned kernels ({device.name})", progress, retime)
+                           f"timing tuned kernels ({device.name})", progress, retime, again)
     return sum(s != DEFAULT_KERNEL for s in schedules)
 
 
 def time_kernels_at_threads(kernels, device: Device, target, records: KernelRecords,
                             store: ProfileStore, threads: int, cores: Sequence[int],
                             policy: TimingPolicy = TimingPolicy(), progress: bool = True,
-                            retime: bool = False, mods: Sequence[tvm.IRModule] = ()) -> int:
+                            retime: bool = False, mods: Sequence[tvm.IRModule] = (),
+                            again: bool = False) -> int:
     """Time, into ``store``, every one of ``kernels`` (``(name, workload, flops)``) as a build of
     this CPU ``device`` run with ``threads`` TVM threads over ``cores`` runs it: with the schedule
     of its best record in ``records``, else its default one (:data:`DEFAULT_KERNEL`), under the
     device's fingerprint at that count (:func:`fingerprint_at`, added to the store's devices),
     and each of ``mods`` built whole (:func:`time_builds`). Kernels and builds timed before are
-    skipped (``retime``: timed again); returns how many kernels were timed now."""
+    skipped (``retime``: timed again; ``again``: timed on one more occasion); returns how many
+    kernels were timed now."""
     from concurrent.futures import ThreadPoolExecutor
 
     from autoplace.backend import limit_tvm_threads
@@ -164,8 +167,8 @@ def time_kernels_at_threads(kernels, device: Device, target, records: KernelReco
 
         timed = len(_time_into(store, todo, _Pooled(), target, records, fp, policy,
                                f"timing kernels with {threads} threads ({local.name})",
-                               progress, retime))
-        time_builds(mods, device, records, store, fp, retime=retime,
+                               progress, retime, again))
+        time_builds(mods, device, records, store, fp, retime=retime, again=again,
                     run=lambda fn: worker.submit(fn).result())
         return timed
 
@@ -179,19 +182,20 @@ def build_key(mod: tvm.IRModule, device: Device, func_name: str = "main") -> str
 
 
 def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRecords,
-                store: ProfileStore, fp: str, *, retime: bool = False,
+                store: ProfileStore, fp: str, *, retime: bool = False, again: bool = False,
                 run: Callable = lambda fn: fn()) -> int:
     """Time, into ``store`` under fingerprint ``fp``, each of ``mods`` built whole for the CPU
     ``device`` with ``records`` (:func:`autoplace.profile.whole_model.time_model`, called
     as ``run(fn)``: on the calling thread's pool unless ``run`` says otherwise), under
-    :data:`BUILD`. Builds timed before are skipped (``retime``: timed again); returns how many
-    were timed now."""
+    :data:`BUILD`. Builds timed before are skipped (``retime``: timed again, replacing the
+    time; ``again``: on one more occasion, :func:`fastest`); returns how many were timed now."""
     from autoplace.profile.whole_model import time_model
 
     timed = 0
     for mod in mods:
         key = build_key(mod, device)
-        if not retime and store.measurement(fp, key, BUILD) is not None:
+        old = store.measurement(fp, key, BUILD)
+        if not (retime or again) and old is not None:
             continue
         store.add_workloads([KernelWorkload(key, 0.0, 0, 0, op_type="build")])
         try:
@@ -201,7 +205,7 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
             log.warning("%s: the whole build did not run (%s); its kernels' times are charged "
                         "as timed alone", device.name, e)
             m = Measurement(key, fp, "unsupported", schedule=BUILD, error=str(e))
-        store.put(m)
+        store.put(fastest(old, m) if again else m)
         timed += 1
     return timed
 
@@ -218,17 +222,18 @@ def _with_records(kernels, records: KernelRecords, target) -> list[tuple]:
 
 def _time_into(store: ProfileStore, kernels, runner, target, records: KernelRecords, fp: str,
                policy: TimingPolicy, desc: str, progress: bool,
-               retime: bool = False) -> list[str]:
+               retime: bool = False, again: bool = False) -> list[str]:
     """Time each of ``kernels`` (``(name, workload, flops, record or None)``) not yet in
-    ``store`` under ``fp`` (``retime``: each one) on ``runner`` (:func:`time_kernel`), tuned
-    by its record or, with none, as :data:`DEFAULT_KERNEL`; each committed as it is measured.
-    Returns the schedule of each kernel timed."""
+    ``store`` under ``fp`` (``retime``: each one, replacing its time; ``again``: each one, on
+    one more occasion, :func:`fastest`) on ``runner`` (:func:`time_kernel`), tuned by its
+    record or, with none, as :data:`DEFAULT_KERNEL`; each committed as it is measured. Returns
+    the schedule of each kernel timed."""
     from tqdm.auto import tqdm
 
     todo = []
     for name, workload, flops, record in kernels:
         schedule = DEFAULT_KERNEL if record is None else tuned_schedule(record)
-        if retime or store.measurement(fp, kernel_key(workload), schedule) is None:
+        if retime or again or store.measurement(fp, kernel_key(workload), schedule) is None:
             todo.append((name, workload, flops, schedule))
     for name, workload, flops, schedule in tqdm(todo, desc=desc, unit="kernel",
                                                 disable=not progress or not todo):
@@ -246,7 +251,7 @@ def _time_into(store: ProfileStore, kernels, runner, target, records: KernelReco
                         "; it keeps its default schedule's cost")
             m = Measurement(row.workload_key, fp, "unsupported", schedule=schedule,
                             error=str(e))
-        store.put(m)
+        store.put(fastest(store.measurement(fp, row.workload_key, schedule), m) if again else m)
     return [schedule for *_, schedule in todo]
 
 
@@ -255,11 +260,13 @@ class TunedCosts:
     """Node costs with tuned kernels charged (:func:`tuned_costs`).
 
     ``cost``: seconds, nodes x devices; ``tuned``: which entries come from a timed tuned kernel;
+    ``spread``: the relative spread of those entries (:func:`kernel_spread`), ``nan`` elsewhere;
     ``untimed``: kernels with a record but no timing in the store (run ``autoplace tune`` again).
     """
 
     cost: np.ndarray
     tuned: np.ndarray
+    spread: np.ndarray
     untimed: int
 
 
@@ -275,10 +282,11 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
 
     out = np.array(cost, dtype=float)
     tuned = np.zeros(out.shape, dtype=bool)
+    spread = np.full(out.shape, np.nan)
     cpus = [k for k, d in enumerate(devices) if not d.is_gpu
             and read_device(device_folder(db, fingerprints[k])) is not None]
     if not cpus or not len(graph.nodes) or not Path(db).exists():
-        return TunedCosts(out, tuned, 0)
+        return TunedCosts(out, tuned, spread, 0)
     groups = fused_groups(mod, func_name) if cpu_groups is None else cpu_groups
     timed: dict[str, _Timed] = {}
     with ProfileStore(db, readonly=True) as store:
@@ -286,42 +294,47 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
             fp = fingerprints[k]
             if fp not in timed:
                 timed[fp] = _timed_groups(mod, groups, devices[k], fp, records, store)
-            scale = timed[fp].factor
-            for nodes, seconds, is_tuned in timed[fp].found:
+            t = timed[fp]
+            for nodes, seconds, is_tuned, sp in t.found:
                 if not is_tuned or not np.isfinite(out[list(nodes), k]).all():
                     continue  # untuned: its ops keep their costs; or the device cannot run one
                 keep = anchor(nodes, graph, out[:, k])
                 out[list(nodes), k] = 0.0
-                out[keep, k] = seconds * scale
+                out[keep, k] = seconds * t.factor
                 tuned[list(nodes), k] = True
-    return TunedCosts(out, tuned, sum(t.untimed_tuned for t in timed.values()))
+                spread[list(nodes), k] = kernel_spread(sp, t.build_spread)
+    return TunedCosts(out, tuned, spread, sum(t.untimed_tuned for t in timed.values()))
 
 
 def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int,
                  cost: np.ndarray, db: str | Path, records: KernelRecords,
-                 func_name: str = "main", cpu_groups=None) -> tuple[np.ndarray | None, str]:
+                 func_name: str = "main", cpu_groups=None
+                 ) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """Every node of ``graph`` on the CPU ``device`` run with ``threads`` TVM threads, from its
     build's kernels timed at that count in store ``db`` (:func:`time_kernels_at_threads`): each
     kernel's time at its anchor (ties by ``cost``, the node costs at the device's own count), 0
     for the rest of its nodes and for nodes that run no kernel, ``inf`` where ``cost`` is.
-    Returns ``(costs, note)``; costs are None, and the note says why, unless every kernel of the
-    build was timed at that count."""
+    Returns ``(costs, spread, note)``: ``spread`` is each node's relative spread
+    (:func:`kernel_spread` at an anchor, 0 elsewhere); costs and spread are None, and the note
+    says why, unless every kernel of the build was timed at that count."""
     fp = fingerprint_at(LocalRunner(device).info(), threads)
     if not Path(db).exists():
-        return None, f"no store {db}"
+        return None, None, f"no store {db}"
     groups = fused_groups(mod, func_name) if cpu_groups is None else cpu_groups
     with ProfileStore(db, readonly=True) as store:
         t = _timed_groups(mod, groups, device, fp, records, store)
     if not t.complete:
         missing = t.kernels - len(t.found)
-        return None, (f"{missing} of the {t.kernels} kernels of {device.name}'s build "
+        return None, None, (f"{missing} of the {t.kernels} kernels of {device.name}'s build "
                       f"{'are not timed' if not t.failed else 'failed or are not timed'} with "
                       f"{threads} TVM threads in {db} (autoplace tune times them)")
-    out = np.zeros(len(graph.nodes))
-    for nodes, seconds, _ in t.found:
-        out[anchor(nodes, graph, cost)] += seconds * t.factor
+    out, spread = np.zeros(len(graph.nodes)), np.zeros(len(graph.nodes))
+    for nodes, seconds, _, sp in t.found:
+        keep = anchor(nodes, graph, cost)
+        out[keep] += seconds * t.factor
+        spread[keep] = kernel_spread(sp, t.build_spread)  # one kernel per anchor
     out[~np.isfinite(cost)] = np.inf
-    return out, (f"its build's {t.kernels} kernels timed with {threads} threads in {db}"
+    return out, spread, (f"its build's {t.kernels} kernels timed with {threads} threads in {db}"
                  + ("" if t.factor == 1.0 else
                     f", x{t.factor:.2f} as the whole build ran"))
 
@@ -329,15 +342,18 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
 @dataclass(frozen=True)
 class _Timed:
     """What a store holds of one build's kernels under one fingerprint (:func:`_timed_groups`):
-    ``found``: ``(nodes, seconds, tuned)`` per timed kernel call (a tuned record's, else the
-    default schedule's); how many calls with a record are untimed, and how many failed;
-    ``kernels``: the calls; ``factor``: :func:`in_build_factor`."""
+    ``found``: ``(nodes, seconds, tuned, spread)`` per timed kernel call (a tuned record's, else
+    the default schedule's; ``spread``: its timing's, :attr:`Measurement.spread`); how many calls
+    with a record are untimed, and how many failed; ``kernels``: the calls; ``factor``:
+    :func:`in_build_factor`; ``build_spread``: the whole build's timing spread when it set the
+    factor, else None."""
 
     found: list
     untimed_tuned: int
     failed: int
     kernels: int
     factor: float
+    build_spread: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -376,16 +392,27 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
         if m is None:
             untimed_tuned += tuned
         elif m.ok:
-            found.append((nodes, m.latency_s, tuned))
+            found.append((nodes, m.latency_s, tuned, m.spread))
         else:
             failed += 1
-    factor = 1.0
+    factor, build_spread = 1.0, None
     if len(found) == kernels and kernels:
         keys = sorted(kernel_key(kernel_workload(funcs[name])) for name, _ in groups
                       if name in funcs)
-        factor = in_build_factor(store.measurement(fp, _key_of(keys), BUILD),
-                                 sum(seconds for _, seconds, _ in found))
-    return _Timed(found, untimed_tuned, failed, kernels, factor)
+        build = store.measurement(fp, _key_of(keys), BUILD)
+        factor = in_build_factor(build, sum(seconds for _, seconds, *_ in found))
+        build_spread = build.spread if factor != 1.0 else None
+    return _Timed(found, untimed_tuned, failed, kernels, factor, build_spread)
+
+
+def kernel_spread(spread: float | None, build_spread: float | None) -> float:
+    """The relative spread of a kernel's charge: its timing's (:attr:`Measurement.spread`: its
+    repeats' or its occasions', as a profiled op's), combined with that of the whole build that
+    scales it (:func:`in_build_factor`), if any, as if independent. ``nan`` when the kernel's is
+    not known."""
+    if spread is None:
+        return float("nan")
+    return float(np.hypot(spread, build_spread or 0.0))
 
 
 def in_build_factor(build: Measurement | None, kernels_s: float) -> float:

@@ -435,9 +435,9 @@ def optimize(
         Return a multi-device plan only when it is predicted to beat the best baseline plan
         (each single device; one CPU device with the threads of all the CPU devices, where a
         profile measured with that many threads predicts it; replicas, for throughput) by more
-        than the uncertainty of the costs: the gain must exceed
-        :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the gain, from
-        each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats
+        than the uncertainty of the costs it rests on: the gain must exceed
+        :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the plan's
+        predicted value, from each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats
         or occasions, whichever differ more; a learned model's quantiles; a roofline estimate's
         fixed spread; a tuned kernel's timing likewise, with the whole build's that scales it)
         times the cost, summed in quadrature over the nodes each value rests on

@@ -26,8 +26,8 @@ from autoplace.solve import InfeasibleError, Problem, Solution, solve
 from autoplace.solve.simulate import (device_loads, hand_offs, replica_host_s, replica_periods,
                                       stage_counts, stage_overhead)
 
-#: How many standard deviations of the gain a multi-device plan must clear (one-sided, about
-#: 98 % if the cost errors were normal).
+#: How many standard deviations of its predicted value a multi-device plan's gain must clear
+#: (one-sided, about 98 % if the cost errors were normal).
 GUARD_SIGMAS = 2.0
 
 #: Relative standard deviation of a stage's hand-off (``stage_overhead_s``) from one measurement
@@ -59,7 +59,8 @@ class GuardDecision:
     predicted values and standard deviations, and whether the solver's plan was kept.
 
     The gain (baseline minus plan) must exceed :attr:`margin_s`, ``sigmas`` times the standard
-    deviation of the gain (the two values' standard deviations combined as if independent).
+    deviation of the value of the plan that would take the place of the other (the solver's;
+    a baseline of several devices, where the solver's one device was kept over it).
     """
 
     kept: bool
@@ -72,15 +73,12 @@ class GuardDecision:
     sigmas: float
     unknown: int  # costs the two values rest on whose spread is unknown
     solver_plan: str  # str() of the solver's plan
+    margin_s: float = 0.0
     passed_over: str = ""  # a baseline of several devices that did not clear the margin
 
     @property
     def gain_s(self) -> float:
         return self.baseline_s - self.plan_s
-
-    @property
-    def margin_s(self) -> float:
-        return self.sigmas * math.hypot(self.plan_sigma_s, self.baseline_sigma_s)
 
     def describe(self) -> str:
         """:meth:`__str__`, followed by the solver's plan when it was not returned."""
@@ -97,15 +95,17 @@ class GuardDecision:
         passed = f"; {self.passed_over}" if self.passed_over else ""
         if self.kept and self.gain_s <= 0:  # the solver's one device, over several devices
             return (f"kept {plan}: {base} takes several devices and beats it by only "
-                    f"{_fmt(-self.gain_s)}, within {self.sigmas:g} sigma of the gain "
-                    f"({_fmt(self.margin_s)}){unknown}")
+                    f"{_fmt(-self.gain_s)}, within {self.sigmas:g} sigma of that baseline's "
+                    f"prediction ({_fmt(self.margin_s)}){unknown}")
         if self.kept:
             return (f"kept {plan}: it beats {base} by {_fmt(self.gain_s)}, more than "
-                    f"{self.sigmas:g} sigma of the gain ({_fmt(self.margin_s)}){unknown}{passed}")
-        how = (f"loses to it by {_fmt(-self.gain_s)}" if self.gain_s < 0 else
-               "is no faster" if self.gain_s == 0 else
-               f"beats it by only {_fmt(self.gain_s)}, within {self.sigmas:g} sigma of the "
-               f"gain ({_fmt(self.margin_s)})")
+                    f"{self.sigmas:g} sigma of its prediction ({_fmt(self.margin_s)})"
+                    f"{unknown}{passed}")
+        same = math.isclose(self.plan_s, self.baseline_s, rel_tol=1e-9)
+        how = ("is no faster" if same else
+               f"loses to it by {_fmt(-self.gain_s)}" if self.gain_s < 0 else
+               f"beats it by only {_fmt(self.gain_s)}, within {self.sigmas:g} sigma of its "
+               f"prediction ({_fmt(self.margin_s)})")
         return (f"returned the baseline {base} instead of {plan}, which {how}{unknown}{passed}. "
                 "optimize(..., baseline_guard=False) returns the solver's plan")
 
@@ -228,9 +228,10 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
     """The baseline to return instead of ``sol``, if any, and the decision in words.
 
     The candidates are the ``baselines`` with a plan (single devices, all threads, replicas).
-    Each step from one device to more must clear ``sigmas`` standard deviations of its gain
-    (:func:`value_sigma` of each value, combined as if independent: when both rest on the same
-    measurements they err alike, so this overstates the spread and favours the simpler plan):
+    Each step from one device to more must clear ``sigmas`` standard deviations of the value of
+    the plan that takes the step (:func:`value_sigma`): the uncertainty of the costs it rests
+    on. The other's is not charged: a measured cost is its fastest occasion, and its spread
+    (:attr:`autoplace.profile.Measurement.spread`) is mostly how much slower it ran on others.
 
     1. the fallback is the fastest single device (the solver's plan among them when it is one
        device and one stage), unless the fastest baseline of several devices
@@ -255,7 +256,8 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
         d = GuardDecision(
             kept=False, objective=sol.objective, plan_s=plan.value, plan_sigma_s=plan.sigma,
             baseline=base.name, baseline_s=float(base.value), baseline_sigma_s=base.sigma,
-            sigmas=sigmas, unknown=plan.unknown + base.unknown, solver_plan=solver_plan)
+            sigmas=sigmas, unknown=plan.unknown + base.unknown, solver_plan=solver_plan,
+            margin_s=sigmas * plan.sigma)
         return dataclasses.replace(d, kept=d.gain_s > d.margin_s)
 
     one_device = is_baseline(sol) and not replicated
@@ -272,14 +274,16 @@ def guard(problem: Problem, sol: Solution, spread: np.ndarray, baselines: Sequen
     if one_device and fallback is own:
         if passed_over is None:
             return None, None
-        return None, dataclasses.replace(compare(own, passed_over), kept=True)
+        step = compare(passed_over, own)
+        return None, dataclasses.replace(compare(own, passed_over), kept=True,
+                                         margin_s=step.margin_s)
     decision = compare(own, fallback)
     if passed_over is not None:
         step = compare(passed_over, fallback)
         decision = dataclasses.replace(decision, passed_over=(
             f"{passed_over.name} ({_fmt(passed_over.value)} ± {_fmt(passed_over.sigma)}) takes "
             f"several devices and beats {fallback.name} by only {_fmt(step.gain_s)}, within "
-            f"{sigmas:g} sigma ({_fmt(step.margin_s)})"))
+            f"{sigmas:g} sigma of its prediction ({_fmt(step.margin_s)})"))
     if one_device:  # a faster single device, whatever the margin
         decision = dataclasses.replace(decision, kept=False)
     return (None if decision.kept else fallback), decision

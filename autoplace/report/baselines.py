@@ -73,7 +73,7 @@ class GuardDecision:
     sigmas: float
     unknown: int  # costs the two values rest on whose spread is unknown
     solver_plan: str  # str() of the solver's plan
-    margin_s: float = 0.0
+    margin_s: float
     passed_over: str = ""  # a baseline of several devices that did not clear the margin
 
     @property

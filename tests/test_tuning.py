@@ -516,3 +516,18 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     for m, old in ((after[k], before[k]) for k in more):
         assert m.latency_s <= old.latency_s and m.slowest_s >= m.latency_s
         assert m.spread >= m.cv and m.spread == max(m.cv, m.occasion_spread)
+
+
+def test_a_campaign_collects_garbage_only_between_rounds(tmp_path, monkeypatch):
+    """MetaSchedule's process pools, left in reference cycles, are collected on the campaign's
+    thread between rounds: automatic collection, which could finalise one inside a new thread's
+    start-up and hang the process, is off while it tunes and back on after."""
+    import gc
+
+    from autoplace.tuning import campaign
+
+    seen = []
+    monkeypatch.setattr(campaign, "_tune_one", lambda *a: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    autoplace.tune(_model(False), [CPU], tmp_path / "prof.db", trials=1, progress=False)
+    assert seen == [False] and gc.isenabled()

@@ -15,6 +15,8 @@ limit, Ctrl-C) has tried each of the kernels that matter instead of exhausting o
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -357,7 +359,7 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         tasks[fp] = _DeviceTasks(runner, fp, info, target, database, folder, kernels)
 
     deadline = None if time_limit_s is None else t0 + time_limit_s
-    with interrupts_kept():
+    with interrupts_kept(), _collected_here():
         if not dry_run:
             _time_defaults(tasks.values(), trials, progress, deadline)
         statuses, pending, late = _tune_all(tasks, trials, dry_run=dry_run,
@@ -398,6 +400,23 @@ def _time_defaults(tasks, trials: int, progress: bool, deadline: float | None) -
                 save_default_times(t.folder, times)
         finally:
             t.runner.close()  # MetaSchedule's RPC runner needs the remote's server free
+
+
+@contextlib.contextmanager
+def _collected_here():
+    """Automatic garbage collection off for the campaign; :func:`gc.collect` on the calling
+    thread after each tuning round and at the end instead. MetaSchedule's builders and runners
+    leave their process pools in reference cycles. Collected automatically, one can be
+    finalised inside a new thread's start-up, where the pool's shutdown joins its own threads
+    under a lock the start-up holds: the process hangs, the caller in ``Thread.start``."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        if enabled:
+            gc.enable()
 
 
 def _tune_all(tasks: dict[str, _DeviceTasks], trials: int, *, dry_run: bool,
@@ -463,6 +482,7 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
             before = k.recorded + k.tuned_now
             _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
                       t.ms_runner, t.ms_builder, model)
+            gc.collect()  # the round's process pools, on this thread (_collected_here)
             todo -= ask
             if k.reread(t.database) - before < ask:
                 k.spent = True

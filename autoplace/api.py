@@ -437,9 +437,10 @@ def optimize(
         profile measured with that many threads predicts it; replicas, for throughput) by more
         than the uncertainty of the costs it rests on: the gain must exceed
         :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the plan's
-        predicted value, from each cost's relative spread (:func:`autoplace.report.cost_spread`: the profile's repeats
-        or occasions, whichever differ more; a learned model's quantiles; a roofline estimate's
-        fixed spread; a tuned kernel's timing likewise, with the whole build's that scales it)
+        predicted value, from each cost's relative spread (:func:`autoplace.report.cost_spread`:
+        the profile's repeats or occasions, whichever differ more; a learned model's quantiles;
+        a roofline estimate's fixed spread; a tuned kernel's timing likewise, with the whole
+        build's that scales it)
         times the cost, summed in quadrature over the nodes each value rests on
         (:func:`~autoplace.report.baselines.value_sigma`). Otherwise the baseline is returned.
         A baseline that takes several devices (all threads, replicas) is that baseline only if

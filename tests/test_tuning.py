@@ -494,7 +494,8 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
         sorted(m.latency_s * build.latency_s / kernels_s for m in kernel_rows))
     assert sorted(spread[charged]) == pytest.approx(
         sorted(np.hypot(m.spread, build.spread) for m in kernel_rows))
-    assert all(m.spread > 0 for m in kernel_rows) and build.spread > 0 and not spread[~charged].any()
+    assert all(m.spread > 0 for m in kernel_rows) and build.spread > 0
+    assert not spread[~charged].any()
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, also_threads=[threads],
                            progress=False, retime=True)
     assert again.timed == 1 and again.timed_at_threads == {threads: 1}

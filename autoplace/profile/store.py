@@ -829,12 +829,11 @@ class DeviceProfile:
     @classmethod
     def from_export(cls, data: dict) -> DeviceProfile:
         dev = data["device"]
-        ok = [m for m in data["measurements"] if m["status"] == "ok"]
+        ok = [Measurement(**m, device=dev["fingerprint"]) for m in data["measurements"]
+              if m["status"] == "ok"]
         return cls(dev["name"], dev["fingerprint"], dev["info"],
-                   {m["workload"]: Measurement(**m, device=dev["fingerprint"]).latency_s
-                    for m in ok},
-                   {m["workload"]: _or_nan(Measurement(**m, device=dev["fingerprint"]).spread)
-                    for m in ok},
+                   {m.workload: m.latency_s for m in ok},
+                   {m.workload: _or_nan(m.spread) for m in ok},
                    {m["workload"]: m["error"] or "" for m in data["measurements"]
                     if m["status"] == "unsupported"},
                    tuple(LinkFit(**{**f, "points": tuple(map(tuple, f["points"]))})

@@ -326,8 +326,8 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
     if not t.complete:
         missing = t.kernels - len(t.found)
         return None, None, (f"{missing} of the {t.kernels} kernels of {device.name}'s build "
-                      f"{'are not timed' if not t.failed else 'failed or are not timed'} with "
-                      f"{threads} TVM threads in {db} (autoplace tune times them)")
+                            f"{'are not timed' if not t.failed else 'failed or are not timed'} "
+                            f"with {threads} TVM threads in {db} (autoplace tune times them)")
     out, spread = np.zeros(len(graph.nodes)), np.zeros(len(graph.nodes))
     for nodes, seconds, _, sp in t.found:
         keep = anchor(nodes, graph, cost)
@@ -335,8 +335,8 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
         spread[keep] = kernel_spread(sp, t.build_spread)  # one kernel per anchor
     out[~np.isfinite(cost)] = np.inf
     return out, spread, (f"its build's {t.kernels} kernels timed with {threads} threads in {db}"
-                 + ("" if t.factor == 1.0 else
-                    f", x{t.factor:.2f} as the whole build ran"))
+                         + ("" if t.factor == 1.0 else
+                            f", x{t.factor:.2f} as the whole build ran"))
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ class OptimizeResult:
     guard: GuardDecision | None = None  # why this plan and not the solver's or a baseline
     outside_training: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
+    contenders: tuple[Contender, ...] = ()  # latency: predicted faster, not by the guard's margin
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -211,7 +212,8 @@ class OptimizeResult:
 
         return explain(self)
 
-    def compile(self, concurrent: bool | None = None) -> CompiledModel | ConcurrentModel:
+    def compile(self, concurrent: bool | None = None, *,
+                trial: bool | None = None) -> CompiledModel | ConcurrentModel:
         """Build the plan for its devices; the result takes and returns numpy arrays.
 
         A latency plan over several devices runs either on one VM, one kernel after another
@@ -219,15 +221,42 @@ class OptimizeResult:
         device, side by side where the data allows (:class:`~autoplace.run.ConcurrentModel`,
         close it when done). ``concurrent=None`` builds the one :attr:`delivery` predicts to be
         faster; ``True`` or ``False`` chooses.
-        """
-        from autoplace.run import ConcurrentModel, compile
 
+        Where the guard returned this plan over :attr:`contenders` (plans predicted faster, but
+        not by more than their costs' uncertainty), ``trial`` (default: when ``concurrent`` is
+        not given) builds them all, times them here on random inputs, interleaved
+        (:func:`autoplace.run.trial.run_fastest`, about a second or two more than one build) and
+        returns the fastest; its ``.trial`` says what was measured. ``trial=False`` builds this
+        plan alone.
+        """
+        if trial is None:
+            trial = concurrent is None
         if concurrent is None:
             concurrent = self.delivery is not None and self.delivery.runner == "concurrent"
+        own = functools.partial(self._build, self.plan, concurrent, self.solution.order)
+        if not trial or not self.contenders:
+            return own()
+        from autoplace.profile.workload import random_inputs
+        from autoplace.run.trial import Candidate, run_fastest
+
+        name = (self.guard.baseline if self.guard is not None and not self.guard.kept
+                else "the solver's plan")
+        candidates = [Candidate(name, self.predicted_latency_s, own)] + [
+            Candidate(c.name, c.predicted_s,
+                      functools.partial(self._build, c.plan, c.concurrent, c.order))
+            for c in self.contenders]
+        inputs = random_inputs(self.source_mod[self.graph.func_name], np.random.default_rng(0))
+        run, found = run_fastest(candidates, inputs)
+        object.__setattr__(run, "trial", found)
+        return run
+
+    def _build(self, plan: Plan, concurrent: bool, order) -> CompiledModel | ConcurrentModel:
+        from autoplace.run import ConcurrentModel, compile
+
         if concurrent:
-            return ConcurrentModel.from_plan(self.source_mod, self.plan, self.graph.func_name,
-                                             order=self.solution.order, records=self.records)
-        return compile(self.source_mod, self.plan, self.graph.func_name, records=self.records)
+            return ConcurrentModel.from_plan(self.source_mod, plan, self.graph.func_name,
+                                             order=order, records=self.records)
+        return compile(self.source_mod, plan, self.graph.func_name, records=self.records)
 
     def pipeline(self, **kwargs) -> Pipeline:
         """Split a throughput plan into its stages, build each for its device, and start one
@@ -274,6 +303,10 @@ class OptimizeResult:
                 lines.append(f"  {name} baseline: {note}")
         if self.guard is not None:
             lines.append(f"guard: {self.guard.describe()}")
+        if self.contenders:
+            from autoplace.report.explain import contenders_note
+
+            lines.append(contenders_note(self.contenders))
         return "\n".join(lines)
 
 
@@ -314,6 +347,56 @@ class Delivery:
         vm = f"one VM, one kernel after another, predicted {self.serial_s * 1e3:.4f} ms"
         return (f"{conc} (rather than {vm}){call}" if self.runner == "concurrent" else
                 f"{vm} (rather than {conc}){call}")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A latency plan predicted faster than the one ``optimize`` returned, by less than the
+    guard's margin, or one no cost model here could predict (the all-threads baseline without a
+    profile or tuned kernels at that count): :meth:`OptimizeResult.compile` times it against
+    the returned plan.
+    ``concurrent``: it runs as segments; ``order``: the node order its segments follow."""
+
+    name: str
+    plan: Plan
+    predicted_s: float | None  # None: a baseline that could not be predicted
+    concurrent: bool = False
+    order: tuple[int, ...] | None = None
+
+
+def _contenders(returned: Contender, solver: Contender | None, baselines,
+                plans: Mapping[str, Plan], unpredicted: Contender | None = None
+                ) -> tuple[Contender, ...]:
+    """The plans predicted faster than the ``returned`` one: the solver's (``solver``, when it
+    was not returned) and the runnable baselines, fastest first; then ``unpredicted`` (a
+    baseline that could not be predicted); one per distinct plan."""
+    found = [solver] if solver is not None else []
+    found += [Contender(b.name, replace(plans[b.name], predicted_s=b.value), b.value)
+              for b in baselines if b.name in plans and b.value is not None]
+    found = [c for c in sorted(found, key=lambda c: c.predicted_s)
+             if c.predicted_s < returned.predicted_s]
+    out, seen = [], {(returned.plan.assignment, returned.plan.threads)}
+    for c in found + ([unpredicted] if unpredicted is not None else []):
+        key = (c.plan.assignment, c.plan.threads)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return tuple(out)
+
+
+def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded,
+                             sources: tuple[str, ...]) -> Contender | None:
+    """The all-threads baseline as a contender with no prediction, where ``threaded`` (of
+    :func:`_all_threads_costs`) could not predict it and its device runs every op."""
+    if threaded is None or threaded[2].cost is not None:
+        return None
+    k, threads, _ = threaded
+    if not all(devices[k].can_run(n.op_type) for n in graph.nodes):
+        return None
+    plan = Plan.from_assignment(graph, devices, [devices[k].name] * len(graph.nodes),
+                                objective="latency", cost_sources=sources,
+                                solver=f"single:{k}", threads=threads)
+    return Contender("all threads", plan, None)
 
 
 def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float],
@@ -540,11 +623,11 @@ def optimize(
         else None
     plan = _plan_of(graph, devices, solution, objective, sources)
     spread = _spread(graph, devices, cost_model, tuned)
-    found = predict_baselines(problem, objective, spread, replicate=replicate,
-                              all_threads=_all_threads_costs(
-                                  graph, devices, cost_model, sources, described, threads_all,
+    threaded = _all_threads_costs(graph, devices, cost_model, sources, described, threads_all,
                                   None if not records else
-                                  (mod, db, records, func_name, (groups or {}).get(False), cost)))
+                                  (mod, db, records, func_name, (groups or {}).get(False), cost))
+    found = predict_baselines(problem, objective, spread, replicate=replicate,
+                              all_threads=threaded)
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
              for b in found if b.solution is not None}
     if calls and plain is not None:  # a latency build's call costs what its devices charge
@@ -553,13 +636,21 @@ def optimize(
     delivery = None if plain is None else _delivery(
         plain, solution, segment_overhead_s,
         _call_of(calls, problem.device_names, solution))
-    decision = None
+    decision, contenders = None, ()
     if baseline_guard:
         # A latency plan is worth what its build delivers (one VM, or segments side by side),
         # and its call.
         judged = (solution if delivery is None
                   else replace(solution, value=delivery.predicted_s))
         chosen, decision = guard(problem, judged, spread, found, str(plan))
+        if delivery is not None:
+            own = Contender("the solver's plan", replace(plan, predicted_s=judged.value),
+                            judged.value, delivery.runner == "concurrent", solution.order)
+            returned = (own if chosen is None else
+                        Contender(chosen.name, plans[chosen.name], chosen.value))
+            contenders = _contenders(returned, own if chosen is not None else None, found,
+                                     plans, _unpredicted_all_threads(graph, devices, threaded,
+                                                                     sources))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]
@@ -578,7 +669,8 @@ def optimize(
                           overhead_sources=overhead_sources, delivery=delivery,
                           baseline_notes={b.name: b.note for b in found if b.note},
                           baseline_plans=plans,
-                          guard=decision, outside_training=outside, outside_note=outside_note)
+                          guard=decision, outside_training=outside, outside_note=outside_note,
+                          contenders=contenders)
 
 
 def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, given):
@@ -721,8 +813,8 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
         return k, threads, ThreadedCosts(
             None, None, f"not predicted: the plan's costs include tuned kernels, and "
                         f"{why or 'no tuning store times them at that count'}; a build of one "
-                        f"device with all {threads} threads may well be faster: time it beside "
-                        "the plan (benchmarks/latency_plans.py, or optimize --run for a pipeline)")
+                        f"device with all {threads} threads may well be faster: compile() of a "
+                        "latency plan times it beside the plan (optimize --run, a pipeline's)")
     extra = []
     if described.startswith("measured") and isinstance(cost_model, ProfiledCostModel):
         from autoplace.profile import LocalRunner, fingerprint

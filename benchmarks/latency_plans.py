@@ -9,11 +9,13 @@ measured profiles given by ``--profile``, with their overheads) plans over the d
 one process, one round after another:
 
 - the plan as ``res.compile()`` builds it: the concurrent runner (segments, one worker per device)
-  or the single VM, whichever ``res.delivery`` predicts faster; both are timed;
+  or the single VM, whichever ``res.delivery`` predicts faster, unless the plans the guard passed
+  over within its margin (``res.contenders``) ran faster in ``compile``'s trial; both runners of
+  the returned plan are timed too;
 - the best single device alone, on the caller's thread with TVM's default threads (the solver's
   single-device baseline);
-- the best single device with all the cores the plan's CPU devices have together (what a user
-  with these cores runs instead of a two-device plan).
+- the best single device with all the cores of this process as TVM threads, called on the
+  caller's thread (what a user with these cores runs instead of a two-device plan).
 
 Each round times every runner, starting one runner later than the round before, each once the
 process is idle (the TVM workers of the runner timed before spin on for up to a second).
@@ -32,16 +34,16 @@ Models: ``autoplace.zoo`` names (``zoo:NAME``) and those of ``benchmarks/_models
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
-import threading
 
 import numpy as np
 
 import autoplace
 from autoplace import zoo
-from autoplace.backend import limit_tvm_threads, process_cpus
+from autoplace.backend import process_cpus
 from autoplace.run.overhead import measure_segment_overhead
 from _timing import aligned, median_call_s, settle
 
@@ -50,38 +52,14 @@ def median_ms(fn, inputs, repeat: int) -> float:
     return median_call_s(fn, inputs, repeat) * 1e3
 
 
-class AllCores:
-    """A single-device build called on a thread whose TVM pool has every core of this process."""
-
-    def __init__(self, run):
-        import queue
-
-        self.run, self.jobs, self.done = run, queue.SimpleQueue(), queue.SimpleQueue()
-        threading.Thread(target=self._work, daemon=True).start()
-        self.threads = self.done.get()
-
-    def _work(self):
-        cpus = process_cpus()
-        limit_tvm_threads(len(cpus), cpus)
-        self.done.put(len(cpus))
-        while True:
-            args = self.jobs.get()
-            if args is None:
-                return
-            try:
-                self.done.put(self.run(*args))
-            except Exception as e:  # noqa: BLE001 - re-raised by the caller
-                self.done.put(e)
-
-    def __call__(self, *args):
-        self.jobs.put(args)
-        out = self.done.get()
-        if isinstance(out, Exception):
-            raise out
-        return out
-
-    def close(self):
-        self.jobs.put(None)
+def all_cores(mod, graph, devices, device, records):
+    """The whole model built for ``device`` alone, its plan given every core of this process as
+    TVM threads: called on the caller's thread, as a user who sets ``TVM_NUM_THREADS`` runs it
+    (and as an all-threads plan runs). Returns ``(run, threads)``."""
+    threads = len(process_cpus())
+    plan = dataclasses.replace(autoplace.place(graph, devices, [("*", device.name)]),
+                               threads=threads)
+    return autoplace.compile(mod, plan, records=records), threads
 
 
 def load(name: str):
@@ -100,7 +78,9 @@ def bench(name: str, devices, args) -> dict:
     runs = {
         "concurrent": res.compile(concurrent=True),
         "vm": res.compile(concurrent=False),
+        "plan": res.compile(),  # with its trial of the contenders, where it has any
     }
+    trial = getattr(runs["plan"], "trial", None)
     singles = {d.name: autoplace.compile(mod, autoplace.place(graph, devices, [("*", d.name)]),
                                          records=res.records) for d in devices}
     ref = singles[devices[0].name](*inputs)
@@ -108,9 +88,10 @@ def bench(name: str, devices, args) -> dict:
     for key, run in runs.items():
         errors[key] = max(float(np.max(np.abs(a - b))) for a, b in zip(run(*inputs), ref))
     cpu = [d for d in devices if not d.is_gpu]
-    all_cores = AllCores(singles[cpu[0].name]) if cpu else None
+    every, threads = (all_cores(mod, graph, devices, cpu[0], res.records) if cpu
+                      else (None, None))
     timed = [*runs.items(), *((f"only {d}", run) for d, run in singles.items()),
-             *([("all cores", all_cores)] if all_cores is not None else [])]
+             *([("all cores", every)] if every is not None else [])]
     rounds: dict[str, list[float]] = {key: [] for key, _ in timed}
     for r in range(args.rounds):
         # Each round starts one runner later: none is always timed right after the same one
@@ -118,24 +99,29 @@ def bench(name: str, devices, args) -> dict:
         for key, run in timed[r % len(timed):] + timed[:r % len(timed)]:
             settle()  # the last runner's TVM workers spin on for a while
             rounds[key].append(median_ms(run, inputs, args.repeat))
-    runs["concurrent"].close()
-    if all_cores is not None:
-        all_cores.close()
+    for run in runs.values():
+        getattr(run, "close", lambda: None)()
     measured = {k: statistics.median(v) for k, v in rounds.items()}
-    chosen = measured[dlv.runner]
+    chosen = measured["plan"]
+    if trial is None:
+        runner, predicted = dlv.runner, dlv.predicted_s
+    else:
+        runner = trial.chosen
+        predicted = next(e.predicted_s for e in trial.entries if e.name == trial.chosen)
     best_single = min(v for k, v in measured.items() if k.startswith("only "))
     baseline = min(best_single, measured.get("all cores", float("inf")))
     return {
-        "model": name, "ops": len(graph.nodes), "segments": dlv.segments, "runner": dlv.runner,
+        "model": name, "ops": len(graph.nodes), "segments": dlv.segments, "runner": runner,
+        "trial": None if trial is None else str(trial),
         "devices_used": len(res.plan.used_devices()),
         # Each runner's prediction with the call (res.baselines have theirs).
         "predicted_ms": {"concurrent": (dlv.concurrent_s + dlv.call_s) * 1e3,
                          "vm": (dlv.serial_s + dlv.call_s) * 1e3,
-                         "solver": res.solution.value * 1e3,
+                         "plan": predicted * 1e3, "solver": res.solution.value * 1e3,
                          **{k: v * 1e3 for k, v in res.baselines.items()}},
         "measured_ms": measured, "rounds_ms": rounds, "max_abs_err": errors,
-        "all_cores_threads": all_cores.threads if all_cores else None,
-        "measured/predicted": chosen / (dlv.predicted_s * 1e3),
+        "all_cores_threads": threads,
+        "measured/predicted": chosen / (predicted * 1e3),
         "concurrent measured/predicted": (measured["concurrent"]
                                           / ((dlv.concurrent_s + dlv.call_s) * 1e3)),
         "plan vs best single (x)": best_single / chosen,
@@ -146,8 +132,8 @@ def bench(name: str, devices, args) -> dict:
 
 
 def render(rows) -> str:
-    head = ["model", "ops", "seg", "runs as", "pred conc", "pred vm", "conc", "vm",
-            "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best",
+    head = ["model", "ops", "seg", "runs as", "pred conc", "pred vm", "conc", "vm", "pred",
+            "plan", "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best",
             "each device alone m/p"]
     table = [head]
     for r in rows:
@@ -158,15 +144,15 @@ def render(rows) -> str:
         single = min(v for k, v in m.items() if k.startswith("only "))
         table.append([r["model"], str(r["ops"]), str(r["segments"]), r["runner"],
                       f"{p['concurrent']:.3f}", f"{p['vm']:.3f}", f"{m['concurrent']:.3f}",
-                      f"{m['vm']:.3f}", f"{single:.3f}",
+                      f"{m['vm']:.3f}", f"{p['plan']:.3f}", f"{m['plan']:.3f}", f"{single:.3f}",
                       f"{m['all cores']:.3f}" if "all cores" in m else "-",
                       f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
                       f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x",
                       " ".join(f"{k[5:]} {v / p[k]:.2f}" for k, v in m.items()
                                if k.startswith("only ") and p.get(k))])
     return aligned(
-        table, "ms, medians. 'runs as': the runner res.compile() builds; meas/pred: of that "
-        "runner; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
+        table, "ms, medians. 'runs as': what res.compile() builds (a runner of the returned "
+        "plan, or the contender its trial kept); pred, plan, meas/pred: of that; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
         "(> 1: the plan is faster); all cores: the best single device with every core; each "
         "device alone m/p: the whole model built for one device, measured / predicted.")
 

@@ -101,13 +101,16 @@ def _optimize_and_run(args) -> dict:
         records=res.records)(*model.inputs)
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, reference))
     out = {
-        "model": model.name, "graph": res.graph.summary(), "result": res,
+        "model": model.name, "graph": res.graph.summary(), "result": res, "run_plan": run.plan,
         "report": {
             "model": model.name,
             "objective": args.objective,
             "devices": [d.name for d in devices],
             "predicted_s": res.predicted_latency_s,
             "runs_as": None if res.delivery is None else res.delivery.runner,
+            # compile()'s trial of the plans predicted faster within the costs' uncertainty
+            "trial": None if getattr(run, "trial", None) is None else str(run.trial),
+            "runs_plan": json.loads(run.plan.to_json()),
             "bound_s": res.solution.bound,
             "status": res.solution.status,
             "solver": res.solution.solver,
@@ -175,7 +178,9 @@ def _cmd_demo(args) -> int:
     if "advice" in rep:
         print(rep["advice"])
     print(f"cross-device copies (one per tensor and destination device): {rep['copies']}")
-    plan = out["result"].plan
+    if rep["trial"]:
+        print(f"compile(): {rep['trial']}")
+    plan = out["run_plan"]
     used = ", ".join(d.name for d in plan.used_devices()) + (
         f" with {plan.threads} TVM threads" if plan.threads else "")
     print(f"compiled the plan ({used}) and ran: max |difference| from the single-device "
@@ -193,6 +198,8 @@ def _cmd_optimize(args) -> int:
               f"{out['report']['kernels']['default']} default")
         if "advice" in out["report"]:
             print(out["report"]["advice"])
+        if out["report"]["trial"]:
+            print(f"compile(): {out['report']['trial']}")
         print(f"max |difference| from the single-device build: "
               f"{out['report']['max_abs_err_vs_single_device']:.3g}")
         if args.run:

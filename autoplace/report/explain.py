@@ -312,9 +312,23 @@ def _guard_text(result) -> str:
                 "the solver found" if plan.replicas and "+replicas" in plan.solver else "")
     if decision is None:
         return replicas
+    close = contenders_note(getattr(result, "contenders", ()))
+    close = f"\n{close}" if close else ""
     if replicas and decision.kept:
-        return f"{replicas}; {decision.describe()}"
-    return decision.describe()
+        return f"{replicas}; {decision.describe()}{close}"
+    return decision.describe() + close
+
+
+def contenders_note(contenders) -> str:
+    """One line naming the plans ``compile()`` times against the returned one (each with a
+    ``name`` and ``predicted_s``); "" when there are none."""
+    if not contenders:
+        return ""
+    close = ", ".join(f"{c.name} (" + ("not predicted" if c.predicted_s is None
+                                        else f"{c.predicted_s * 1e3:.4f} ms") + ")"
+                      for c in contenders)
+    return (f"compile() times it against {close} (predicted faster within the costs' "
+            "uncertainty, or not predicted) and runs the fastest")
 
 
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:

@@ -81,6 +81,17 @@ class CompiledModel:
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
 
+    def close(self) -> None:
+        """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
+        that whatever ``res.compile()`` returns can be closed, or used in a ``with``."""
+
+    def __enter__(self) -> CompiledModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _vdevice_position(vdev, vdevs) -> int:
     # VDevice.same_as recurses forever in TVM 0.27: compare (target kind, id) instead.
     if vdev is None:

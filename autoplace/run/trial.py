@@ -1,0 +1,141 @@
+"""Settle a close call by running it: build each plan whose predicted time is within the costs'
+uncertainty of the others, time them all on this machine, interleaved, and keep the fastest."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoplace.backend import settle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One plan of a trial: its name, its predicted seconds a call, the median measured one
+    (None where it could not be built or run; ``error`` says why)."""
+
+    name: str
+    predicted_s: float | None  # None: not predicted
+    measured_s: float | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What :func:`run_fastest` timed, and which plan it kept (``chosen``)."""
+
+    entries: tuple[Entry, ...]
+    chosen: str
+    rounds: int
+
+    def __str__(self) -> str:
+        parts = []
+        for e in self.entries:
+            got = (f"failed ({e.error})" if e.measured_s is None
+                   else f"{e.measured_s * 1e3:.4g} ms")
+            pred = ("not predicted" if e.predicted_s is None
+                    else f"predicted {e.predicted_s * 1e3:.4g} ms")
+            parts.append(f"{e.name} {got} ({pred})")
+        return (f"timed here, medians of {self.rounds} interleaved rounds: " + "; ".join(parts)
+                + f"; runs {self.chosen}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan to try: ``build()`` returns a callable on numpy arrays (closed with ``close()``,
+    where it has one, when it is not kept)."""
+
+    name: str
+    predicted_s: float | None
+    build: Callable[[], Any]
+
+
+def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *,
+                rounds: int = 5, block_s: float = 0.02, max_calls: int = 30,
+                budget_s: float = 3.0):
+    """Build every candidate, time each on ``inputs`` in up to ``rounds`` rounds (each round
+    runs them all, in an order that starts one later each round, after the process has settled:
+    a TVM pool spins on after its last kernel) and return ``(the fastest, Trial)``.
+
+    A candidate's round is a warm-up call (left out where one call takes ``block_s`` or more),
+    then as many calls as fill ``block_s`` (1 to ``max_calls``), of which it keeps the median;
+    its score is the median of its rounds. Rounds are fewer where they would take more than
+    ``budget_s`` in all, never fewer than one. Ties go to the first.
+
+    The first candidate is the one that is run without a trial: if it cannot be built or run,
+    the error is raised. Another that fails is left out, and its entry says why.
+    """
+    if not candidates:
+        raise ValueError("run_fastest needs at least one candidate")
+    built: list[tuple[Candidate, Any, float]] = []  # with one call's seconds
+    failed: dict[str, str] = {}
+    for k, c in enumerate(candidates):
+        try:
+            run = c.build()
+            run(*inputs)  # the first call loads and checks it
+            t = time.perf_counter()
+            run(*inputs)
+            built.append((c, run, time.perf_counter() - t))
+        except Exception as e:  # noqa: BLE001 - the first is raised; others are reported
+            if k == 0:
+                raise
+            failed[c.name] = f"{type(e).__name__}: {e}"
+            log.warning("trial: %s left out: %s", c.name, failed[c.name])
+    plan = {c.name: _calls(t, block_s, max_calls) for c, _, t in built}
+    per_round = sum((warm + calls) * t for (c, _, t), (warm, calls)
+                    in zip(built, (plan[c.name] for c, _, _ in built)))
+    rounds = max(1, min(rounds, int(budget_s // max(per_round, 1e-9)))) if len(built) > 1 else 0
+    times: dict[str, list[float]] = {c.name: [] for c, _, _ in built}
+    try:
+        for r in range(rounds):
+            for c, run, _ in built[r % len(built):] + built[:r % len(built)]:
+                settle(max_s=1.0)
+                times[c.name].append(_block(run, inputs, *plan[c.name]))
+    except Exception:
+        _close(run for _, run, _ in built)
+        raise
+    scores = {name: statistics.median(ts) if ts else None for name, ts in times.items()}
+    best = 0
+    for k, (c, _, _) in enumerate(built):
+        if scores[c.name] is not None and scores[c.name] < scores[built[best][0].name]:
+            best = k
+    _close(run for k, (_, run, _) in enumerate(built) if k != best)
+    entries = tuple(Entry(c.name, c.predicted_s, scores.get(c.name), failed.get(c.name, ""))
+                    for c in candidates)
+    trial = Trial(entries, built[best][0].name, rounds)
+    log.info("%s", trial)
+    return built[best][1], trial
+
+
+def _calls(one_s: float, block_s: float, max_calls: int) -> tuple[int, int]:
+    """``(warm-up calls, timed calls)`` of a round, for a call of ``one_s`` seconds."""
+    if one_s >= block_s:
+        return 0, 1
+    return 1, int(min(max_calls, max(1, block_s // max(one_s, 1e-9))))
+
+
+def _block(run, inputs, warm: int, calls: int) -> float:
+    """Median seconds of ``calls`` calls of ``run``, after ``warm`` calls left out."""
+    for _ in range(warm):
+        run(*inputs)
+    out = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        run(*inputs)
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def _close(runs) -> None:
+    for run in runs:
+        close = getattr(run, "close", None)
+        if close is not None:
+            close()

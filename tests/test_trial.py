@@ -1,0 +1,106 @@
+"""A close call settled by running it: ``run_fastest`` builds each candidate, times them here,
+interleaved, and keeps the fastest; ``res.compile()`` does so where the guard returned a plan
+over others predicted faster within their costs' uncertainty."""
+
+import time
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import zoo
+from autoplace.predict import MeasuredCostModel
+from autoplace.run.trial import Candidate, run_fastest
+from test_baselines import _profile
+
+
+class Sleeper:
+    """A callable that takes ``seconds`` a call; counts its calls and whether it was closed."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls, self.closed = seconds, 0, False
+
+    def __call__(self, *xs):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return list(xs)
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_fastest_candidate_is_kept_and_the_others_closed():
+    slow, fast = Sleeper(3e-3), Sleeper(2e-4)
+    run, trial = run_fastest([Candidate("returned", 1e-4, lambda: slow),
+                              Candidate("contender", 2e-4, lambda: fast)], [np.ones(2)], rounds=3)
+    assert run is fast and trial.chosen == "contender" and trial.rounds == 3
+    assert slow.closed and not fast.closed
+    got = {e.name: e.measured_s for e in trial.entries}
+    # two calls each before the rounds; in each round, a warm-up and 6 calls of 3 ms
+    assert got["returned"] > 5 * got["contender"] and slow.calls == 2 + 3 * (1 + 6)
+    assert "runs contender" in str(trial) and "predicted 0.1 ms" in str(trial)
+
+
+def test_a_contender_that_fails_is_left_out_and_the_first_one_raises():
+    def broken():
+        raise RuntimeError("cannot build")
+
+    only = Sleeper(1e-4)
+    run, trial = run_fastest([Candidate("returned", 1e-4, lambda: only),
+                              Candidate("broken", 1e-5, broken)], [np.ones(2)])
+    assert run is only and trial.chosen == "returned" and trial.rounds == 0
+    (_, failed), = [(e.name, e) for e in trial.entries if e.name == "broken"]
+    assert failed.measured_s is None and failed.error == "RuntimeError: cannot build"
+    with pytest.raises(RuntimeError, match="cannot build"):
+        run_fastest([Candidate("returned", 1e-4, broken), Candidate("other", 1e-4, lambda: only)],
+                    [np.ones(2)])
+    with pytest.raises(ValueError, match="at least one"):
+        run_fastest([], [])
+
+
+def test_compile_times_the_plans_the_guard_passed_over_within_its_margin(devs, rng):
+    # branchy_cnn's branches side by side on a and b, with every op's cost ±50 %: the guard
+    # returns one device over the solver's plan, predicted faster within two sigma; the
+    # profile, at one thread, cannot predict one device with both threads. compile() builds
+    # and times all three and runs the fastest; with trial=False, the one device.
+    from autoplace.run.cores import all_threads
+
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    noisy = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
+                               time_limit=5, db=None)
+    assert noisy.plan.used_devices() == (devs[0],) and not noisy.guard.kept
+    solver, threads = noisy.contenders
+    assert solver.name == "the solver's plan" and len(solver.plan.used_devices()) == 2
+    assert solver.predicted_s == noisy.guard.plan_s < noisy.predicted_latency_s
+    assert threads.name == "all threads" and threads.predicted_s is None
+    assert threads.plan.threads == all_threads(devs)[0] and "all threads" not in noisy.baselines
+    assert ("compile() times it against the solver's plan (" in noisy.summary()
+            and "all threads (not predicted)" in noisy.summary())
+    run = noisy.compile()
+    t = run.trial
+    assert [e.name for e in t.entries] == ["only a", "the solver's plan", "all threads"]
+    measured = {e.name: e.measured_s for e in t.entries}
+    assert t.rounds >= 1 and t.chosen == min(measured, key=measured.get)
+    assert run.plan == {"only a": noisy.plan, "the solver's plan": solver.plan,
+                        "all threads": threads.plan}[t.chosen]
+    x = [rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs]
+    single = autoplace.compile(m.mod, autoplace.place(g, devs, [("*", "a")]))
+    for got, want in zip(run(*x), single(*x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    getattr(run, "close", lambda: None)()
+    alone = noisy.compile(trial=False)
+    assert alone.plan == noisy.plan and not hasattr(alone, "trial")
+    # Costs sure to 0.1 %: the solver's plan is kept, and nothing is predicted faster; all
+    # threads still has no prediction.
+    sure = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 1e-3)),
+                              time_limit=5, db=None)
+    assert sure.guard.kept and [c.name for c in sure.contenders] == ["all threads"]
+    assert "compile() times it against all threads (not predicted)" in sure.summary()
+    # With a profile at that count, all threads is predicted: nothing is left to time.
+    more = _profile(g, 1e-3, threads=all_threads(devs)[0], scale=0.99)
+    model = MeasuredCostModel({"a": _profile(g, 1e-3), "b": _profile(g, 1e-3),
+                               "all threads": more})
+    known = autoplace.optimize(m.mod, devs, cost_model=model, time_limit=5, db=None)
+    assert known.guard.kept and known.contenders == ()
+    assert "compile() times" not in known.summary()

@@ -80,7 +80,7 @@ def bench(name: str, devices, args) -> dict:
         "vm": res.compile(concurrent=False),
         "plan": res.compile(),  # with its trial of the contenders, where it has any
     }
-    trial = getattr(runs["plan"], "trial", None)
+    trial = runs["plan"].trial
     singles = {d.name: autoplace.compile(mod, autoplace.place(graph, devices, [("*", d.name)]),
                                          records=res.records) for d in devices}
     ref = singles[devices[0].name](*inputs)
@@ -109,10 +109,14 @@ def bench(name: str, devices, args) -> dict:
         runner = trial.chosen
         predicted = next(e.predicted_s for e in trial.entries if e.name == trial.chosen)
     best_single = min(v for k, v in measured.items() if k.startswith("only "))
+    # The baseline whose build the plan's is (timed twice: their ratio is the noise), if any.
+    used = runs["plan"].plan.used_devices()
+    same = (None if len(used) > 1 else "all cores" if runs["plan"].plan.threads == threads
+            else None if runs["plan"].plan.threads else f"only {used[0].name}")
     baseline = min(best_single, measured.get("all cores", float("inf")))
     return {
         "model": name, "ops": len(graph.nodes), "segments": dlv.segments, "runner": runner,
-        "trial": None if trial is None else str(trial),
+        "trial": None if trial is None else str(trial), "same_build_as": same,
         "devices_used": len(res.plan.used_devices()),
         # Each runner's prediction with the call (res.baselines have theirs).
         "predicted_ms": {"concurrent": (dlv.concurrent_s + dlv.call_s) * 1e3,
@@ -134,7 +138,7 @@ def bench(name: str, devices, args) -> dict:
 def render(rows) -> str:
     head = ["model", "ops", "seg", "runs as", "pred conc", "pred vm", "conc", "vm", "pred",
             "plan", "best 1 dev", "all cores", "meas/pred", "conc m/p", "vs 1 dev", "vs best",
-            "each device alone m/p"]
+            "same build as", "each device alone m/p"]
     table = [head]
     for r in rows:
         if "error" in r:
@@ -148,12 +152,14 @@ def render(rows) -> str:
                       f"{m['all cores']:.3f}" if "all cores" in m else "-",
                       f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
                       f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x",
+                      r["same_build_as"] or "-",
                       " ".join(f"{k[5:]} {v / p[k]:.2f}" for k, v in m.items()
                                if k.startswith("only ") and p.get(k))])
     return aligned(
         table, "ms, medians. 'runs as': what res.compile() builds (a runner of the returned "
-        "plan, or the contender its trial kept); pred, plan, meas/pred: of that; conc m/p: the concurrent runner's; 'vs': baseline time / plan time "
-        "(> 1: the plan is faster); all cores: the best single device with every core; each "
+        "plan, or the contender its trial kept); pred, plan, meas/pred: of that; conc m/p: the "
+        "concurrent runner's; 'vs': baseline time / plan time (> 1: the plan is faster); all cores: the best single device with every core; same build "
+        "as: the baseline the plan's build also is (their ratio is the noise); each "
         "device alone m/p: the whole model built for one device, measured / predicted.")
 
 

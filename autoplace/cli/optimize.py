@@ -109,7 +109,7 @@ def _optimize_and_run(args) -> dict:
             "predicted_s": res.predicted_latency_s,
             "runs_as": None if res.delivery is None else res.delivery.runner,
             # compile()'s trial of the plans predicted faster within the costs' uncertainty
-            "trial": None if getattr(run, "trial", None) is None else str(run.trial),
+            "trial": None if run.trial is None else str(run.trial),
             "runs_plan": json.loads(run.plan.to_json()),
             "bound_s": res.solution.bound,
             "status": res.solution.status,

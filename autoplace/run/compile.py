@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -46,6 +46,9 @@ class CompiledModel:
     lifted: tuple = ()
     func_name: str = "main"
     kernels: dict = field(default_factory=dict)
+    #: What ``OptimizeResult.compile()`` timed before it chose this build
+    #: (:class:`autoplace.run.trial.Trial`), or None.
+    trial: ClassVar[Any] = None
 
     def __post_init__(self):
         import tvm

@@ -98,6 +98,10 @@ class ConcurrentModel:
         chained); the other workers stop and the model stays usable.
     """
 
+    #: What ``OptimizeResult.compile()`` timed before it chose this build
+    #: (:class:`autoplace.run.trial.Trial`), or None.
+    trial = None
+
     def __init__(self, plan: Plan, staged: StagedModule, executables: dict[str, Any], *,
                  num_threads: int | None = None, kernels: dict[str, int] | None = None):
         self.plan, self.staged = plan, staged

@@ -257,9 +257,10 @@ def measure_segment_overhead(devices: Sequence[Device], *, max_segments: int = 6
                            fixed, slope)
 
 
-def median_call_s(fn, xs, repeat: int) -> float:
-    """Median wall time of ``fn(*xs)`` over ``repeat`` calls, after one warm-up call."""
-    fn(*xs)  # warm-up
+def median_call_s(fn, xs, repeat: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn(*xs)`` over ``repeat`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn(*xs)
     times = []
     for _ in range(repeat):
         t = time.perf_counter()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from autoplace.backend import settle
+from autoplace.run.overhead import median_call_s
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
         for r in range(rounds):
             for c, run, _ in built[r % len(built):] + built[:r % len(built)]:
                 settle(max_s=1.0)
-                times[c.name].append(_block(run, inputs, *plan[c.name]))
+                warm, calls = plan[c.name]
+                times[c.name].append(median_call_s(run, inputs, calls, warm))
     except Exception:
         _close(run for _, run, _ in built)
         raise
@@ -120,18 +122,6 @@ def _calls(one_s: float, block_s: float, max_calls: int) -> tuple[int, int]:
     if one_s >= block_s:
         return 0, 1
     return 1, int(min(max_calls, max(1, block_s // max(one_s, 1e-9))))
-
-
-def _block(run, inputs, warm: int, calls: int) -> float:
-    """Median seconds of ``calls`` calls of ``run``, after ``warm`` calls left out."""
-    for _ in range(warm):
-        run(*inputs)
-    out = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        run(*inputs)
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 def _close(runs) -> None:

@@ -50,7 +50,8 @@ def bench(name: str, devices, args) -> dict:
             rates[b] = statistics.median(got)
     predicted = rounds[0]["predicted_inputs_per_s"]
     kind = ("replicas" if res.plan.replicas else
-            f"{rounds[0]['stages']} stages" if rounds[0]["stages"] > 1 else "one device")
+            f"{rounds[0]['stages']} stages" if rounds[0]["stages"] > 1 else
+            "all threads" if res.plan.threads else "one device")
     return {
         "model": name, "ops": len(res.graph.nodes), "plan": kind,
         "guard": None if res.guard is None or res.guard.kept else res.guard.baseline,

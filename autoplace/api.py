@@ -173,7 +173,7 @@ class OptimizeResult:
     guard: GuardDecision | None = None  # why this plan and not the solver's or a baseline
     outside_training: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
-    contenders: tuple[Contender, ...] = ()  # latency: predicted faster, not by the guard's margin
+    contenders: tuple[Contender, ...] = ()  # latency: what compile() times against the plan
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -222,12 +222,12 @@ class OptimizeResult:
         close it when done). ``concurrent=None`` builds the one :attr:`delivery` predicts to be
         faster; ``True`` or ``False`` chooses.
 
-        Where the guard returned this plan over :attr:`contenders` (plans predicted faster, but
-        not by more than their costs' uncertainty), ``trial`` (default: when ``concurrent`` is
-        not given) builds them all, times them here on random inputs, interleaved
-        (:func:`autoplace.run.trial.run_fastest`, about a second or two more than one build) and
-        returns the fastest; its ``.trial`` says what was measured. ``trial=False`` builds this
-        plan alone.
+        Where this plan has :attr:`contenders` (plans predicted faster by less than their
+        costs' uncertainty, or not predicted at all), ``trial`` (default: when ``concurrent`` is
+        not given) builds them too, times them all here on random inputs, interleaved
+        (:func:`autoplace.run.trial.run_fastest`: up to about three seconds of calls beyond the
+        builds) and returns the fastest; its ``.trial`` says what was measured. ``trial=False``
+        builds this plan alone.
         """
         if trial is None:
             trial = concurrent is None
@@ -529,7 +529,9 @@ def optimize(
         A baseline that takes several devices (all threads, replicas) is that baseline only if
         it beats the fastest single device by the same margin. Costs with no known spread count
         as exact. ``.guard`` says what was decided and why; ``False`` returns the solver's
-        plan.
+        plan. A latency plan's ``.contenders`` (the plans predicted faster by less than the
+        margin, and "all threads" where it could not be predicted) are timed against it by
+        ``.compile()``, which runs the fastest.
 
     Returns
     -------

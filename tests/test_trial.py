@@ -29,6 +29,14 @@ class Sleeper:
         self.closed = True
 
 
+class Failing(Sleeper):
+    def __init__(self):
+        super().__init__(0.0)
+
+    def __call__(self, *xs):
+        raise ValueError("bad input")
+
+
 def test_the_fastest_candidate_is_kept_and_the_others_closed():
     slow, fast = Sleeper(3e-3), Sleeper(2e-4)
     run, trial = run_fastest([Candidate("returned", 1e-4, lambda: slow),
@@ -55,6 +63,18 @@ def test_a_contender_that_fails_is_left_out_and_the_first_one_raises():
     with pytest.raises(RuntimeError, match="cannot build"):
         run_fastest([Candidate("returned", 1e-4, broken), Candidate("other", 1e-4, lambda: only)],
                     [np.ones(2)])
+    # A contender built but failing on the inputs is closed; the returned one failing on the
+    # trial's random inputs is returned untimed (the caller's inputs may suit it), nothing else
+    # built.
+    fails, other = Failing(), Sleeper(1e-5)
+    run, trial = run_fastest([Candidate("returned", 1e-4, lambda: only),
+                              Candidate("fails", 1e-5, lambda: fails)], [np.ones(2)])
+    assert run is only and fails.closed and "ValueError: bad input" in str(trial)
+    fails = Failing()
+    run, trial = run_fastest([Candidate("returned", 1e-4, lambda: fails),
+                              Candidate("other", 1e-5, lambda: other)], [np.ones(2)])
+    assert run is fails and not fails.closed and other.calls == 0
+    assert trial.chosen == "returned" and trial.rounds == 0 and len(trial.entries) == 1
     with pytest.raises(ValueError, match="at least one"):
         run_fastest([], [])
 

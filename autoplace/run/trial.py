@@ -71,25 +71,31 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
     its score is the median of its rounds. Rounds are fewer where they would take more than
     ``budget_s`` in all, never fewer than one. Ties go to the first.
 
-    The first candidate is the one that is run without a trial: if it cannot be built or run,
-    the error is raised. Another that fails is left out, and its entry says why.
+    The first candidate is the one that is run without a trial: if it cannot be built, the
+    error is raised; if it cannot run on ``inputs`` (which the caller's own may not share), it
+    is returned untimed, and no other is built. Another that fails is left out (closed), and its
+    entry says why.
     """
     if not candidates:
         raise ValueError("run_fastest needs at least one candidate")
     built: list[tuple[Candidate, Any, float]] = []  # with one call's seconds
     failed: dict[str, str] = {}
     for k, c in enumerate(candidates):
+        run = c.build() if k == 0 else None
         try:
-            run = c.build()
+            run = run or c.build()
             run(*inputs)  # the first call loads and checks it
             t = time.perf_counter()
             run(*inputs)
             built.append((c, run, time.perf_counter() - t))
-        except Exception as e:  # noqa: BLE001 - the first is raised; others are reported
-            if k == 0:
-                raise
+        except Exception as e:  # noqa: BLE001 - reported in the trial
             failed[c.name] = f"{type(e).__name__}: {e}"
+            if k == 0:
+                log.warning("no trial: %s failed on random inputs: %s", c.name, failed[c.name])
+                return run, Trial((Entry(c.name, c.predicted_s, None, failed[c.name]),),
+                                  c.name, 0)
             log.warning("trial: %s left out: %s", c.name, failed[c.name])
+            _close([run] if run is not None else [])
     plan = {c.name: _calls(t, block_s, max_calls) for c, _, t in built}
     per_round = sum((warm + calls) * t for (c, _, t), (warm, calls)
                     in zip(built, (plan[c.name] for c, _, _ in built)))

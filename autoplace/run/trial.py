@@ -83,7 +83,8 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
     for k, c in enumerate(candidates):
         run = c.build() if k == 0 else None
         try:
-            run = run or c.build()
+            if run is None:
+                run = c.build()
             run(*inputs)  # the first call loads and checks it
             t = time.perf_counter()
             run(*inputs)
@@ -97,8 +98,7 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
             log.warning("trial: %s left out: %s", c.name, failed[c.name])
             _close([run] if run is not None else [])
     plan = {c.name: _calls(t, block_s, max_calls) for c, _, t in built}
-    per_round = sum((warm + calls) * t for (c, _, t), (warm, calls)
-                    in zip(built, (plan[c.name] for c, _, _ in built)))
+    per_round = sum(sum(plan[c.name]) * t for c, _, t in built)
     rounds = max(1, min(rounds, int(budget_s // max(per_round, 1e-9)))) if len(built) > 1 else 0
     times: dict[str, list[float]] = {c.name: [] for c, _, _ in built}
     try:

@@ -385,13 +385,16 @@ def _contenders(returned: Contender, solver: Contender | None, baselines,
 
 
 def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded,
-                             sources: tuple[str, ...]) -> Contender | None:
+                             sources: tuple[str, ...], pins: Mapping[int, str]
+                             ) -> Contender | None:
     """The all-threads baseline as a contender with no prediction, where ``threaded`` (of
-    :func:`_all_threads_costs`) could not predict it and its device runs every op."""
+    :func:`_all_threads_costs`) could not predict it, its device runs every op and no op is
+    pinned elsewhere (``pins``: node index -> device name)."""
     if threaded is None or threaded[2].cost is not None:
         return None
     k, threads, _ = threaded
-    if not all(devices[k].can_run(n.op_type) for n in graph.nodes):
+    if not all(devices[k].can_run(n.op_type) for n in graph.nodes) or any(
+            name != devices[k].name for name in pins.values()):
         return None
     plan = Plan.from_assignment(graph, devices, [devices[k].name] * len(graph.nodes),
                                 objective="latency", cost_sources=sources,
@@ -652,7 +655,7 @@ def optimize(
                         Contender(chosen.name, plans[chosen.name], chosen.value))
             contenders = _contenders(returned, own if chosen is not None else None, found,
                                      plans, _unpredicted_all_threads(graph, devices, threaded,
-                                                                     sources))
+                                                                     sources, pin_rules))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]

@@ -31,6 +31,10 @@ def test_optimize_json_report():
     assert rep["devices"] == ["cpu0", "cpu1"] and rep["max_abs_err_vs_single_device"] == 0
     relus = [a for n, a in zip(rep["plan"]["nodes"], rep["plan"]["assignment"]) if "relu" in n]
     assert relus and set(relus) == {"cpu1"}
+    # What compile() built (after its trial, if any): the pin holds there too.
+    ran = [a for n, a in zip(rep["runs_plan"]["nodes"], rep["runs_plan"]["assignment"])
+           if "relu" in n]
+    assert set(ran) == {"cpu1"} and (rep["trial"] is None or "; runs " in rep["trial"])
 
 
 @pytest.mark.parametrize("args, message", [

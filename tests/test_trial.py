@@ -125,3 +125,15 @@ def test_compile_times_the_plans_the_guard_passed_over_within_its_margin(devs, r
     known = autoplace.optimize(m.mod, devs, cost_model=model, time_limit=5, db=None)
     assert known.guard.kept and known.contenders == ()
     assert "compile() times" not in known.summary()
+
+
+def test_no_contender_breaks_a_pin(devs):
+    # The solver's plan pinned to b: "only a" and all threads on a break the pin, so nothing is
+    # timed against it, predicted or not.
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    res = autoplace.optimize(m.mod, devs, cost_model=MeasuredCostModel(_profile(g, 0.5)),
+                             time_limit=5, db=None, pins=[("index:0", "b")])
+    assert res.plan.assignment[0] == "b" and "all threads" not in res.baselines
+    assert all(c.plan.assignment[0] == "b" for c in res.contenders)
+    assert not any(c.plan.threads for c in res.contenders)

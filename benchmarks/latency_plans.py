@@ -158,9 +158,10 @@ def render(rows) -> str:
     return aligned(
         table, "ms, medians. 'runs as': what res.compile() builds (a runner of the returned "
         "plan, or the contender its trial kept); pred, plan, meas/pred: of that; conc m/p: the "
-        "concurrent runner's; 'vs': baseline time / plan time (> 1: the plan is faster); all cores: the best single device with every core; same build "
-        "as: the baseline the plan's build also is (their ratio is the noise); each "
-        "device alone m/p: the whole model built for one device, measured / predicted.")
+        "concurrent runner's; 'vs': baseline time / plan time (> 1: the plan is faster); all "
+        "cores: the best single device with every core; same build as: the baseline the plan's "
+        "build also is (their ratio is the noise); each device alone m/p: the whole model built "
+        "for one device, measured / predicted.")
 
 
 def common_parser(doc: str) -> argparse.ArgumentParser:

@@ -83,7 +83,6 @@ class CompiledModel:
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
-
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
         that whatever ``res.compile()`` returns can be closed, or used in a ``with``."""

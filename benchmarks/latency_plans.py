@@ -62,6 +62,17 @@ def all_cores(mod, graph, devices, device, records):
     return autoplace.compile(mod, plan, records=records), threads
 
 
+def same_build(plan, threads: int | None) -> str | None:
+    """The baseline whose build ``plan``'s also is (the two timed are one build: their ratio is
+    the noise): "all cores" (one device with ``threads``), "only <device>", or None."""
+    used = plan.used_devices()
+    if len(used) > 1:
+        return None
+    if plan.threads is None:
+        return f"only {used[0].name}"
+    return "all cores" if plan.threads == threads else None
+
+
 def load(name: str):
     """``(relax module, inputs)`` of a zoo or benchmark model."""
     import _models
@@ -109,10 +120,7 @@ def bench(name: str, devices, args) -> dict:
         runner = trial.chosen
         predicted = next(e.predicted_s for e in trial.entries if e.name == trial.chosen)
     best_single = min(v for k, v in measured.items() if k.startswith("only "))
-    # The baseline whose build the plan's is (timed twice: their ratio is the noise), if any.
-    used = runs["plan"].plan.used_devices()
-    same = (None if len(used) > 1 else "all cores" if runs["plan"].plan.threads == threads
-            else None if runs["plan"].plan.threads else f"only {used[0].name}")
+    same = same_build(runs["plan"].plan, threads)
     baseline = min(best_single, measured.get("all cores", float("inf")))
     return {
         "model": name, "ops": len(graph.nodes), "segments": dlv.segments, "runner": runner,

@@ -129,11 +129,13 @@ def bench(name: str, devices, args) -> dict:
         # Each runner's prediction with the call (res.baselines have theirs).
         "predicted_ms": {"concurrent": (dlv.concurrent_s + dlv.call_s) * 1e3,
                          "vm": (dlv.serial_s + dlv.call_s) * 1e3,
-                         "plan": predicted * 1e3, "solver": res.solution.value * 1e3,
+                         "plan": None if predicted is None else predicted * 1e3,
+                         "solver": res.solution.value * 1e3,
                          **{k: v * 1e3 for k, v in res.baselines.items()}},
         "measured_ms": measured, "rounds_ms": rounds, "max_abs_err": errors,
         "all_cores_threads": threads,
-        "measured/predicted": chosen / (predicted * 1e3),
+        # None where the trial ran a plan nothing predicted (all threads without its costs)
+        "measured/predicted": None if predicted is None else chosen / (predicted * 1e3),
         "concurrent measured/predicted": (measured["concurrent"]
                                           / ((dlv.concurrent_s + dlv.call_s) * 1e3)),
         "plan vs best single (x)": best_single / chosen,
@@ -156,9 +158,10 @@ def render(rows) -> str:
         single = min(v for k, v in m.items() if k.startswith("only "))
         table.append([r["model"], str(r["ops"]), str(r["segments"]), r["runner"],
                       f"{p['concurrent']:.3f}", f"{p['vm']:.3f}", f"{m['concurrent']:.3f}",
-                      f"{m['vm']:.3f}", f"{p['plan']:.3f}", f"{m['plan']:.3f}", f"{single:.3f}",
-                      f"{m['all cores']:.3f}" if "all cores" in m else "-",
-                      f"{r['measured/predicted']:.2f}", f"{r['concurrent measured/predicted']:.2f}",
+                      f"{m['vm']:.3f}", _or_dash(p["plan"], ".3f"), f"{m['plan']:.3f}",
+                      f"{single:.3f}", f"{m['all cores']:.3f}" if "all cores" in m else "-",
+                      _or_dash(r["measured/predicted"], ".2f"),
+                      f"{r['concurrent measured/predicted']:.2f}",
                       f"{r['plan vs best single (x)']:.2f}x", f"{r['plan vs best baseline (x)']:.2f}x",
                       r["same_build_as"] or "-",
                       " ".join(f"{k[5:]} {v / p[k]:.2f}" for k, v in m.items()
@@ -170,6 +173,10 @@ def render(rows) -> str:
         "cores: the best single device with every core; same build as: the baseline the plan's "
         "build also is (their ratio is the noise); each device alone m/p: the whole model built "
         "for one device, measured / predicted.")
+
+
+def _or_dash(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def common_parser(doc: str) -> argparse.ArgumentParser:

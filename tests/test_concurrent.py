@@ -1,6 +1,7 @@
 """Latency plans run as segments, one worker per device: outputs, overlap, errors, the model."""
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -93,6 +94,20 @@ def test_a_failing_segment_raises_in_the_caller_and_the_model_goes_on(devs, rng)
         np.testing.assert_allclose(out, _reference(TwoBranches, inputs, devs)[0], rtol=1e-4)
         with pytest.raises(TypeError, match="expected 2 inputs"):
             run(inputs[0])
+
+
+def test_an_all_threads_plan_gives_its_one_worker_the_plans_threads(devs):
+    """One device with ``plan.threads`` (the all-threads baseline): its worker has that many
+    TVM threads over every core, as the single VM of that plan runs, not the device's share."""
+    from autoplace.backend import process_cpus
+
+    graph = autoplace.OpGraph.from_relax(TwoBranches)
+    one = autoplace.Plan.from_assignment(graph, devs, ["a"] * len(graph.nodes))
+    cores = tuple(process_cpus())
+    with ConcurrentModel.from_plan(TwoBranches, replace(one, threads=2)) as run:
+        assert run.threads == {"a": (min(2, len(cores)), cores)}
+    with ConcurrentModel.from_plan(TwoBranches, replace(one, threads=2), num_threads=1) as run:
+        assert run.threads == {"a": (1, cores)}
 
 
 def test_closing_stops_the_workers(devs):

@@ -88,7 +88,8 @@ class ConcurrentModel:
 
     Build one with :meth:`from_plan` (or ``OptimizeResult.compile()``, which chooses it when it
     is predicted to beat the single VM). :attr:`busy` holds every segment's call of the last run,
-    with its start and finish; :meth:`close` stops the workers (also done when the object is
+    with its start and finish; :attr:`threads` each device's worker's ``(TVM threads, cores)``
+    (None for a GPU's); :meth:`close` stops the workers (also done when the object is
     garbage-collected).
 
     Raises
@@ -115,7 +116,10 @@ class ConcurrentModel:
             devices.setdefault(s.device.name, s.device)
         self._devices = list(devices.values())
         self._queues = [queue.SimpleQueue() for _ in self._devices]
-        threads = stage_threads(self._devices, num_threads)
+        # An all-threads plan (one device, ``plan.threads``) gives its one worker that many.
+        threads = stage_threads(self._devices,
+                                plan.threads if num_threads is None else num_threads)
+        self.threads = {d.name: share for d, share in zip(self._devices, threads)}
         ready = threading.Barrier(len(self._devices) + 1)
         errors: list[BaseException] = []
         # The builds outlive the workers, as a Pipeline's do: freed where the model is dropped,
@@ -143,7 +147,8 @@ class ConcurrentModel:
         order of node indices: the solver's, ``Solution.order``, by default the graph's), build
         each device's segments into one module (tuned kernels where ``records`` has them) and
         start the workers. ``num_threads``: TVM threads per CPU device (see
-        :func:`~autoplace.run.cores.stage_threads`)."""
+        :func:`~autoplace.run.cores.stage_threads`; default: the plan's ``threads`` where it has
+        them, else TVM's default count shared among the CPU devices)."""
         from autoplace.graph import OpGraph
         from autoplace.solve.segments import segments
 

@@ -173,7 +173,7 @@ class OptimizeResult:
     guard: GuardDecision | None = None  # why this plan and not the solver's or a baseline
     outside_training: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
-    contenders: tuple[Contender, ...] = ()  # latency: what compile() times against the plan
+    contenders: tuple[Contender, ...] = ()  # what compile() / pipeline() time against the plan
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -234,14 +234,12 @@ class OptimizeResult:
         if concurrent is None:
             concurrent = self.delivery is not None and self.delivery.runner == "concurrent"
         own = functools.partial(self._build, self.plan, concurrent, self.solution.order)
-        if not trial or not self.contenders:
+        if not trial or not self.contenders or self.solution.objective != "latency":
             return own()
         from autoplace.profile.workload import random_inputs
         from autoplace.run.trial import Candidate, run_fastest
 
-        name = (self.guard.baseline if self.guard is not None and not self.guard.kept
-                else "the solver's plan")
-        candidates = [Candidate(name, self.predicted_latency_s, own)] + [
+        candidates = [Candidate(self._returned_name, self.predicted_latency_s, own)] + [
             Candidate(c.name, c.predicted_s,
                       functools.partial(self._build, c.plan, c.concurrent, c.order))
             for c in self.contenders]
@@ -258,12 +256,19 @@ class OptimizeResult:
                                              order=order, records=self.records)
         return compile(self.source_mod, plan, self.graph.func_name, records=self.records)
 
-    def pipeline(self, **kwargs) -> Pipeline:
+    def pipeline(self, *, trial: bool = True, **kwargs) -> Pipeline:
         """Split a throughput plan into its stages, build each for its device, and start one
         thread per stage (a replicated plan: one build of the whole model and one thread per
         replica device, each taking the next input when it is free); ``kwargs`` go to
         :class:`autoplace.run.Pipeline` (``queue_size``, ``num_threads``). Close it, or use it
         as a context manager.
+
+        Where this plan has :attr:`contenders` (plans predicted faster by less than their
+        costs' uncertainty, or not predicted at all), ``trial`` builds their pipelines too, runs
+        them all here on a stream of random inputs, interleaved
+        (:func:`autoplace.run.trial.run_stream_fastest`: up to about three seconds of runs
+        beyond the builds) and returns the fastest; its ``.trial`` says what was measured and
+        its ``.plan`` which plan it runs. ``trial=False`` builds this plan alone.
 
         >>> with res.pipeline() as pipe:                 # doctest: +SKIP
         ...     outs = pipe.run([[x] for x in batches])
@@ -274,8 +279,30 @@ class OptimizeResult:
         if self.plan.stages is None:
             raise ValueError("this plan has no stages: optimize with objective='throughput' "
                              "to run it as a pipeline, or use .compile() for one inference")
-        return Pipeline.from_plan(self.source_mod, self.plan, self.graph.func_name,
-                                  records=self.records, **kwargs)
+
+        def build(plan: Plan) -> Pipeline:
+            return Pipeline.from_plan(self.source_mod, plan, self.graph.func_name,
+                                      records=self.records, **kwargs)
+
+        if not trial or not self.contenders:
+            return build(self.plan)
+        from autoplace.profile.workload import random_inputs
+        from autoplace.run.trial import Candidate, run_stream_fastest
+
+        candidates = [Candidate(self._returned_name, self.plan.predicted_s,
+                                functools.partial(build, self.plan))] + [
+            Candidate(c.name, c.predicted_s, functools.partial(build, c.plan))
+            for c in self.contenders]
+        inputs = random_inputs(self.source_mod[self.graph.func_name], np.random.default_rng(0))
+        pipe, found = run_stream_fastest(candidates, inputs)
+        pipe.trial = found
+        return pipe
+
+    @property
+    def _returned_name(self) -> str:
+        """The returned plan's name in a trial: the baseline the guard chose, or the solver's."""
+        return (self.guard.baseline if self.guard is not None and not self.guard.kept
+                else "the solver's plan")
 
     def summary(self) -> str:
         """Plan, predicted time (a throughput plan's: per input, and inputs per second), the
@@ -351,11 +378,12 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Contender:
-    """A latency plan predicted faster than the one ``optimize`` returned, by less than the
-    guard's margin, or one no cost model here could predict (the all-threads baseline without a
-    profile or tuned kernels at that count): :meth:`OptimizeResult.compile` times it against
-    the returned plan.
-    ``concurrent``: it runs as segments; ``order``: the node order its segments follow."""
+    """A plan predicted faster than the one ``optimize`` returned, by less than the guard's
+    margin, or one no cost model here could predict (the all-threads baseline without a profile
+    or tuned kernels at that count): :meth:`OptimizeResult.compile` (a latency plan) or
+    :meth:`OptimizeResult.pipeline` (a throughput plan) times it against the returned plan.
+    ``predicted_s``: a call's seconds, or an input's for throughput. ``concurrent``: it runs
+    as segments; ``order``: the node order its segments follow."""
 
     name: str
     plan: Plan
@@ -385,8 +413,8 @@ def _contenders(returned: Contender, solver: Contender | None, baselines,
 
 
 def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded,
-                             sources: tuple[str, ...], pins: Mapping[int, str]
-                             ) -> Contender | None:
+                             sources: tuple[str, ...], pins: Mapping[int, str],
+                             objective: str = "latency") -> Contender | None:
     """The all-threads baseline as a contender with no prediction, where ``threaded`` (of
     :func:`_all_threads_costs`) could not predict it, its device runs every op and no op is
     pinned elsewhere (``pins``: node index -> device name)."""
@@ -396,9 +424,10 @@ def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded
     if not all(devices[k].can_run(n.op_type) for n in graph.nodes) or any(
             name != devices[k].name for name in pins.values()):
         return None
-    plan = Plan.from_assignment(graph, devices, [devices[k].name] * len(graph.nodes),
-                                objective="latency", cost_sources=sources,
-                                solver=f"single:{k}", threads=threads)
+    n = len(graph.nodes)
+    plan = Plan.from_assignment(graph, devices, [devices[k].name] * n, objective=objective,
+                                stages=(0,) * n if objective == "throughput" else None,
+                                cost_sources=sources, solver=f"single:{k}", threads=threads)
     return Contender("all threads", plan, None)
 
 
@@ -648,14 +677,14 @@ def optimize(
         judged = (solution if delivery is None
                   else replace(solution, value=delivery.predicted_s))
         chosen, decision = guard(problem, judged, spread, found, str(plan))
-        if delivery is not None:
-            own = Contender("the solver's plan", replace(plan, predicted_s=judged.value),
-                            judged.value, delivery.runner == "concurrent", solution.order)
-            returned = (own if chosen is None else
-                        Contender(chosen.name, plans[chosen.name], chosen.value))
-            contenders = _contenders(returned, own if chosen is not None else None, found,
-                                     plans, _unpredicted_all_threads(graph, devices, threaded,
-                                                                     sources, pin_rules))
+        own = Contender("the solver's plan", replace(plan, predicted_s=judged.value),
+                        judged.value, delivery is not None and delivery.runner == "concurrent",
+                        solution.order)
+        returned = (own if chosen is None else
+                    Contender(chosen.name, plans[chosen.name], chosen.value))
+        contenders = _contenders(returned, own if chosen is not None else None, found, plans,
+                                 _unpredicted_all_threads(graph, devices, threaded, sources,
+                                                          pin_rules, objective))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]

@@ -137,3 +137,65 @@ def test_no_contender_breaks_a_pin(devs):
     assert res.plan.assignment[0] == "b" and "all threads" not in res.baselines
     assert all(c.plan.assignment[0] == "b" for c in res.contenders)
     assert not any(c.plan.threads for c in res.contenders)
+
+
+class Stream:
+    """A stream runner whose ``run`` takes ``seconds`` per input; records the batches' sizes."""
+
+    def __init__(self, seconds):
+        self.seconds, self.sizes, self.closed = seconds, [], False
+
+    def run(self, batch):
+        self.sizes.append(len(batch))
+        time.sleep(self.seconds * len(batch))
+        return [list(x) for x in batch]
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_stream_trial_times_batches_and_reports_seconds_per_input():
+    from autoplace.run.trial import run_stream_fastest, stream_items
+
+    slow, fast = Stream(2e-4), Stream(5e-5)
+    run, trial = run_stream_fastest([Candidate("returned", 1e-4, lambda: slow),
+                                     Candidate("contender", None, lambda: fast)], [np.ones(2)],
+                                    items=20)
+    assert run is fast and slow.closed and not fast.closed
+    assert trial.chosen == "contender" and trial.inputs == 20 and trial.rounds >= 1
+    assert set(slow.sizes) == {20} and set(fast.sizes) == {20}
+    got = {e.name: e for e in trial.entries}
+    assert got["returned"].predicted_s == 1e-4 and got["contender"].predicted_s is None
+    assert 2e-4 <= got["returned"].measured_s < 2e-3  # per input, not per batch of 20
+    assert got["contender"].measured_s < got["returned"].measured_s
+    assert "rounds of 20 inputs" in str(trial) and "ms an input" in str(trial)
+    # Inputs per call: about 50 ms at the fastest prediction, within [16, 256].
+    assert stream_items([1e-3, 2e-3]) == 50 and stream_items([None]) == 16
+    assert stream_items([1e-6]) == 256 and stream_items([1.0]) == 16
+
+
+def test_pipeline_times_the_throughput_plans_the_guard_passed_over(devs, rng):
+    # branchy_cnn for throughput from a profile at one thread: replicas on a and b, and one
+    # device with both threads, which nothing here predicts. pipeline() runs both on a stream
+    # and keeps the faster; trial=False, and compile() of a throughput plan, time nothing.
+    m = zoo.load("branchy_cnn")
+    g = autoplace.OpGraph.from_relax(m.mod)
+    res = autoplace.optimize(m.mod, devs, objective="throughput", time_limit=5, db=None,
+                             cost_model=MeasuredCostModel(_profile(g, 0.5)))
+    (threads,) = res.contenders
+    assert threads.name == "all threads" and threads.predicted_s is None
+    assert threads.plan.threads and threads.plan.stages == (0,) * len(g.nodes)
+    assert "pipeline() times it against all threads (not predicted)" in res.summary()
+    x = [rng.standard_normal(a.shape).astype(a.dtype) for a in m.inputs]
+    want = autoplace.compile(m.mod, autoplace.place(g, devs, [("*", "a")]))(*x)
+    with res.pipeline() as pipe:
+        t = pipe.trial
+        assert [e.name for e in t.entries] == ["the solver's plan", "all threads"]
+        measured = {e.name: e.measured_s for e in t.entries}
+        assert t.rounds >= 1 and t.inputs >= 16 and t.chosen == min(measured, key=measured.get)
+        assert pipe.plan == {"the solver's plan": res.plan, "all threads": threads.plan}[t.chosen]
+        for got, w in zip(pipe.run([x, x])[1], want, strict=True):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    with res.pipeline(trial=False) as pipe:
+        assert pipe.plan == res.plan and pipe.trial is None
+    assert res.compile().trial is None

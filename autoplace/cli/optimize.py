@@ -57,15 +57,22 @@ def pipeline_report(res, model, devices, n: int) -> dict:
     def err(got) -> float:
         return max(float(np.max(np.abs(a - b))) for o, r in zip(got, ref) for a, b in zip(o, r))
 
+    ran = pipe.plan  # the returned plan, or the contender pipeline()'s trial kept
+    predicted = (res.plan.predicted_s if pipe.trial is None else
+                 next(e.predicted_s for e in pipe.trial.entries if e.name == pipe.trial.chosen))
     return {
-        "predicted_inputs_per_s": 1 / res.solution.value,
+        # None where the trial kept a plan nothing predicted (all threads without its costs)
+        "predicted_inputs_per_s": None if predicted is None else 1 / predicted,
         "measured_inputs_per_s": stats.inputs_per_s,
+        # pipeline()'s trial of the plans predicted faster within the costs' uncertainty
+        "pipeline_trial": None if pipe.trial is None else str(pipe.trial),
+        "pipeline_plan": json.loads(ran.to_json()),
         "sequential_inputs_per_s": rates["sequential"],
         "all_threads_inputs_per_s": rates.get("all_threads"),
         "replicas_inputs_per_s": rates.get("replicas"),
         "max_abs_err": err(outs),
         "baselines_max_abs_err": {k: err(v) for k, v in outputs.items()},
-        "replicated": list(res.plan.replicas),
+        "replicated": list(ran.replicas),
         "stages": len(stages),
         "stage_details": [{"stage": s.index, "device": d.name, "nodes": len(s.nodes),
                            "busy_s": b, "utilisation": u}
@@ -204,11 +211,15 @@ def _cmd_optimize(args) -> int:
               f"{out['report']['max_abs_err_vs_single_device']:.3g}")
         if args.run:
             r = out["report"]
+            if r["pipeline_trial"]:
+                print(f"pipeline(): {r['pipeline_trial']}")
             what = (f"replicas on {', '.join(r['replicated'])}" if r["replicated"] else
                     f"pipeline of {r['stages']} stages")
+            pred = ("not predicted" if r["predicted_inputs_per_s"] is None
+                    else f"{r['predicted_inputs_per_s']:.1f} predicted")
             print(f"{what} over {args.run} inputs: "
                   f"{r['measured_inputs_per_s']:.1f} inputs/s measured, "
-                  f"{r['predicted_inputs_per_s']:.1f} predicted; max |err| {r['max_abs_err']:.3g}")
+                  f"{pred}; max |err| {r['max_abs_err']:.3g}")
             base = [f"{r['sequential_inputs_per_s']:.1f} sequential on one device"]
             if r["all_threads_inputs_per_s"] is not None:
                 base.append(f"{r['all_threads_inputs_per_s']:.1f} on one device with all threads")

@@ -320,15 +320,18 @@ def _guard_text(result) -> str:
 
 
 def contenders_note(contenders) -> str:
-    """One line naming the plans ``compile()`` times against the returned one (each with a
-    ``name`` and ``predicted_s``); "" when there are none."""
+    """One line naming the plans ``compile()`` (``pipeline()``, for throughput plans) times
+    against the returned one (each with a ``name``, ``plan`` and ``predicted_s``); "" when
+    there are none."""
     if not contenders:
         return ""
+    stream = contenders[0].plan.objective == "throughput"
+    unit = " an input" if stream else ""
     close = ", ".join(f"{c.name} (" + ("not predicted" if c.predicted_s is None
-                                        else f"{c.predicted_s * 1e3:.4f} ms") + ")"
+                                        else f"{c.predicted_s * 1e3:.4f} ms{unit}") + ")"
                       for c in contenders)
-    return (f"compile() times it against {close} (predicted faster within the costs' "
-            "uncertainty, or not predicted) and runs the fastest")
+    return (f"{'pipeline()' if stream else 'compile()'} times it against {close} (predicted "
+            "faster within the costs' uncertainty, or not predicted) and runs the fastest")
 
 
 def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.ndarray:

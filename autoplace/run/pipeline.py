@@ -151,6 +151,12 @@ class Pipeline:
         process may use (a plan's ``threads``) instead of TVM's default count.
     """
 
+    #: The plan it runs, when built by :meth:`from_plan`.
+    plan: Plan | None = None
+    #: What ``OptimizeResult.pipeline()`` timed before it chose this plan
+    #: (:class:`autoplace.run.trial.Trial`), or None.
+    trial = None
+
     def __init__(self, staged: StagedModule, executables: Sequence[Any], *,
                  queue_size: int = 4, num_threads: int | None = None, micro_batch: int = MICRO_BATCH,
                  replicas: Sequence[Device] = (), threads: int | None = None):
@@ -243,14 +249,17 @@ class Pipeline:
                 if (d.kind, d.target) not in builds:
                     builds[(d.kind, d.target)] = compile_stage(
                         dataclasses.replace(staged.stages[0], device=d), records)
-            return cls(staged, [builds[(d.kind, d.target)] for d in devices],
+            pipe = cls(staged, [builds[(d.kind, d.target)] for d in devices],
                        replicas=devices, **kwargs)
-        stages = list(staged.stages)
-        if len(stages) == 1 and len(stages[0].outputs) == 1:
-            # Called directly: one tensor back, not a tuple of one to index on every call.
-            stages[0] = dataclasses.replace(stages[0], mod=_bare_result(stages[0].mod))
-        return cls(staged, [compile_stage(s, records) for s in stages],
-                   threads=plan.threads, **kwargs)
+        else:
+            stages = list(staged.stages)
+            if len(stages) == 1 and len(stages[0].outputs) == 1:
+                # Called directly: one tensor back, not a tuple of one to index on every call.
+                stages[0] = dataclasses.replace(stages[0], mod=_bare_result(stages[0].mod))
+            pipe = cls(staged, [compile_stage(s, records) for s in stages],
+                       threads=plan.threads, **kwargs)
+        pipe.plan = plan
+        return pipe
 
     # ------------------------------------------------------------------ running
 

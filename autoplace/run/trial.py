@@ -36,16 +36,21 @@ class Trial:
     entries: tuple[Entry, ...]
     chosen: str
     rounds: int
+    #: Inputs a timed call ran (:func:`run_stream_fastest`): the times are then per input.
+    inputs: int = 1
 
     def __str__(self) -> str:
+        unit = " an input" if self.inputs > 1 else ""
         parts = []
         for e in self.entries:
             got = (f"failed ({e.error})" if e.measured_s is None
-                   else f"{e.measured_s * 1e3:.4g} ms")
+                   else f"{e.measured_s * 1e3:.4g} ms{unit}")
             pred = ("not predicted" if e.predicted_s is None
                     else f"predicted {e.predicted_s * 1e3:.4g} ms")
             parts.append(f"{e.name} {got} ({pred})")
-        return (f"timed here, medians of {self.rounds} interleaved rounds: " + "; ".join(parts)
+        rounds = (f"{self.rounds} interleaved rounds" if self.inputs == 1 else
+                  f"{self.rounds} interleaved rounds of {self.inputs} inputs")
+        return (f"timed here, medians of {rounds}: " + "; ".join(parts)
                 + f"; runs {self.chosen}")
 
 
@@ -135,3 +140,49 @@ def _close(runs) -> None:
         close = getattr(run, "close", None)
         if close is not None:
             close()
+
+
+def run_stream_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *,
+                       items: int | None = None, budget_s: float = 3.0):
+    """:func:`run_fastest` for runners of a stream of inputs (``build()`` returns an object with
+    ``run(list of input lists)`` and ``close()``: a :class:`~autoplace.run.Pipeline`): each
+    timed call runs ``items`` copies of ``inputs`` through one, and ``predicted_s`` and the
+    trial's times are seconds per input. ``items`` (default: :func:`stream_items` of the
+    predictions) should give each call at least a few of its hand-offs. Returns ``(the fastest
+    runner, Trial)``."""
+    items = stream_items([c.predicted_s for c in candidates]) if items is None else items
+    batch = [list(inputs)] * items
+    wrapped = [Candidate(c.name, None if c.predicted_s is None else c.predicted_s * items,
+                         lambda c=c: _Stream(c.build(), batch))
+               for c in candidates]
+    stream, trial = run_fastest(wrapped, (), budget_s=budget_s)
+    per = {e.name: e for e in trial.entries}
+    entries = tuple(Entry(c.name, c.predicted_s,
+                          None if per[c.name].measured_s is None
+                          else per[c.name].measured_s / items, per[c.name].error)
+                    for c in candidates if c.name in per)
+    return stream.runner, Trial(entries, trial.chosen, trial.rounds, items)
+
+
+def stream_items(predicted_s: Sequence[float | None], *, target_s: float = 0.05,
+                 least: int = 16, most: int = 256) -> int:
+    """Inputs per timed call of a stream trial: about ``target_s`` at the fastest prediction,
+    within ``[least, most]`` (``least`` without a prediction)."""
+    known = [p for p in predicted_s if p is not None and p > 0]
+    if not known:
+        return least
+    return int(min(most, max(least, target_s // min(known))))
+
+
+class _Stream:
+    """A stream runner called as :func:`run_fastest` calls a candidate: each call runs the same
+    ``batch`` through it."""
+
+    def __init__(self, runner, batch):
+        self.runner, self.batch = runner, batch
+
+    def __call__(self, *_):
+        return self.runner.run(self.batch)
+
+    def close(self) -> None:
+        self.runner.close()

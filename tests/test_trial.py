@@ -168,7 +168,7 @@ def test_a_stream_trial_times_batches_and_reports_seconds_per_input():
     assert got["returned"].predicted_s == 1e-4 and got["contender"].predicted_s is None
     assert 2e-4 <= got["returned"].measured_s < 2e-3  # per input, not per batch of 20
     assert got["contender"].measured_s < got["returned"].measured_s
-    assert "rounds of 20 inputs" in str(trial) and "ms an input" in str(trial)
+    assert "rounds of 20 inputs" in str(trial) and "(predicted 0.1 ms an input)" in str(trial)
     # Inputs per call: about 50 ms at the fastest prediction, within [16, 256].
     assert stream_items([1e-3, 2e-3]) == 50 and stream_items([None]) == 16
     assert stream_items([1e-6]) == 256 and stream_items([1.0]) == 16

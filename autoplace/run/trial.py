@@ -46,7 +46,7 @@ class Trial:
             got = (f"failed ({e.error})" if e.measured_s is None
                    else f"{e.measured_s * 1e3:.4g} ms{unit}")
             pred = ("not predicted" if e.predicted_s is None
-                    else f"predicted {e.predicted_s * 1e3:.4g} ms")
+                    else f"predicted {e.predicted_s * 1e3:.4g} ms{unit}")
             parts.append(f"{e.name} {got} ({pred})")
         rounds = (f"{self.rounds} interleaved rounds" if self.inputs == 1 else
                   f"{self.rounds} interleaved rounds of {self.inputs} inputs")

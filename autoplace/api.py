@@ -236,15 +236,10 @@ class OptimizeResult:
         own = functools.partial(self._build, self.plan, concurrent, self.solution.order)
         if not trial or not self.contenders or self.solution.objective != "latency":
             return own()
-        from autoplace.profile.workload import random_inputs
-        from autoplace.run.trial import Candidate, run_fastest
+        from autoplace.run.trial import run_fastest
 
-        candidates = [Candidate(self._returned_name, self.predicted_latency_s, own)] + [
-            Candidate(c.name, c.predicted_s,
-                      functools.partial(self._build, c.plan, c.concurrent, c.order))
-            for c in self.contenders]
-        inputs = random_inputs(self.source_mod[self.graph.func_name], np.random.default_rng(0))
-        run, found = run_fastest(candidates, inputs)
+        run, found = self._trial(run_fastest, self.predicted_latency_s, own,
+                                 lambda c: self._build(c.plan, c.concurrent, c.order))
         object.__setattr__(run, "trial", found)
         return run
 
@@ -286,23 +281,29 @@ class OptimizeResult:
 
         if not trial or not self.contenders:
             return build(self.plan)
-        from autoplace.profile.workload import random_inputs
-        from autoplace.run.trial import Candidate, run_stream_fastest
+        from autoplace.run.trial import run_stream_fastest
 
-        candidates = [Candidate(self._returned_name, self.plan.predicted_s,
-                                functools.partial(build, self.plan))] + [
-            Candidate(c.name, c.predicted_s, functools.partial(build, c.plan))
-            for c in self.contenders]
-        inputs = random_inputs(self.source_mod[self.graph.func_name], np.random.default_rng(0))
-        pipe, found = run_stream_fastest(candidates, inputs)
+        pipe, found = self._trial(run_stream_fastest, self.plan.predicted_s,
+                                  functools.partial(build, self.plan), lambda c: build(c.plan))
         pipe.trial = found
         return pipe
 
-    @property
-    def _returned_name(self) -> str:
-        """The returned plan's name in a trial: the baseline the guard chose, or the solver's."""
-        return (self.guard.baseline if self.guard is not None and not self.guard.kept
+    def _trial(self, run, predicted_s: float, own, build):
+        """``run(candidates, inputs)`` (:func:`~autoplace.run.trial.run_fastest` or
+        :func:`~autoplace.run.trial.run_stream_fastest`) of the returned plan (``own()`` builds
+        it; ``predicted_s``, its prediction) and each of :attr:`contenders` (``build(c)``), on
+        random inputs. The returned plan is named after the baseline the guard chose, or "the
+        solver's plan"."""
+        from autoplace.profile.workload import random_inputs
+        from autoplace.run.trial import Candidate
+
+        name = (self.guard.baseline if self.guard is not None and not self.guard.kept
                 else "the solver's plan")
+        candidates = [Candidate(name, predicted_s, own)] + [
+            Candidate(c.name, c.predicted_s, functools.partial(build, c))
+            for c in self.contenders]
+        return run(candidates,
+                   random_inputs(self.source_mod[self.graph.func_name], np.random.default_rng(0)))
 
     def summary(self) -> str:
         """Plan, predicted time (a throughput plan's: per input, and inputs per second), the

@@ -117,8 +117,7 @@ def bench(name: str, devices, args) -> dict:
     if trial is None:
         runner, predicted = dlv.runner, dlv.predicted_s
     else:
-        runner = trial.chosen
-        predicted = next(e.predicted_s for e in trial.entries if e.name == trial.chosen)
+        runner, predicted = trial.chosen, trial.kept.predicted_s
     best_single = min(v for k, v in measured.items() if k.startswith("only "))
     same = same_build(runs["plan"].plan, threads)
     baseline = min(best_single, measured.get("all cores", float("inf")))

@@ -58,8 +58,7 @@ def pipeline_report(res, model, devices, n: int) -> dict:
         return max(float(np.max(np.abs(a - b))) for o, r in zip(got, ref) for a, b in zip(o, r))
 
     ran = pipe.plan  # the returned plan, or the contender pipeline()'s trial kept
-    predicted = (res.plan.predicted_s if pipe.trial is None else
-                 next(e.predicted_s for e in pipe.trial.entries if e.name == pipe.trial.chosen))
+    predicted = res.plan.predicted_s if pipe.trial is None else pipe.trial.kept.predicted_s
     return {
         # None where the trial kept a plan nothing predicted (all threads without its costs)
         "predicted_inputs_per_s": None if predicted is None else 1 / predicted,

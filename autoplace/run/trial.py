@@ -7,7 +7,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,11 @@ class Trial:
     rounds: int
     #: Inputs a timed call ran (:func:`run_stream_fastest`): the times are then per input.
     inputs: int = 1
+
+    @property
+    def kept(self) -> Entry:
+        """The entry of the plan it kept (``chosen``)."""
+        return next(e for e in self.entries if e.name == self.chosen)
 
     def __str__(self) -> str:
         unit = " an input" if self.inputs > 1 else ""
@@ -156,12 +161,11 @@ def run_stream_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndar
                          lambda c=c: _Stream(c.build(), batch))
                for c in candidates]
     stream, trial = run_fastest(wrapped, (), budget_s=budget_s)
-    per = {e.name: e for e in trial.entries}
-    entries = tuple(Entry(c.name, c.predicted_s,
-                          None if per[c.name].measured_s is None
-                          else per[c.name].measured_s / items, per[c.name].error)
-                    for c in candidates if c.name in per)
-    return stream.runner, Trial(entries, trial.chosen, trial.rounds, items)
+    predicted = {c.name: c.predicted_s for c in candidates}
+    entries = tuple(replace(e, predicted_s=predicted[e.name],
+                            measured_s=None if e.measured_s is None else e.measured_s / items)
+                    for e in trial.entries)
+    return stream.runner, replace(trial, entries=entries, inputs=items)
 
 
 def stream_items(predicted_s: Sequence[float | None], *, target_s: float = 0.05,

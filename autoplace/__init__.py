@@ -25,4 +25,24 @@ __all__ = [
     "Plan", "PlanError", "Problem", "RooflineCostModel", "Solution", "TensorInfo",
     "UnsupportedModelError", "annotate", "build_problem", "compile", "node_costs", "optimize",
     "frontends", "load_cost_model", "place", "solve", "tune", "zoo",
+    "dynamo_backend", "load_module", "optimize_module",
 ]
+
+# PyTorch's door (autoplace.pytorch) is imported when first used: autoplace imports without torch.
+_PYTORCH = ("dynamo_backend", "load_module", "optimize_module")
+
+
+def __getattr__(name: str):
+    if name not in _PYTORCH:
+        raise AttributeError(f"module 'autoplace' has no attribute {name!r}")
+    try:
+        from autoplace import pytorch
+    except ImportError as e:
+        message = str(e)
+
+        def needs_torch(*args, **kwargs):
+            raise ImportError(message)
+
+        needs_torch.__name__ = needs_torch.__qualname__ = name
+        return needs_torch
+    return getattr(pytorch, name)

@@ -16,22 +16,44 @@ if TYPE_CHECKING:
 _LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
-def from_torch(model: torch.nn.Module, example_inputs: Sequence[np.ndarray]) -> tvm.IRModule:
-    """Export ``model`` (in eval mode) with static shapes and import it; weights become constants."""
+def from_torch(model: torch.nn.Module, example_inputs: Sequence) -> tvm.IRModule:
+    """Export ``model`` (in eval mode) with static shapes and import it; weights become constants.
+    ``example_inputs`` are numpy arrays or torch tensors."""
+    return from_exported(export_torch(model, example_inputs))
+
+
+def export_torch(model: torch.nn.Module, example_inputs: Sequence) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` in eval mode (its mode is restored after), without
+    gradients, at the static shapes of ``example_inputs`` (numpy arrays or torch tensors)."""
     try:
         import torch
     except ImportError as e:
         raise ImportError("from_torch needs PyTorch: pip install 'autoplace[frontends]'") from e
+
+    args = tuple(x.detach() if isinstance(x, torch.Tensor)
+                 else torch.from_numpy(np.ascontiguousarray(x)) for x in example_inputs)
+    training = model.training
+    try:
+        with warnings.catch_warnings():
+            # A deprecation inside torch.export (its decompositions, which the importer runs),
+            # not about anything the caller wrote: every model would print it.
+            warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
+            with torch.no_grad():
+                return torch.export.export(model.eval(), args)
+    finally:
+        model.train(training)
+
+
+def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
+    """Import a ``torch.export`` program into Relax; its parameters and buffers become
+    constants, its user inputs the parameters of ``main`` in order."""
+    import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in example_inputs)
     with warnings.catch_warnings():
-        # A deprecation inside torch.export (its decompositions, which the importer runs), not
-        # about anything the caller wrote: every model would print it.
         warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
         with torch.no_grad():
-            exported = torch.export.export(model.eval(), args)
-        return from_exported_program(exported)
+            return from_exported_program(exported)
 
 
 def from_onnx(path: str | Path) -> tvm.IRModule:

@@ -23,6 +23,7 @@ LAYERS = [
     ["run"],                      # multi-device build, stage split, pipeline executor
     ["report"],
     ["api"],
+    ["pytorch"],                  # torch.compile backend and optimize_module: PyTorch's door
     ["dnn_partitioning"],         # the public benchmark's adapter, used by the CLI only
     ["__root__"],                 # autoplace/__init__.py re-exports the public surface
     ["cli"],

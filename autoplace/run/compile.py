@@ -83,6 +83,17 @@ class CompiledModel:
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
         return _flatten(self._vm[self.func_name](*args, *self._consts))
 
+    @property
+    def input_devices(self) -> tuple:
+        """The TVM device each input is expected on (:meth:`call_tensors`)."""
+        return tuple(self._input_devices)
+
+    def call_tensors(self, *args: tvm.runtime.Tensor) -> list[tvm.runtime.Tensor]:
+        """One call on TVM tensors already on their :attr:`input_devices`: nothing is copied in
+        or out; the outputs are the VM's own tensors, on the devices the plan left them."""
+        own_pool(self.plan.threads)
+        return _flat_tensors(self._vm[self.func_name](*args, *self._consts))
+
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
         that whatever ``res.compile()`` returns can be closed, or used in a ``with``."""
@@ -109,6 +120,12 @@ def _flatten(result) -> list[np.ndarray]:
     if hasattr(result, "numpy"):
         return [to_numpy(result)]
     return [a for item in result for a in _flatten(item)]
+
+
+def _flat_tensors(result) -> list:
+    if hasattr(result, "numpy"):
+        return [result]
+    return [a for item in result for a in _flat_tensors(item)]
 
 
 def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,

@@ -18,8 +18,10 @@ every core.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -278,8 +280,16 @@ class Pipeline:
     def run(self, inputs: Iterable[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
         """Stream ``inputs`` (each a sequence of the function's parameters) through the stages.
 
-        Returns one list of numpy arrays per input, in input order, and sets :attr:`stats`.
-        A pipeline of one stage calls it on this thread, one input after another.
+        Returns one list of numpy arrays per input, in input order, and sets :attr:`stats`;
+        given torch tensors (the first input decides), torch tensors on the device of its first
+        tensor (CPU tensors go in and come out without a copy beyond the pipeline's own). A
+        pipeline of one stage calls it on this thread, one input after another.
+
+        ``inputs`` is read only as stage 0 (or a free replica) takes the next input, and each
+        stage waits while the queue to the next holds ``queue_size`` micro-batches, so a
+        generator that makes inputs faster than the pipeline runs them is held back: at most
+        about ``(queue_size + 2) * micro_batch`` inputs per pair of stages are taken and not yet
+        done. The results of a run are kept until it returns.
 
         Raises
         ------
@@ -293,8 +303,9 @@ class Pipeline:
         with self._run_lock:
             if self._closed.is_set():
                 raise PipelineClosedError("the pipeline is closed")
+            inputs, device = _numpy_stream(inputs)
             if self._direct is not None:
-                return self._run_direct(inputs)
+                return _as_torch(self._run_direct(inputs), device)
             source = _Source(iter(inputs))
             self._busy = [0.0] * len(self._busy)
             t0 = time.perf_counter()
@@ -323,7 +334,7 @@ class Pipeline:
                 raise source.error
             self.stats = PipelineStats(len(results), wall, tuple(self._busy),
                                        "replicas" if self._pullers > 1 else "stages")
-            return [results[k] for k in range(len(results))]
+            return _as_torch([results[k] for k in range(len(results))], device)
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
         """The one stage on each input in turn, its arrays copied straight into tensors on its
@@ -583,6 +594,36 @@ def _stage_error(stage: Stage, seq: int, e: Exception, device: Device | None = N
     name = (device or stage.device).name
     return PipelineError(f"stage {stage.index} on {name} failed on input {seq}: "
                          f"{type(e).__name__}: {e}", stage.index, seq)
+
+
+def _numpy_stream(inputs):
+    """``inputs`` with torch tensors as numpy arrays (a CPU tensor's shared, not copied), and
+    the device of the first input's first tensor (None when it has none: a stream of arrays).
+    torch is not imported here: a caller that passes tensors has imported it."""
+    torch = sys.modules.get("torch")
+    it = iter(inputs)
+    if torch is None:
+        return it, None
+    try:
+        first = list(next(it))
+    except StopIteration:
+        return iter(()), None
+    rest = itertools.chain([first], it)
+    device = next((a.device for a in first if isinstance(a, torch.Tensor)), None)
+    if device is None:
+        return rest, None
+    return ([a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in x]
+            for x in rest), device
+
+
+def _as_torch(results: list[list[np.ndarray]], device):
+    """The results of a run as the caller gave its inputs: arrays, or torch tensors on
+    ``device`` (sharing the arrays' memory on a CPU)."""
+    if device is None:
+        return results
+    import torch
+
+    return [[torch.from_numpy(a).to(device) for a in out] for out in results]
 
 
 def _take(value):

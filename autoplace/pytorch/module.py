@@ -1,0 +1,331 @@
+"""A PyTorch module that runs an autoplace build: torch tensors in and out through DLPack, the
+plan it runs beside it, and a file that loads without tuning or building again."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+import tvm
+
+from autoplace.frontends import export_torch, from_exported
+from autoplace._version import __version__
+from autoplace.api import OptimizeResult, optimize
+from autoplace.backend import own_pool
+from autoplace.devices import Device
+from autoplace.plan import Plan
+from autoplace.run import CompiledModel, compile
+
+#: The layout of a saved module's file; a file of another layout is refused.
+FORMAT = 1
+_ALIGN = 64  # bytes: tvm.runtime.from_dlpack refuses a tensor whose data is less aligned
+
+
+class ModuleFileError(ValueError):
+    """A file :func:`load_module` cannot load: not a saved module, or saved by another version of
+    autoplace or TVM (whose build this one cannot run)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a build takes for one input: shape, dtype (a torch dtype's name, ``"float32"``) and
+    the caller's device (``"cpu"``, ``"cuda:0"``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSpec:
+        return cls(tuple(int(n) for n in t.shape), str(t.dtype).removeprefix("torch."),
+                   str(t.device))
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}] on {self.device}"
+
+
+def default_devices() -> list[Device]:
+    """This machine's CPU, and its first GPU where TVM sees one."""
+    devices = [Device.cpu(0)]
+    if tvm.cuda(0).exist:
+        devices.append(Device.cuda(0))
+    return devices
+
+
+def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[Device] | None = None,
+                    **optimize_kwargs) -> AutoplaceModule:
+    """Export ``model``, place and build it with :func:`autoplace.optimize`, and return a module
+    that runs the build on torch tensors.
+
+    The build is for the static shapes, dtypes and device of ``example_inputs`` (a tensor or a
+    sequence of tensors); weights are copied into it as constants (later changes to the model's
+    weights are not seen) and it computes no gradients. ``devices`` defaults to this machine's
+    CPU, plus its GPU where TVM sees one; ``optimize_kwargs`` go to :func:`autoplace.optimize`
+    (``objective``, ``cost_model``, ``db``, ...). The model's training mode is left as it was.
+
+    >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
+    >>> y = m(x)                                               # a torch tensor
+    >>> print(m.summary())                                     # the plan, as optimize() says
+    >>> m.save("model.apmod"); m2 = autoplace.load_module("model.apmod")
+    """
+    inputs = _tensors(example_inputs)
+    exported = export_torch(model, inputs)
+    res = optimize(from_exported(exported),
+                   list(devices) if devices is not None else default_devices(), **optimize_kwargs)
+    return AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
+                           exported.call_spec.out_spec, result=res)
+
+
+def build_of(res: OptimizeResult) -> CompiledModel:
+    """``res.compile()`` on one VM (a plan of several devices whose delivery is concurrent is
+    built on one VM instead: a module calls one build), close calls settled by running them."""
+    run = res.compile(concurrent=False, trial=True)
+    if not isinstance(run, CompiledModel):  # the trial kept a concurrent contender
+        plan = run.plan
+        run.close()
+        run = compile(res.source_mod, plan, res.graph.func_name, records=res.records)
+    return run
+
+
+def _tensors(example_inputs) -> list[torch.Tensor]:
+    if isinstance(example_inputs, (torch.Tensor, np.ndarray)):
+        example_inputs = (example_inputs,)
+    return [x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+            for x in example_inputs]
+
+
+class AutoplaceModule(torch.nn.Module):
+    """A built plan as a ``torch.nn.Module``: ``forward`` takes torch tensors of the shapes,
+    dtypes and device it was built for and returns what the model returned (a tensor, or the
+    same tuple/list/dict structure), on the caller's device.
+
+    Inputs reach the build without a copy (DLPack; a tensor that is not contiguous or not
+    64-byte aligned is copied first, and so is one whose device the plan runs elsewhere), and
+    the outputs are the build's own tensors, shared with torch, not copied. Calls from several
+    threads at once are not allowed (TVM's VM does not allow them). Inference only: no
+    gradients flow through it.
+
+    Attributes
+    ----------
+    plan : Plan
+        The plan its build runs.
+    result : OptimizeResult or None
+        What :func:`autoplace.optimize` found (None for a module read by :func:`load_module`).
+    inputs : tuple of TensorSpec
+        What each input must be.
+    """
+
+    def __init__(self, build, inputs: Sequence[TensorSpec], out_spec=None, *,
+                 result: OptimizeResult | None = None, _saved: dict | None = None):
+        super().__init__()
+        self._build = build
+        self.plan: Plan = build.plan
+        self.result = result
+        self.inputs = tuple(inputs)
+        self._out_spec = out_spec
+        self._saved = _saved  # a loaded module's library bytes and constants, to save again
+        # Per input: what it must be, and where the build wants it where that is not where
+        # DLPack leaves the caller's tensor (a plan's first op on another device, or CPU
+        # index): it is copied there.
+        self._checks = [(torch.Size(s.shape), getattr(torch, s.dtype), torch.device(s.device),
+                         None if _tvm_device(s.device) == d else d)
+                        for s, d in zip(self.inputs, build.input_devices)]
+        devs = {s.device for s in self.inputs}
+        self._home = _tvm_device(devs.pop() if len(devs) == 1 else "cpu")
+        self._tree = _tree_kind(out_spec)
+        self._outs_home = False  # whether the outputs were all on the caller's device
+
+    # ------------------------------------------------------------------------------ calling
+
+    def forward(self, *inputs: torch.Tensor):
+        outs = self.run_flat(inputs)
+        kind = self._tree
+        if kind == "one":
+            return outs[0]
+        if kind == "tuple":
+            return tuple(outs)
+        if kind == "flat":
+            return outs
+        return pytree.tree_unflatten(outs, self._out_spec)
+
+    def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The build's outputs, flat, as torch tensors on the caller's device (the DLPack
+        capsule handed over directly: half the time of ``torch.from_dlpack`` on the tensor)."""
+        if len(inputs) != len(self._checks):
+            raise TypeError(f"expected {len(self._checks)} inputs "
+                            f"({'; '.join(map(str, self.inputs))}), got {len(inputs)}")
+        args = []
+        for t, (shape, dtype, device, move) in zip(inputs, self._checks):
+            if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.shape != shape \
+                    or t.device != device:
+                raise self._mismatch(len(args), t)
+            if t.requires_grad:
+                t = t.detach()
+            if t.data_ptr() % _ALIGN or not t.is_contiguous():
+                t = t.clone(memory_format=torch.contiguous_format)
+            a = tvm.runtime.from_dlpack(t)
+            args.append(a if move is None else a.copyto(move))
+        outs = self._build.call_tensors(*args)
+        if self._outs_home:  # every output on the caller's device, as on the last call
+            return [torch.from_dlpack(o.__dlpack__()) for o in outs]
+        home = self._home
+        self._outs_home = all(o.device == home for o in outs)
+        return [torch.from_dlpack((o if o.device == home else o.copyto(home)).__dlpack__())
+                for o in outs]
+
+    def _mismatch(self, k: int, t) -> Exception:
+        spec = self.inputs[k]
+        if not isinstance(t, torch.Tensor):
+            return TypeError(f"input {k}: expected a torch.Tensor {spec}, got {type(t).__name__}")
+        given = TensorSpec.of(t)
+        error = TypeError if given.dtype != spec.dtype else ValueError
+        return error(f"input {k}: this build takes {spec}, got {given} (build another for it: "
+                     f"optimize_module with such an example input)")
+
+    # ------------------------------------------------------------------------------ reading
+
+    def summary(self) -> str:
+        """What :meth:`OptimizeResult.summary` says; a loaded module: its plan and where it came
+        from."""
+        if self.result is not None:
+            return self.result.summary()
+        meta = self._saved["meta"]
+        return (f"loaded module (autoplace {meta['autoplace']}, TVM {meta['tvm']}), inputs "
+                f"{'; '.join(map(str, self.inputs))}\n{self.plan}")
+
+    def explain(self):
+        """Per op: device, cost per device, copies, why (:meth:`OptimizeResult.explain`)."""
+        if self.result is None:
+            raise ValueError("a loaded module keeps its plan (str(module.plan)), not the costs "
+                             "explain() reads: optimize_module the model again to explain it")
+        return self.result.explain()
+
+    def extra_repr(self) -> str:
+        return f"inputs=[{'; '.join(map(str, self.inputs))}], devices=" \
+               f"[{', '.join(d.name for d in self.plan.used_devices())}]"
+
+    # ------------------------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the build (its compiled library), its plan and what it takes into one file;
+        :func:`load_module` reads it without tuning or building."""
+        if self._saved is not None:
+            lib, consts, positions = (self._saved["lib"], self._saved["consts"],
+                                      self._saved["meta"]["input_devices"])
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                self._build.executable.export_library(os.path.join(tmp, "lib.so"))
+                lib = Path(tmp, "lib.so").read_bytes()
+            used = [d.tvm_device() for d in self.plan.used_devices()]
+            consts = [(value.numpy(), k) for value, k in self._build.lifted]
+            positions = [used.index(d) for d in self._build.input_devices]
+        meta = {"format": FORMAT, "autoplace": __version__, "tvm": tvm.__version__,
+                "torch": torch.__version__, "inputs": [vars(s) | {"shape": list(s.shape)}
+                                                       for s in self.inputs],
+                "input_devices": positions, "constant_devices": [k for _, k in consts],
+                "func_name": getattr(self._build, "func_name", "main"),
+                "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec)}
+        buf = io.BytesIO()
+        np.savez(buf, *[v for v, _ in consts])
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("meta.json", json.dumps(meta, indent=1))
+            z.writestr("plan.json", self.plan.to_json())
+            z.writestr("lib.so", lib)
+            z.writestr("constants.npz", buf.getvalue())
+
+
+def load_module(path: str | os.PathLike) -> AutoplaceModule:
+    """A module written by :meth:`AutoplaceModule.save`, ready to call: its library is loaded,
+    not built, and nothing is tuned.
+
+    Raises
+    ------
+    ModuleFileError
+        (a ``ValueError``) If the file is not a saved module, or was saved by another version of
+        autoplace or TVM.
+    """
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            meta = json.loads(z.read("meta.json"))
+            plan_text = z.read("plan.json").decode()
+            lib = z.read("lib.so")
+            npz = np.load(io.BytesIO(z.read("constants.npz")))
+            arrays = [npz[f"arr_{k}"] for k in range(len(npz.files))]
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as e:
+        raise ModuleFileError(f"{path} is not a module saved by autoplace ({e})") from e
+    here = {"format": FORMAT, "autoplace": __version__, "tvm": tvm.__version__}
+    saved = {key: meta.get(key) for key in here}
+    if saved != here:
+        raise ModuleFileError(
+            f"{path} was saved by autoplace {saved['autoplace']} with TVM {saved['tvm']} (file "
+            f"format {saved['format']}); this is autoplace {here['autoplace']} with TVM "
+            f"{here['tvm']} (format {FORMAT}): optimize_module the model again and save it")
+    plan = Plan.from_json(plan_text)
+    consts = list(zip(arrays, meta["constant_devices"]))
+    build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"])
+    inputs = [TensorSpec(tuple(s["shape"]), s["dtype"], s["device"]) for s in meta["inputs"]]
+    out_spec = None if meta["outputs"] is None else pytree.treespec_loads(meta["outputs"])
+    return AutoplaceModule(build, inputs, out_spec,
+                           _saved={"lib": lib, "consts": consts, "meta": meta})
+
+
+class _LoadedBuild:
+    """A saved build's library loaded for the plan's devices: what :class:`AutoplaceModule`
+    calls, as it calls a :class:`~autoplace.run.CompiledModel`."""
+
+    def __init__(self, plan: Plan, lib: bytes, positions: Sequence[int], consts, func_name: str):
+        from tvm import relax
+
+        self.plan, self.func_name = plan, func_name
+        devices = [d.tvm_device() for d in plan.used_devices()]
+        missing = [d.name for d in plan.used_devices() if not d.tvm_device().exist]
+        if missing:
+            raise ValueError(f"the saved plan runs on {', '.join(missing)}, which this machine "
+                             f"does not have")
+        with tempfile.TemporaryDirectory() as tmp:  # the loaded library outlives its file
+            Path(tmp, "lib.so").write_bytes(lib)
+            library = tvm.runtime.load_module(os.path.join(tmp, "lib.so"))
+        self._vm = relax.VirtualMachine(library, devices)
+        self._fn = self._vm[func_name]
+        self.input_devices = tuple(devices[k] for k in positions)
+        self._consts = [tvm.runtime.tensor(value, devices[k]) for value, k in consts]
+
+    def call_tensors(self, *args) -> list:
+        own_pool(self.plan.threads)
+        result = self._fn(*args, *self._consts)
+        return [result] if hasattr(result, "numpy") else list(_flat(result))
+
+
+def _flat(result):
+    for item in result:
+        if hasattr(item, "numpy"):
+            yield item
+        else:
+            yield from _flat(item)
+
+
+def _tvm_device(name: str) -> tvm.runtime.Device:
+    d = torch.device(name)
+    return tvm.cuda(d.index or 0) if d.type == "cuda" else tvm.cpu(0)
+
+
+def _tree_kind(spec) -> str:
+    """How a flat list of outputs becomes what the model returned: ``"one"`` tensor, a
+    ``"tuple"`` of tensors, ``"flat"`` (no structure known: the list), or ``"tree"``."""
+    if spec is None:
+        return "flat"
+    if spec.is_leaf():
+        return "one"
+    if spec.type is tuple and all(c.is_leaf() for c in spec.children_specs):
+        return "tuple"
+    return "tree"

@@ -159,6 +159,22 @@ def test_a_frame_compiled_again_gets_sizes_as_inputs_and_a_build_per_shape():
     assert (2, 6) in shapes and (5, 6) in shapes and len(shapes) <= 4  # batch 2 built once
 
 
+def test_a_graph_with_no_tensor_to_compute_returns_its_inputs_and_constants_unbuilt():
+    # Called as Dynamo calls it, on FX graphs: outputs that are inputs (or constants) need no
+    # build; one op beside them is built, and the inputs come back as the very same tensors.
+    be = backend()
+    passthrough = torch.fx.symbolic_trace(lambda x, y: (y, x, 3))
+    x, y = torch.randn(2), torch.randn(3)
+    fn = be(passthrough, [x, y])
+    out = fn(x, y)
+    assert out[0] is y and out[1] is x and out[2] == 3
+    assert be.graphs[-1].module is None and be.graphs[-1].fallback is None
+    mixed = torch.fx.symbolic_trace(lambda x: (x, torch.sin(x)))
+    out = be(mixed, [x])(x)
+    assert out[0] is x and be.graphs[-1].module is not None
+    torch.testing.assert_close(out[1], torch.sin(x))
+
+
 @pytest.mark.slow
 def test_the_string_backend_needs_no_import_of_autoplace_and_runs_with_the_defaults():
     code = (

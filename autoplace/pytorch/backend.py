@@ -87,7 +87,8 @@ class AutoplaceBackend:
             if node in index:
                 picks.append(("input", index[node]))
             elif isinstance(node, torch.fx.Node):
-                if not isinstance(node.meta.get("example_value"), torch.Tensor):
+                value = node.meta.get("example_value")  # Dynamo's; absent on other graphs
+                if value is not None and not isinstance(value, torch.Tensor):
                     raise NotImported(f"output {node.name} is not a tensor")
                 if _storage(node) in storages:
                     raise NotImported(f"output {node.name} is a view of an input: built, it would "

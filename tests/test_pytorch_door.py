@@ -175,6 +175,17 @@ def test_a_graph_with_no_tensor_to_compute_returns_its_inputs_and_constants_unbu
     torch.testing.assert_close(out[1], torch.sin(x))
 
 
+def test_the_string_backend_takes_its_settings_as_options():
+    model, x = small_cnn(), torch.randn(1, 3, 8, 8)
+    options = {"devices": CPU, "strict": True, **FAST}
+    with torch.no_grad():
+        got = torch.compile(model, backend="autoplace", options=options)(x)
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="no modes"):
+            torch.compile(model, backend="autoplace", mode="max-autotune")(x)
+
+
 @pytest.mark.slow
 def test_the_string_backend_needs_no_import_of_autoplace_and_runs_with_the_defaults():
     code = (

@@ -308,7 +308,13 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     return AutoplaceBackend(devices, strict=strict, **optimize_kwargs)
 
 
-def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence):
+def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, *, options=None,
+                      mode=None):
     """``torch.compile(model, backend="autoplace")``: :func:`dynamo_backend` with its defaults
-    (registered under the ``torch_dynamo_backends`` entry point)."""
-    return AutoplaceBackend()(gm, example_inputs)
+    (registered under the ``torch_dynamo_backends`` entry point), or with
+    ``options={"devices": [...], "strict": True, "db": ...}`` (its arguments). ``mode`` has
+    no meaning here and is refused unless ``"default"``."""
+    if mode not in (None, "default"):
+        raise ValueError(f"torch.compile mode {mode!r}: the autoplace backend has no modes; "
+                         f"pass its settings as options={{...}} (devices, strict, objective, db, ...)")
+    return AutoplaceBackend(**(options or {}))(gm, example_inputs)

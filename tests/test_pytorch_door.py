@@ -248,6 +248,25 @@ def test_inputs_and_outputs_cross_by_dlpack_without_copies(cnn_module, monkeypat
     assert not torch.equal(y, y2)
 
 
+def test_calls_from_several_threads_take_turns_and_each_gets_its_own_result(cnn_module):
+    _, m = cnn_module
+    xs = [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    want = [m(x) for x in xs]
+    errors = []
+
+    def work(k):
+        for _ in range(30):
+            if not torch.equal(m(xs[k]), want[k]):
+                errors.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+
+
 def test_an_input_that_is_not_contiguous_or_aligned_is_copied_first(cnn_module):
     _, m = cnn_module
     base = torch.randn(2, 3, 8, 8)

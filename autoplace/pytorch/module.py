@@ -7,6 +7,7 @@ import io
 import json
 import os
 import tempfile
+import threading
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,8 +112,8 @@ class AutoplaceModule(torch.nn.Module):
     Inputs reach the build without a copy (DLPack; a tensor that is not contiguous or not
     64-byte aligned is copied first, and so is one whose device the plan runs elsewhere), and
     the outputs are the build's own tensors, shared with torch, not copied. Calls from several
-    threads at once are not allowed (TVM's VM does not allow them). Inference only: no
-    gradients flow through it.
+    threads take turns (TVM's VM runs one call at a time). Inference only: no gradients flow
+    through it.
 
     Attributes
     ----------
@@ -143,6 +144,7 @@ class AutoplaceModule(torch.nn.Module):
         self._home = _tvm_device(devs.pop() if len(devs) == 1 else "cpu")
         self._tree = _tree_kind(out_spec)
         self._outs_home = False  # whether the outputs were all on the caller's device
+        self._lock = threading.Lock()  # TVM's VM runs one call at a time
 
     # ------------------------------------------------------------------------------ calling
 
@@ -174,7 +176,8 @@ class AutoplaceModule(torch.nn.Module):
                 t = t.clone(memory_format=torch.contiguous_format)
             a = tvm.runtime.from_dlpack(t)
             args.append(a if move is None else a.copyto(move))
-        outs = self._build.call_tensors(*args)
+        with self._lock:
+            outs = self._build.call_tensors(*args)
         if self._outs_home:  # every output on the caller's device, as on the last call
             return [torch.from_dlpack(o.__dlpack__()) for o in outs]
         home = self._home

@@ -186,6 +186,23 @@ def test_the_string_backend_takes_its_settings_as_options():
             torch.compile(model, backend="autoplace", mode="max-autotune")(x)
 
 
+def test_a_shape_that_cannot_be_built_runs_in_pytorch_and_the_next_call_too(caplog):
+    # A second shape makes Dynamo compile the frame again with sizes as inputs, so its build is
+    # made on its first call; where that fails, that call and the next with those sizes run in
+    # PyTorch, with one warning.
+    be = autoplace.dynamo_backend(CPU, **FAST)
+    fast = torch.compile(Unsupported(), backend=be)
+    x = torch.randn(4, 3)
+    with caplog.at_level(logging.WARNING, logger="autoplace"), torch.no_grad():
+        fast(torch.randn(2, 3))  # static sizes: refused when compiled (warning 1)
+        got, again = fast(x), fast(x)
+    torch.testing.assert_close(got, Unsupported()(x))
+    torch.testing.assert_close(again, got)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "for sizes ((4, 3)" in warnings[1], warnings
+    assert len(be.graphs) == 2 and all(r.fallback for r in be.graphs)
+
+
 @pytest.mark.slow
 def test_the_string_backend_needs_no_import_of_autoplace_and_runs_with_the_defaults():
     code = (

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autoplace.frontends import export_torch, from_exported
 from autoplace.api import optimize
 from autoplace.devices import Device
+from autoplace.frontends import export_torch, from_exported
 from autoplace.pytorch.module import AutoplaceModule, TensorSpec, build_of, default_devices
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class AutoplaceBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence):
         ops = sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
         try:
-            fn, module = self._compile(gm, list(example_inputs), ops)
+            fn, record = self._compile(gm, list(example_inputs), ops)
         except Exception as e:
             if self.strict:
                 raise
@@ -55,15 +55,13 @@ class AutoplaceBackend:
             log.warning("autoplace: a graph of %d ops runs in PyTorch: %s", ops, why)
             self.graphs.append(GraphRecord(ops, fallback=why))
             return gm.forward
-        if module is not None:  # a graph built per shape is recorded at each build
-            self.graphs.append(GraphRecord(ops, module=module))
-        elif getattr(fn, "_nothing_to_build", False):
-            self.graphs.append(GraphRecord(ops))
+        if record is not None:  # a graph built per shape is recorded at each build
+            self.graphs.append(record)
         return fn
 
     def _compile(self, gm, example_inputs, ops):
-        """The function Dynamo calls for ``gm``, and its module (None where the graph computes
-        nothing, or is built per shape when first called with it)."""
+        """The function Dynamo calls for ``gm``, and its record (None for a graph built per
+        shape, when first called with it)."""
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_inputs) or not all(
                 isinstance(a, (torch.Tensor, int, torch.SymInt)) for a in example_inputs):
@@ -117,15 +115,12 @@ class AutoplaceBackend:
                                    result=res)
 
         if not computed:  # every output is an input or a constant
-            def passed(*args):
-                return assemble((), args)
-
-            passed._nothing_to_build = True
-            return passed, None
+            return (lambda *args: assemble((), args)), GraphRecord(ops)
         if not scalars and not any(_symbolic(n) for n in placeholders):
             module = build(example_inputs)
             run_flat = module.run_flat
-            return (lambda *args: assemble(run_flat([args[k] for k in user]), args)), module
+            return ((lambda *args: assemble(run_flat([args[k] for k in user]), args)),
+                    GraphRecord(ops, module=module))
         return self._per_shape(gm, ops, user, scalars, build, assemble), None
 
     def _per_shape(self, gm, ops, user, scalars, build, assemble):
@@ -141,7 +136,7 @@ class AutoplaceBackend:
             if run_flat is None:
                 run_flat = builds[key] = self._build_for(gm, ops, key, args, build,
                                                          len(builds) >= MAX_SHAPES)
-            if run_flat is gm.forward:
+            if run_flat is _IN_PYTORCH:
                 return gm.forward(*args)
             return assemble(run_flat([args[k] for k in user]), args)
 
@@ -151,7 +146,7 @@ class AutoplaceBackend:
         if full:
             log.warning("autoplace: a graph of %d ops runs in PyTorch for sizes %s: it was "
                         "built for %d others already", ops, key, MAX_SHAPES)
-            return gm.forward
+            return _IN_PYTORCH
         try:
             module = build(args)
         except Exception as e:
@@ -161,13 +156,14 @@ class AutoplaceBackend:
             log.warning("autoplace: a graph of %d ops runs in PyTorch for sizes %s: %s",
                         ops, key, why)
             self.graphs.append(GraphRecord(ops, fallback=why))
-            return gm.forward
+            return _IN_PYTORCH
         self.graphs.append(GraphRecord(ops, module=module))
         return module.run_flat
 
 
 #: Builds of one graph Dynamo passes sizes to, one per set of sizes, before it runs in PyTorch.
 MAX_SHAPES = 8
+_IN_PYTORCH = object()  # a set of sizes whose graph runs in PyTorch
 
 
 def _why(e: Exception) -> str:

@@ -333,6 +333,22 @@ def test_save_and_load_run_the_same_build_without_building(cnn_module, tmp_path,
     torch.testing.assert_close(load_module(tmp_path / "again.apmod")(x), m(x), atol=0, rtol=0)
 
 
+def test_a_plan_over_two_devices_round_trips_with_its_constants_on_each(tmp_path):
+    # Pinned apart: the first matmul on a, the rest on b; a build over two devices lifts its
+    # weights into parameters uploaded to their device, which the file carries.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    devs = [Device.cpu(0, name="a"), Device.cpu(1, name="b")]
+    m = optimize_module(model, (x,), devs, **FAST, pins=[("index:0-1", "a"), ("*", "b")],
+                        baseline_guard=False)
+    assert {d.name for d in m.plan.used_devices()} == {"a", "b"} and m._build.lifted
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-5, rtol=1e-5)
+    m.save(tmp_path / "two.apmod")
+    torch.testing.assert_close(load_module(tmp_path / "two.apmod")(x), m(x), atol=0, rtol=0)
+
+
 def test_load_of_a_file_from_another_version_says_so_in_one_line(cnn_module, tmp_path):
     _, m = cnn_module
     path, other = tmp_path / "cnn.apmod", tmp_path / "old.apmod"

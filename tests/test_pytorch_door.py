@@ -425,16 +425,22 @@ def two_stage_pipe():
     g = autoplace.OpGraph.from_relax(Chain)
     plan = autoplace.Plan.from_assignment(g, devs, ["a", "b"], stages=(0, 1), objective="throughput")
     with autoplace.run.Pipeline.from_plan(Chain, plan, queue_size=1, micro_batch=1) as pipe:
-        yield pipe
+        one = autoplace.Plan.from_assignment(g, devs, ["a", "a"], stages=(0, 0),
+                                             objective="throughput")
+        with autoplace.run.Pipeline.from_plan(Chain, one) as direct:  # on the caller's thread
+            pipe.direct = direct
+            yield pipe
 
 
-def test_a_pipeline_gives_torch_for_torch_and_numpy_for_numpy(two_stage_pipe):
+@pytest.mark.parametrize("which", ["stages", "one stage"])
+def test_a_pipeline_gives_torch_for_torch_and_numpy_for_numpy(two_stage_pipe, which):
+    pipe = two_stage_pipe if which == "stages" else two_stage_pipe.direct
     xs = [torch.randn(4, 8) for _ in range(5)]
-    outs = two_stage_pipe.run([x] for x in xs)
+    outs = pipe.run([x] for x in xs)
     assert all(isinstance(o[0], torch.Tensor) for o in outs)
     for x, [o] in zip(xs, outs):
         torch.testing.assert_close(o, torch.exp(torch.relu(x)))
-    arrays = two_stage_pipe.run([x.numpy()] for x in xs)
+    arrays = pipe.run([x.numpy()] for x in xs)
     assert all(isinstance(o[0], np.ndarray) for o in arrays)
     np.testing.assert_allclose(arrays[0][0], outs[0][0].numpy())
 

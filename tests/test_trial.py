@@ -79,6 +79,31 @@ def test_a_contender_that_fails_is_left_out_and_the_first_one_raises():
         run_fastest([], [])
 
 
+def test_a_trial_skips_what_its_budget_cannot_time():
+    # Calls of seconds (a large untuned model): nothing else is built, the plan runs untimed.
+    own, other = Sleeper(0.0), Sleeper(0.0)
+    built = []
+    run, trial = run_fastest([Candidate("returned", 2.0, lambda: own),
+                              Candidate("contender", 1.5, lambda: built.append(1) or other)],
+                             [np.ones(2)], budget_s=3.0)
+    assert run is own and trial.chosen == "returned" and trial.rounds == 0
+    assert not built and own.calls == 0
+    skipped = trial.entries[1]
+    assert skipped.measured_s is None and "would not fit the trial's budget (3 s)" in skipped.skipped
+    assert "contender skipped (" in str(trial)
+    # An unpredicted contender is judged by the returned plan's measured call: at 40 ms a call
+    # and a 0.1 s budget, the first two calls leave no room for two more of it.
+    slow, unknown = Sleeper(0.04), Sleeper(0.0)
+    run, trial = run_fastest([Candidate("returned", None, lambda: slow),
+                              Candidate("all threads", None, lambda: unknown)], [np.ones(2)],
+                             budget_s=0.1, build_share=0.0)
+    assert run is slow and unknown.calls == 0 and trial.entries[1].skipped
+    # A budget that fits them times both.
+    run, trial = run_fastest([Candidate("returned", 1e-4, lambda: Sleeper(1e-4)),
+                              Candidate("contender", 1e-4, lambda: Sleeper(1e-4))], [np.ones(2)])
+    assert all(e.measured_s is not None and not e.skipped for e in trial.entries)
+
+
 def test_compile_times_the_plans_the_guard_passed_over_within_its_margin(devs, rng):
     # branchy_cnn's branches side by side on a and b, with every op's cost ±50 %: the guard
     # returns one device over the solver's plan, predicted faster within two sigma; the

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from autoplace.backend import settle
 from autoplace.run.overhead import median_call_s
@@ -27,6 +28,7 @@ class Entry:
     predicted_s: float | None  # None: not predicted
     measured_s: float | None
     error: str = ""
+    skipped: str = ""  # why it was not built: its calls would not fit the trial's budget
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Trial:
         unit = " an input" if self.inputs > 1 else ""
         parts = []
         for e in self.entries:
-            got = (f"failed ({e.error})" if e.measured_s is None
+            got = (f"skipped ({e.skipped})" if e.skipped else
+                   f"failed ({e.error})" if e.measured_s is None
                    else f"{e.measured_s * 1e3:.4g} ms{unit}")
             pred = ("not predicted" if e.predicted_s is None
                     else f"predicted {e.predicted_s * 1e3:.4g} ms{unit}")
@@ -71,7 +74,7 @@ class Candidate:
 
 def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *,
                 rounds: int = 5, block_s: float = 0.02, max_calls: int = 30,
-                budget_s: float = 3.0):
+                budget_s: float = 3.0, build_share: float = 0.5):
     """Build every candidate, time each on ``inputs`` in up to ``rounds`` rounds (each round
     runs them all, in an order that starts one later each round, after the process has settled:
     a TVM pool spins on after its last kernel) and return ``(the fastest, Trial)``.
@@ -80,6 +83,12 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
     then as many calls as fill ``block_s`` (1 to ``max_calls``), of which it keeps the median;
     its score is the median of its rounds. Rounds are fewer where they would take more than
     ``budget_s`` in all, never fewer than one. Ties go to the first.
+
+    The trial's calls have a budget: ``budget_s``, or ``build_share`` of the seconds the first
+    candidate took to build, whichever is more. Each candidate is first called twice (a check,
+    then one timed call); another candidate whose two calls (its prediction, else the first's)
+    would not fit what is left of the budget is not built, and its entry says so
+    (``skipped``): a model whose one call takes seconds is run as returned.
 
     The first candidate is the one that is run without a trial: if it cannot be built, the
     error is raised; if it cannot run on ``inputs`` (which the caller's own may not share), it
@@ -90,15 +99,41 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
         raise ValueError("run_fastest needs at least one candidate")
     built: list[tuple[Candidate, Any, float]] = []  # with one call's seconds
     failed: dict[str, str] = {}
-    for k, c in enumerate(candidates):
-        run = c.build() if k == 0 else None
+    skipped: dict[str, str] = {}
+    t = time.perf_counter()
+    first = candidates[0].build()
+    budget = max(budget_s, build_share * (time.perf_counter() - t))
+    own_s = candidates[0].predicted_s
+    if own_s is not None and len(candidates) > 1 and all(2 * (own_s + (c.predicted_s or own_s)) > budget
+                                 for c in candidates[1:]):
+        skipped = {c.name: f"two calls each of it (about {c.predicted_s or own_s:.3g} s) and "
+                           f"of {candidates[0].name} would not fit the trial's budget "
+                           f"({budget:.3g} s)" for c in candidates[1:]}
+        entries = tuple(Entry(c.name, c.predicted_s, None, "", skipped.get(c.name, ""))
+                        for c in candidates)
+        log.info("no trial: %s", "; ".join(f"{n}: {w}" for n, w in skipped.items()))
+        return first, Trial(entries, candidates[0].name, 0)
+    spent = 0.0
+    for k, c in enumerate(tqdm(candidates, desc="trial", unit="plan", disable=None,
+                               leave=False)):
+        run = first if k == 0 else None
+        if k > 0:
+            one_s = c.predicted_s if c.predicted_s is not None else (
+                built[0][2] if built else own_s)
+            if one_s is not None and spent + 2 * one_s > budget:
+                skipped[c.name] = (f"two calls of about {one_s:.3g} s would not fit the "
+                                   f"trial's budget ({budget:.3g} s, {spent:.3g} s spent)")
+                log.info("trial: %s skipped: %s", c.name, skipped[c.name])
+                continue
         try:
             if run is None:
                 run = c.build()
-            run(*inputs)  # the first call loads and checks it
             t = time.perf_counter()
+            run(*inputs)  # the first call loads and checks it
+            t1 = time.perf_counter()
             run(*inputs)
-            built.append((c, run, time.perf_counter() - t))
+            built.append((c, run, time.perf_counter() - t1))
+            spent += time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 - reported in the trial
             failed[c.name] = f"{type(e).__name__}: {e}"
             if k == 0:
@@ -126,8 +161,8 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
         if scores[c.name] is not None and scores[c.name] < scores[built[best][0].name]:
             best = k
     _close(run for k, (_, run, _) in enumerate(built) if k != best)
-    entries = tuple(Entry(c.name, c.predicted_s, scores.get(c.name), failed.get(c.name, ""))
-                    for c in candidates)
+    entries = tuple(Entry(c.name, c.predicted_s, scores.get(c.name), failed.get(c.name, ""),
+                          skipped.get(c.name, "")) for c in candidates)
     trial = Trial(entries, built[best][0].name, rounds)
     log.info("%s", trial)
     return built[best][1], trial

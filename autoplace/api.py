@@ -39,30 +39,73 @@ log = logging.getLogger(__name__)
 ROOFLINE = "roofline estimates"
 
 
-def auto_cost_model(devices: Sequence[Device]) -> tuple[Any, str]:
+def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
+                    func_name: str = "main", progress: bool = True) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
-    The profiles shipped in the package (:func:`autoplace.profile.shipped_dir`) whose fingerprints
-    are this machine's devices (with the learned models shipped beside them for ops they lack),
-    else :class:`RooflineCostModel`.
+    Per device: the profile shipped in the package (:func:`autoplace.profile.shipped_dir`)
+    whose fingerprint is this device's, with the learned model shipped beside it for ops it
+    lacks. With ``calibrate`` and the model ``mod`` given, a local CPU device is then checked
+    against that profile (:func:`autoplace.predict.calibrate.check_profile`: a few of its
+    workloads timed again, cached per host) and one that does not run as the profile says, or
+    that no profile describes, gets the shipped learned model calibrated on a few of ``mod``'s
+    own workloads timed here (:func:`autoplace.predict.calibrate.calibrated`, cached per host:
+    the next call times nothing). Otherwise, where no profile applies,
+    :class:`RooflineCostModel`.
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
     from autoplace.profile.store import shipped_profile
 
-    fingerprints = dict.fromkeys(_fingerprints(devices))
+    profiles, adapted, first, notes = {}, {}, {}, []
+    for d, fp in zip(devices, _fingerprints(devices)):
+        found = shipped_profile(fp)
+        local_cpu = calibrate and mod is not None and not d.is_gpu and d.spec is not None
+        if found is not None and local_cpu:
+            found, note = _checked_profile(found, d, mod, func_name)
+            notes.append(note)
+        if found is not None:
+            profiles[d.name] = found
+        elif local_cpu:
+            if fp not in adapted:
+                from autoplace.predict.calibrate import calibrated
 
-    found = {path: prof for prof, path in filter(None, map(shipped_profile, fingerprints))}
-    if not found:
+                cal = calibrated(d, [("model", mod)], progress=progress)
+                adapted[fp], first[fp] = cal.model, d.name
+                notes.append(f"{d.name}: {cal.note}")
+            else:
+                notes.append(f"{d.name}: calibrated as {first[fp]} (the same CPU and target)")
+    if not profiles and not adapted:
         return RooflineCostModel(), f"{ROOFLINE} (no profile of this machine)"
-    learned = [p.with_name(p.stem + ".xgb.json") for p in found]
+    paths = list(dict.fromkeys(path for _, path in profiles.values()))
+    learned = [p.with_name(p.stem + ".xgb.json") for p in paths]
     learned = [p for p in learned if p.exists()]
-    names = ", ".join(p.name for p in found)
-    model = MeasuredCostModel(list(found.values()), fallback=[load_cost_model(p) for p in learned])
-    if learned:
-        return model, (f"measured ({names}), learned ({', '.join(p.name for p in learned)}) "
-                       "for ops they lack")
-    return model, f"measured ({names}), roofline for ops they lack"
+    model = MeasuredCostModel({name: prof for name, (prof, _) in profiles.items()},
+                              fallback=[*adapted.values(), *map(load_cost_model, learned)])
+    parts = []
+    if paths:
+        names = ", ".join(p.name for p in paths)
+        parts.append(f"measured ({names}), " + (
+            f"learned ({', '.join(p.name for p in learned)}) for ops they lack" if learned
+            else "roofline for ops they lack"))
+    return model, "; ".join(parts + notes)
+
+
+def _checked_profile(found, device: Device, mod, func_name: str):
+    """``found`` (a shipped profile and its path) if ``device`` runs a few of its workloads as
+    it measured them (:func:`~autoplace.predict.calibrate.check_profile`), else None; and a
+    line saying which."""
+    from autoplace.predict.calibrate import check_profile
+
+    prof, path = found
+    keys = [n.workload_key for n in OpGraph.from_relax(mod, func_name).nodes]
+    check = check_profile(prof, device, keys)
+    if check is None:
+        return found, f"{device.name}: profile {path.name} not checked (no workload rebuilds)"
+    if check.agrees:
+        return found, f"{device.name}: {check.describe()}"
+    log.warning("%s: %s: calibrating on this machine instead", device.name, check.describe())
+    return None, f"{device.name}: {check.describe()}; calibrated instead"
 
 
 def _fingerprints(devices: Sequence[Device]) -> list[str]:
@@ -174,6 +217,7 @@ class OptimizeResult:
     outside_training: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
     contenders: tuple[Contender, ...] = ()  # what compile() / pipeline() time against the plan
+    expected_error: str = ""  # the prediction's expected error, in words
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -316,6 +360,8 @@ class OptimizeResult:
                  *self.outside_note, *self.records_note, *self.overheads_note,
                  f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
+        if self.expected_error:
+            lines.append(f"expected error: {self.expected_error}")
         if self.delivery is not None:
             lines.append(f"runs as: {self.delivery}")
         for name, value in self.baselines.items():
@@ -474,6 +520,7 @@ def optimize(
     check_devices: bool = True,
     replicate: bool = True,
     baseline_guard: bool = True,
+    calibrate: bool = True,
 ) -> OptimizeResult:
     """Choose a device for every op of ``mod[func_name]`` and write the plan into the module.
 
@@ -486,9 +533,13 @@ def optimize(
     objective : {"latency", "throughput"}
         One inference as fast as possible, or the most inputs per second through a pipeline.
     cost_model : object with ``predict(graph, device)``, or ``"auto"``
-        Seconds per node. ``"auto"``: this machine's shipped profile and learned model if there
-        is one (:func:`auto_cost_model`), else :class:`autoplace.predict.RooflineCostModel`.
-        ``result.cost_model`` says which was used. An op the build turns into no kernel (a
+        Seconds per node. ``"auto"`` (:func:`auto_cost_model`): per device, this machine's
+        shipped profile (with the learned model shipped beside it) where one matches and, with
+        ``calibrate``, this host still runs a few of its workloads as it measured them; else,
+        with ``calibrate``, the shipped learned model calibrated on a few of this model's
+        workloads timed here (a few seconds on first use, then cached per host); else
+        :class:`autoplace.predict.RooflineCostModel`. ``result.cost_model`` says which was
+        used. An op the build turns into no kernel (a
         weight's transpose, a reshape that becomes a view) costs nothing, and on a GPU each
         fused kernel is charged once, at its anchor op's cost (:mod:`autoplace.predict.fusion`).
         Where a device's profile measured the least a kernel costs inside a built model (its
@@ -565,6 +616,13 @@ def optimize(
         plan. A latency plan's ``.contenders`` (the plans predicted faster by less than the
         margin, and "all threads" where it could not be predicted) are timed against it by
         ``.compile()``, which runs the fastest.
+    calibrate : bool
+        With ``cost_model="auto"``, time a few workloads on this machine's CPU devices where
+        no shipped profile describes them (or to check one that does) and calibrate the costs
+        to them, cached under :func:`autoplace.predict.calibrate.cache_dir` per host and speed
+        (``$AUTOPLACE_CACHE_DIR`` moves it). ``False``: the shipped profile as it is, else
+        roofline estimates, and nothing is timed. Devices not on this machine
+        (``check_devices=False``) are never timed.
 
     Returns
     -------
@@ -579,6 +637,31 @@ def optimize(
     autoplace.profile.DeviceUnavailable
         ``check_devices`` and this machine lacks a device: the message names it.
     """
+    devices, segment_overhead_s = _checked_arguments(
+        devices, objective, solver, time_limit, stage_overhead_s, max_stages, segment_overhead_s,
+        check_devices)
+    graph = OpGraph.from_relax(mod, func_name)
+    costs = _costs(mod, graph, devices, objective, cost_model, db, func_name, check_devices,
+                   stage_overhead_s if objective == "throughput" else segment_overhead_s,
+                   calibrate)
+    problem, plain, pin_rules = _problem(graph, devices, costs, objective, links, pins,
+                                         max_stages)
+    options = {"contiguous": True} if objective == "throughput" and contiguous else {}
+    if objective == "throughput":
+        options["replicate"] = replicate
+    solution = solve(problem, objective, solver, time_limit=time_limit, **options)
+    choice = _choose(graph, devices, costs, problem, plain, solution, pin_rules, objective,
+                     replicate=replicate, baseline_guard=baseline_guard)
+    return _result(mod, graph, costs, choice, func_name)
+
+
+# --- the steps of optimize(), in order -----------------------------------------------------------
+
+def _checked_arguments(devices, objective, solver, time_limit, stage_overhead_s, max_stages,
+                       segment_overhead_s, check_devices) -> tuple[list[Device], Any]:
+    """The devices as a list and ``segment_overhead_s`` per device, after checking every
+    argument that can be checked before the model is read (and, with ``check_devices``, that
+    this machine has the devices)."""
     devices = list(devices)
     if not devices:
         raise ValueError("optimize needs at least one device, e.g. [autoplace.Device.cpu(0)]")
@@ -602,24 +685,56 @@ def optimize(
 
         for d in devices:
             check_present(d)
+    return devices, segment_overhead_s
 
-    graph = OpGraph.from_relax(mod, func_name)
+
+@dataclass(frozen=True, eq=False)
+class _Costs:
+    """What the solver charges, and the lines that say where it came from (:func:`_costs`).
+
+    ``cost``/``sources``/``spread``: per node and device, seconds, their source and relative
+    spread; ``overhead``: a throughput plan's stage or a latency plan's segment overhead (a
+    figure, or by device name); ``calls``: the call overhead by device name; ``measured``: the
+    overheads the profiles measured; ``kernels``: what the all-threads baseline's tuned kernel
+    costs need (``None`` without tuning records); ``threads_all``: the CPU devices' threads
+    together (None with fewer than two)."""
+
+    model: Any
+    described: str
+    cost: np.ndarray
+    sources: tuple[str, ...]
+    spread: np.ndarray
+    overhead: Any
+    overhead_sources: Mapping[str, str]
+    calls: Mapping[str, float]
+    measured: Mapping[str, Mapping[str, float]]
+    records: Any
+    kernels: tuple | None
+    threads_all: int | None
+    records_note: tuple[str, ...]
+    profiles_note: tuple[str, ...]
+    overheads_note: tuple[str, ...]
+    outside: Mapping[str, tuple[int, ...]]
+    outside_note: tuple[str, ...]
+
+
+def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_model, db,
+           func_name: str, here: bool, given_overhead, calibrate: bool = False) -> _Costs:
+    """Step 1: every node's cost on every device (the cost model's, fused kernels charged once,
+    tuned kernels' timed times, the measured kernel floor), their spread, the overheads and
+    which records the build applies."""
     if isinstance(cost_model, str) and cost_model == "auto":
-        cost_model, described = auto_cost_model(devices)
+        cost_model, described = auto_cost_model(devices, mod if here else None,
+                                                calibrate=calibrate, func_name=func_name)
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)
     threads_all = _all_threads(devices)
-    profiles_note = _profile_notes(cost_model, devices, check_devices, threads_all)
+    profiles_note = _profile_notes(cost_model, devices, here, threads_all)
     overheads = getattr(cost_model, "overheads", None)
     measured = overheads(devices) if callable(overheads) else {}
-    overhead, overhead_sources, overheads_note = _overheads(
-        objective, devices, cost_model, measured,
-        stage_overhead_s if objective == "throughput" else segment_overhead_s)
-    if objective == "throughput":
-        stage_overhead_s = overhead
-    else:
-        segment_overhead_s = overhead
+    overhead, overhead_sources, overheads_note = _overheads(objective, devices, cost_model,
+                                                           measured, given_overhead)
     cost, sources = node_costs(graph, devices, cost_model)
     _check_runnable(graph, devices, cost, cost_model)
     # The kernels of each kind of device's build, once for every charge that needs them.
@@ -641,72 +756,132 @@ def optimize(
     # Flagged where the model's cost is charged: not where a tuned time replaced it, nor at 0.
     charged = np.where(np.array(["tuned" in s for s in sources])[:, None], 0.0, cost)
     outside, outside_note = outside_training(graph, devices, cost_model, charged)
-    if links is None and isinstance(cost_model, ProfiledCostModel):
-        links = cost_model.links(devices)
-    pin_rules = rule_assignment(graph, devices, pins)
     calls, call_note = _call_overheads(measured, objective)
-    overheads_note += call_note
-    problem = build_problem(graph, devices, cost, links, pin_rules,
-                            stage_overhead_s=stage_overhead_s or 0.0, max_stages=max_stages,
-                            segment_overhead_s=segment_overhead_s,
-                            call_s=calls if objective == "throughput" else None)
-    options = {"contiguous": True} if objective == "throughput" and contiguous else {}
-    if objective == "throughput":
-        options["replicate"] = replicate
-    solution = solve(problem, objective, solver, time_limit=time_limit, **options)
-    plain = build_problem(graph, devices, cost, links, pin_rules) if objective == "latency" \
-        else None
-    plan = _plan_of(graph, devices, solution, objective, sources)
-    spread = _spread(graph, devices, cost_model, tuned)
-    threaded = _all_threads_costs(graph, devices, cost_model, sources, described, threads_all,
-                                  None if not records else
-                                  (mod, db, records, func_name, (groups or {}).get(False), cost))
-    found = predict_baselines(problem, objective, spread, replicate=replicate,
+    return _Costs(cost_model, described, cost, sources,
+                  _spread(graph, devices, cost_model, tuned), overhead, overhead_sources, calls,
+                  measured, records,
+                  None if not records else (mod, db, records, func_name,
+                                            (groups or {}).get(False), cost),
+                  threads_all, note, profiles_note, overheads_note + call_note, outside,
+                  outside_note)
+
+
+def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective: str, links,
+             pins, max_stages: int | None) -> tuple[Problem, Problem | None, dict[int, str]]:
+    """Step 2: the solver's problem (links: the given ones, else the profiles' measured ones);
+    for a latency plan, the same without the segment overhead on its copies (what
+    :func:`_delivery` adds per segment instead), else None; and the pins as node index -> device
+    name."""
+    if links is None and isinstance(costs.model, ProfiledCostModel):
+        links = costs.model.links(devices)
+    pin_rules = rule_assignment(graph, devices, pins)
+    rate = objective == "throughput"
+    problem = build_problem(graph, devices, costs.cost, links, pin_rules,
+                            stage_overhead_s=(costs.overhead or 0.0) if rate else 0.0,
+                            max_stages=max_stages,
+                            segment_overhead_s=None if rate else costs.overhead,
+                            call_s=costs.calls if rate else None)
+    plain = None if rate else build_problem(graph, devices, costs.cost, links, pin_rules)
+    return problem, plain, pin_rules
+
+
+@dataclass(frozen=True, eq=False)
+class _Choice:
+    """What :func:`_choose` returns: the plan and the problem and solution it is judged on, its
+    delivery (latency), the baselines predicted and their plans, the guard's decision and the
+    contenders a build times against the plan."""
+
+    plan: Plan
+    problem: Problem
+    solution: Solution
+    delivery: Delivery | None
+    baselines: list
+    plans: dict[str, Plan]
+    decision: GuardDecision | None
+    contenders: tuple[Contender, ...]
+    expected_error: str
+
+
+def _choose(graph: OpGraph, devices: Sequence[Device], costs: _Costs, problem: Problem,
+            plain: Problem | None, solution: Solution, pin_rules: Mapping[int, str],
+            objective: str, *, replicate: bool, baseline_guard: bool) -> _Choice:
+    """Step 3: the baselines beside the solver's plan, and the guard: the plan returned is the
+    solver's, or a baseline it does not beat by the margin of its costs' uncertainty."""
+    names = problem.device_names
+    plan = _plan_of(graph, devices, solution, objective, costs.sources)
+    threaded = _all_threads_costs(graph, devices, costs.model, costs.sources, costs.described,
+                                  costs.threads_all, costs.kernels)
+    found = predict_baselines(problem, objective, costs.spread, replicate=replicate,
                               all_threads=threaded)
-    plans = {b.name: _plan_of(graph, devices, b.solution, objective, sources, b.threads)
+    plans = {b.name: _plan_of(graph, devices, b.solution, objective, costs.sources, b.threads)
              for b in found if b.solution is not None}
-    if calls and plain is not None:  # a latency build's call costs what its devices charge
-        found = [replace(b, value=b.value + _call_of(calls, problem.device_names, b.solution))
+    if costs.calls and plain is not None:  # a latency build's call costs what its devices charge
+        found = [replace(b, value=b.value + _call_of(costs.calls, names, b.solution))
                  if b.value is not None else b for b in found]
-    delivery = None if plain is None else _delivery(
-        plain, solution, segment_overhead_s,
-        _call_of(calls, problem.device_names, solution))
+    segment = None if plain is None else costs.overhead
+    delivery = None if plain is None else _delivery(plain, solution, segment,
+                                                    _call_of(costs.calls, names, solution))
     decision, contenders = None, ()
     if baseline_guard:
         # A latency plan is worth what its build delivers (one VM, or segments side by side),
         # and its call.
         judged = (solution if delivery is None
                   else replace(solution, value=delivery.predicted_s))
-        chosen, decision = guard(problem, judged, spread, found, str(plan))
+        chosen, decision = guard(problem, judged, costs.spread, found, str(plan))
         own = Contender("the solver's plan", replace(plan, predicted_s=judged.value),
                         judged.value, delivery is not None and delivery.runner == "concurrent",
                         solution.order)
         returned = (own if chosen is None else
                     Contender(chosen.name, plans[chosen.name], chosen.value))
         contenders = _contenders(returned, own if chosen is not None else None, found, plans,
-                                 _unpredicted_all_threads(graph, devices, threaded, sources,
+                                 _unpredicted_all_threads(graph, devices, threaded, costs.sources,
                                                           pin_rules, objective))
         if chosen is not None:
             solution, problem = chosen.solution, chosen.problem
             plan = plans[chosen.name]
             if plain is not None:
-                delivery = _delivery(replace(plain, cost=problem.cost), solution,
-                                     segment_overhead_s,
-                                     _call_of(calls, problem.device_names, solution))
+                delivery = _delivery(replace(plain, cost=problem.cost), solution, segment,
+                                     _call_of(costs.calls, names, solution))
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
         plan = replace(plan, predicted_s=delivery.predicted_s)
-    return OptimizeResult(plan, annotate(mod, plan, func_name), graph, problem, solution,
-                          {b.name: b.value for b in found if b.value is not None}, mod,
-                          described, predictor=cost_model, records=records, records_note=note,
-                          profiles_note=profiles_note, overheads_note=overheads_note,
-                          overhead_sources=overhead_sources, delivery=delivery,
-                          baseline_notes={b.name: b.note for b in found if b.note},
-                          baseline_plans=plans,
-                          guard=decision, outside_training=outside, outside_note=outside_note,
-                          contenders=contenders)
+    return _Choice(plan, problem, solution, delivery, found, plans, decision, contenders,
+                   _expected_error(problem, solution, costs))
 
+
+def _expected_error(problem: Problem, solution: Solution, costs: _Costs) -> str:
+    """One line on how far the plan's prediction may be off: one standard deviation of it from
+    its costs' spreads (:func:`~autoplace.report.baselines.value_sigma`), and what those rest
+    on."""
+    from autoplace.report.baselines import value_sigma
+
+    sigma, unknown = value_sigma(problem, solution, costs.spread)
+    value = float(solution.value)
+    if value <= 0:
+        return ""
+    used = np.asarray(solution.assignment)
+    kinds = sorted({part for i, k in enumerate(used.tolist())
+                    for part in costs.sources[i].split("+")})
+    rest = f"; {unknown} cost(s) with no known spread counted as exact" if unknown else ""
+    return (f"±{sigma / value:.0%} (one sigma of {value * 1e3:.4g} ms, from the spreads of its "
+            f"{', '.join(kinds)} costs, their errors taken as independent{rest})")
+
+
+def _result(mod, graph: OpGraph, costs: _Costs, choice: _Choice, func_name: str
+            ) -> OptimizeResult:
+    """Step 4: the plan written into the module, with everything that says how it was found."""
+    found = choice.baselines
+    return OptimizeResult(
+        choice.plan, annotate(mod, choice.plan, func_name), graph, choice.problem,
+        choice.solution, {b.name: b.value for b in found if b.value is not None}, mod,
+        costs.described, predictor=costs.model, records=costs.records,
+        records_note=costs.records_note, profiles_note=costs.profiles_note,
+        overheads_note=costs.overheads_note, overhead_sources=costs.overhead_sources,
+        delivery=choice.delivery, baseline_notes={b.name: b.note for b in found if b.note},
+        baseline_plans=choice.plans, guard=choice.decision, outside_training=costs.outside,
+        outside_note=costs.outside_note, contenders=choice.contenders,
+        expected_error=choice.expected_error)
 
 def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, given):
     """The overhead the solver charges each device: a throughput plan's stage (per input), a

@@ -36,8 +36,10 @@ class Device:
         Runtime device index (``tvm.cpu(index)``, ``tvm.cuda(index)``).
     target : str
         TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``), or
-        ``"native"``: LLVM for this host's CPU (``-mcpu`` of
-        ``tvm.target.codegen.llvm_get_system_cpu()``, so AVX2/AVX-512 where the CPU has them).
+        ``"native"`` (a CPU device's default): LLVM for the CPU of the host that builds (``-mcpu``
+        of ``tvm.target.codegen.llvm_get_system_cpu()``, so AVX2/AVX-512 where the CPU has
+        them). ``"llvm"`` compiles for generic x86-64 (SSE2), for a build that must run on any
+        x86 host (``cpu:N:generic``).
     memory_bytes : float
         Memory capacity available to the model (positive); ``inf`` for unlimited.
     peak_flops, mem_bandwidth : float
@@ -50,7 +52,7 @@ class Device:
     name: str
     kind: str = "cpu"
     index: int = 0
-    target: str = "llvm"
+    target: str = "native"
     memory_bytes: float = math.inf
     peak_flops: float = _CPU_PEAK_FLOPS
     mem_bandwidth: float = _CPU_MEM_BW
@@ -60,6 +62,9 @@ class Device:
         if self.kind not in _KINDS:
             raise ValueError(f"device {self.name!r}: unknown kind {self.kind!r}; "
                              f"use one of {sorted(_KINDS)}")
+        if self.target == "native" and self.kind != "cpu":
+            raise ValueError(f"device {self.name!r}: target 'native' names a CPU; give a "
+                             f"{self.kind} device its target (e.g. Device.cuda(0))")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
             raise ValueError(f"device name {self.name!r}: use letters, digits, '_', '.', '-'")
         for attr in ("memory_bytes", "peak_flops", "mem_bandwidth"):
@@ -76,10 +81,10 @@ class Device:
         object.__setattr__(self, "unsupported_ops", ops)
 
     @classmethod
-    def cpu(cls, index: int = 0, *, name: str | None = None, target: str = "llvm",
+    def cpu(cls, index: int = 0, *, name: str | None = None, target: str = "native",
             **kwargs) -> Device:
-        """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index; ``target="native"``
-        compiles for this host's CPU instead of generic x86-64."""
+        """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index. It compiles for this
+        host's CPU (``target="native"``); ``target="llvm"`` for generic x86-64."""
         return cls(name=name or f"cpu{index}", kind="cpu", index=index, target=target, **kwargs)
 
     @classmethod
@@ -92,16 +97,26 @@ class Device:
 
     @classmethod
     def from_spec(cls, spec: str) -> Device:
-        """Parse ``"cpu:0"``, ``"cpu:0:native"`` (LLVM for this host's CPU) or ``"cuda:0"`` (the
-        CLI's device syntax)."""
-        m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native)?", spec.strip())
+        """Parse ``"cpu:0"`` (LLVM for this host's CPU; ``"cpu:0:native"`` says the same),
+        ``"cpu:0:generic"`` (generic x86-64, target ``"llvm"``) or ``"cuda:0"`` (the CLI's device
+        syntax)."""
+        m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native|:generic)?", spec.strip())
         if not m or (m.group(3) and m.group(1) != "cpu"):
             raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N' "
-                             "('cpu:N:native' compiles for this host's CPU)")
+                             "('cpu:N:generic' compiles for generic x86-64)")
         kind, index = m.group(1), int(m.group(2) or 0)
-        if m.group(3):
-            return cls.cpu(index, target="native")
+        if m.group(3) == ":generic":
+            return cls.cpu(index, target="llvm")
         return getattr(cls, kind)(index)
+
+    @property
+    def spec(self) -> str | None:
+        """The device in the CLI's syntax (:meth:`from_spec`), or None where its target has no
+        spec (a CPU target other than ``"native"`` and ``"llvm"``)."""
+        if self.kind != "cpu":
+            return f"{self.kind}:{self.index}"
+        return {"native": f"cpu:{self.index}",
+                "llvm": f"cpu:{self.index}:generic"}.get(self.target)
 
     def can_run(self, op_type: str) -> bool:
         return op_type.removeprefix("relax.") not in self.unsupported_ops

@@ -12,6 +12,22 @@ def bench() -> Path:
     return Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "dnn-partitioning"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _calibration_cache(tmp_path_factory):
+    """Calibrations (optimize on a CPU no shipped profile describes, or one checked against its
+    profile) go to one folder of this session, not the user's cache; CLI tests' subprocesses
+    inherit it."""
+    import os
+
+    before = os.environ.get("AUTOPLACE_CACHE_DIR")
+    os.environ["AUTOPLACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("autoplace-cache"))
+    yield
+    if before is None:
+        os.environ.pop("AUTOPLACE_CACHE_DIR", None)
+    else:
+        os.environ["AUTOPLACE_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def devs():
     return [autoplace.Device.cpu(0, name="a"), autoplace.Device.cpu(1, name="b")]

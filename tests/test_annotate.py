@@ -50,7 +50,10 @@ def _plan(devs, assignment, mod=Before):
     return autoplace.Plan.from_assignment(g, devs, assignment)
 
 
-def test_annotate_matches_expected(devs):
+def test_annotate_matches_expected():
+    # Expected names the generic target: a device's default, native, names this host's CPU.
+    devs = [autoplace.Device.cpu(0, name="a", target="llvm"),
+            autoplace.Device.cpu(1, name="b", target="llvm")]
     got = autoplace.annotate(Before, _plan(devs, ["a", "b", "b", "a"]))
     tvm.ir.assert_structural_equal(got, Expected)
 

@@ -204,14 +204,25 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     from autoplace.profile import LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
 
+    # Devices build for this host's CPU by default, which no shipped profile (measured for
+    # generic x86-64) describes: their costs are calibrated here.
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=2)
-    assert res.cost_model == auto_cost_model(devs)[1] and res.cost_model in res.summary()
-    if shipped_profile(fingerprint(LocalRunner(devs[0]).info())) is None:
+    assert res.cost_model.startswith("a: calibrated on this machine") and res.cost_model in \
+        res.summary()
+    assert set(res.plan.cost_sources) == {"learned"}
+    assert "no tuning records of this machine are shipped" in res.summary()
+    # Generic devices, unchecked: the shipped profile where this host's fingerprint has one.
+    generic = [Device.cpu(0, name="a", target="llvm"), Device.cpu(1, name="b", target="llvm")]
+    res = autoplace.optimize(zoo.load("branchy_cnn").mod, generic, time_limit=2,
+                             calibrate=False)
+    assert res.cost_model == auto_cost_model(generic)[1] and res.cost_model in res.summary()
+    if shipped_profile(fingerprint(LocalRunner(generic[0]).info())) is None:
         assert res.cost_model.startswith("roofline") and set(res.plan.cost_sources) == {"roofline"}
     else:  # the zoo is in the shipped profile, its kernels in the shipped tuning records
         assert res.cost_model.startswith("measured")
         assert res.kernels["default"] == 0 and set(res.plan.cost_sources) == {"tuned"}
-        plain = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=2, db=None)
+        plain = autoplace.optimize(zoo.load("branchy_cnn").mod, generic, time_limit=2, db=None,
+                                   calibrate=False)
         assert set(plain.plan.cost_sources) == {"measured"}
     # A GPU is never costed by a model trained on a CPU: it gets the roofline.
     gpu = Device.cuda(0, name="g")

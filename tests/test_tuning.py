@@ -21,7 +21,7 @@ from autoplace.tuning import describe, open_records, records_root
 from autoplace.tuning.records import open_database
 
 TRIALS = 2
-CPU = autoplace.Device.cpu(0)
+CPU = autoplace.Device.cpu(0, target="llvm")  # generic: the native target is another one
 
 pytestmark = pytest.mark.slow
 

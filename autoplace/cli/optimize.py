@@ -94,7 +94,8 @@ def _optimize_and_run(args) -> dict:
                              cost_model=cost_model, contiguous=args.contiguous,
                              db=getattr(args, "db", None) or (None if args.no_profile
                                                               else "auto"),
-                             baseline_guard=not getattr(args, "no_guard", False))
+                             baseline_guard=not getattr(args, "no_guard", False),
+                             calibrate=not args.no_calibrate)
     t_opt = time.perf_counter() - t0
     run = res.compile()
     try:

@@ -71,7 +71,9 @@ def cost_model(args):
 
 def add_run_options(p):
     p.add_argument("--model", help=model_help())
-    p.add_argument("--device", action="append", help="cpu:N or cuda:N; repeat for each device")
+    p.add_argument("--device", action="append",
+                   help="cpu:N (built for this host's CPU), cpu:N:generic (generic x86-64) or "
+                        "cuda:N; repeat for each device")
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
                    help="throughput: one stage per device, the devices a chain (the default; "
@@ -93,5 +95,9 @@ def add_run_options(p):
                         "threads, replicas) is predicted as fast or faster")
     p.add_argument("--no-profile", action="store_true",
                    help="ignore profiles and the tuning records shipped with them: roofline "
-                        "estimates from device peaks (what a machine without a matching "
-                        "profile gets)")
+                        "estimates from device peaks, nothing timed")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="time nothing here: a CPU no shipped profile describes gets roofline "
+                        "estimates, and a shipped profile is trusted without checking it "
+                        "against this host (by default a few of the model's workloads are "
+                        "timed on first use, cached per host)")

@@ -45,7 +45,8 @@ def _cmd_report(args) -> int:
     res = autoplace.optimize(model.mod, devices, objective=args.objective, solver=args.solver,
                              time_limit=args.time_limit, pins=options.rules(args.rule),
                              cost_model=options.cost_model(args), contiguous=args.contiguous,
-                             baseline_guard=not args.no_guard)
+                             baseline_guard=not args.no_guard,
+                             calibrate=not args.no_calibrate)
     expl = res.explain()
     out.mkdir(parents=True, exist_ok=True)
     figures = {"graph": plot_graph(res)}

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from autoplace.graph import OpGraph
 
 __all__ = ["AdaptedCostModel", "QuickReport", "adapt", "choose_workloads", "op_class",
-           "quick_profile", "shipped_base"]
+           "quick_profile", "shipped_base", "time_chosen"]
 
 # The residual booster: few shallow, strongly regularised trees, as a few tens of rows allow.
 BOOSTER = {"max_depth": 3, "eta": 0.1, "min_child_weight": 3, "lambda": 5.0, "seed": 0,
@@ -158,6 +158,9 @@ class AdaptedCostModel:
         from autoplace.profile.store import shipped_dir
 
         d = json.loads(Path(path).read_text())
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} is not an adapted cost model (a JSON "
+                             f"{type(d).__name__}): adapt again ('autoplace profile --quick')")
         if d.get("model") != cls.model_name or d.get("format_version") != 2:
             raise ValueError(f"{path} is not an adapted cost model of this autoplace "
                              f"(model={d.get('model')!r}, format {d.get('format_version')}): "
@@ -338,15 +341,31 @@ def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None
     """
     import time
 
-    from autoplace.graph import OpGraph
-    from autoplace.graph.fusion import fused_groups
     from autoplace.predict.rows import profile_rows
-    from autoplace.profile.campaign import run_campaign
-    from autoplace.profile.workload import single_op_modules
 
     if base is None:
         kind = "cuda" if device_spec.startswith("cuda") else "cpu"
         base, base_path = shipped_base(kind)
+    t = time.perf_counter()
+    chosen, dev = time_chosen(store, device_spec, models, base, count=count, **campaign_kwargs)
+    rows = profile_rows(store, dev.fingerprint)
+    model = adapt(base, rows, base_path=base_path)
+    if out is not None:
+        model.save(out)
+    return QuickReport(device_spec, chosen, dev.measured, time.perf_counter() - t, model,
+                       None if out is None else str(out))
+
+
+def time_chosen(store, device_spec: str, models, base, *, count: int = 40, **campaign_kwargs):
+    """Time on ``device_spec`` the workloads :func:`choose_workloads` picks from ``models``
+    (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own) into ``store``,
+    skipping those it already holds. Returns ``(how many were chosen, the campaign's
+    DeviceReport)``; ValueError where the device cannot be reached."""
+    from autoplace.graph import OpGraph
+    from autoplace.graph.fusion import fused_groups
+    from autoplace.profile.campaign import run_campaign
+    from autoplace.profile.workload import single_op_modules
+
     graphs, modules, in_kernel, every = [], {}, set(), set()
     for name, mod in models:
         g = OpGraph.from_relax(mod)
@@ -358,15 +377,9 @@ def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None
             in_kernel.update(g.nodes[i].workload_key for i in nodes)
     keys = [k for k in choose_workloads(graphs, base, count=count,
                                         skip=frozenset(every - in_kernel)) if k in modules]
-    t = time.perf_counter()
     rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
                        links=False, **campaign_kwargs)
     dev = rep.devices[0]
     if dev.error:
         raise ValueError(f"cannot time on {device_spec}: {dev.error}")
-    rows = profile_rows(store, dev.fingerprint)
-    model = adapt(base, rows, base_path=base_path)
-    if out is not None:
-        model.save(out)
-    return QuickReport(device_spec, len(keys), dev.measured, time.perf_counter() - t, model,
-                       None if out is None else str(out))
+    return len(keys), dev

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -877,12 +878,23 @@ def shipped_dir() -> Path:
     return Path(str(files("autoplace.profile") / "shipped"))
 
 
+def shipped_profiles_used() -> bool:
+    """Whether the shipped profiles and tuned stores may describe this machine: not where
+    ``AUTOPLACE_SHIPPED_PROFILES=0`` is set (a host no shipped profile describes, as every
+    user's is; the shipped learned models still serve as the base of a calibration)."""
+    return os.environ.get("AUTOPLACE_SHIPPED_PROFILES", "1").strip().lower() not in (
+        "0", "no", "off", "false")
+
+
 def shipped_profile(fingerprint_: str, dirs=None) -> tuple[DeviceProfile, Path] | None:
-    """The shipped profile (or one under ``dirs``) measured on a device with this fingerprint.
+    """The shipped profile (or one under ``dirs``) measured on a device with this fingerprint
+    (none from the package where :func:`shipped_profiles_used` says no).
 
     A cost model trained on it, if shipped, sits beside it as ``<same name>.xgb.json``.
     """
     if dirs is None:
+        if not shipped_profiles_used():
+            return None
         dirs = [shipped_dir()]
     for d in map(Path, dirs):
         paths = sorted(p for p in d.glob("*.json") if not p.name.endswith(".xgb.json"))

@@ -351,10 +351,12 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
     if not isinstance(cost_model, SourcedCostModel):
         return out
     profiled = isinstance(cost_model, ProfiledCostModel)
-    learned = cost_model.fallback if profiled else cost_model
     for k, dev in enumerate(devices):
         sources = cost_model.sources(graph, dev)
         prof = cost_model.profile_for(dev) if profiled else None
+        # the model that gives this device what its profile lacks (a calibrated one, say)
+        learned = (cost_model.fallback_for(dev) if hasattr(cost_model, "fallback_for")
+                   else cost_model.fallback if profiled else cost_model)
         q = None
         for n in graph.nodes:
             if sources[n.index] == "measured" and prof is not None:

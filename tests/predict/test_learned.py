@@ -24,13 +24,18 @@ FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2,
 SMALL = lambda: XGBCostModel(rounds=150)  # noqa: E731  (fewer trees: the test data is small)
 
 
+#: The device of these tests' store: generic x86-64 builds, the target the roofline's default
+#: peaks and the shipped model's rows describe (a native build is another device).
+CPU = autoplace.Device.cpu(0, target="llvm")
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     models = [(f"zoo:{n}", zoo.load(n).mod) for n in ("mlp", "branchy_cnn")]
     for op in ("nn.conv2d", "matmul", "add", "nn.relu"):
         models += [(f"sweep:{name}", mod) for name, mod in sweep(op, 8, max_flops=2e7)]
     s = ProfileStore(tmp_path_factory.mktemp("prof") / "p.db")
-    run_campaign(models, ["cpu:0"], s, policy=FAST, progress=False, links=False)
+    run_campaign(models, ["cpu:0:generic"], s, policy=FAST, progress=False, links=False)
     yield s
     s.close()
 
@@ -107,7 +112,7 @@ def test_the_reduction_walk_counts_lines_per_cache_set():
                          ids=["roofline", "xgboost", "nearest"])
 def test_cost_model_contract(make, rows, tmp_path):
     graph = autoplace.OpGraph.from_relax(zoo.load("branchy_cnn").mod)
-    dev = autoplace.Device.cpu(0)
+    dev = CPU
     if not isinstance(make(), RooflineCostModel):  # the roofline is ready unfitted, by design
         with pytest.raises(NotFittedError):
             make().predict(graph, dev)
@@ -134,7 +139,7 @@ def test_a_model_saved_in_the_old_format_asks_to_be_trained_again(rows, tmp_path
 
 def test_fitted_roofline_learns_peaks_and_keeps_its_default(rows):
     graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
-    dev = autoplace.Device.cpu(0)
+    dev = CPU
     fitted = RooflineCostModel().fit(rows)
     [peaks] = fitted.devices_.values()
     # Finite and positive; not physical: the grid reaches 4x the fastest rate the rows achieved,
@@ -168,7 +173,7 @@ def test_instruction_model_recovers_a_linear_cost_and_knows_its_devices(rows):
 
 def test_quantiles_are_ordered_and_extrapolation_is_flagged(rows):
     model = SMALL().fit(rows)
-    dev = autoplace.Device.cpu(0)
+    dev = CPU
     seen = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)  # measured: inside the data
     q = model.quantiles(seen, dev)
     assert q.shape == (len(seen.nodes), 3) and np.all(np.diff(q, axis=1) >= 0)
@@ -186,11 +191,11 @@ def test_quantiles_are_ordered_and_extrapolation_is_flagged(rows):
 
 
 def test_measured_model_falls_back_to_learned(store, rows):
-    prof = DeviceProfile.from_store(store, "cpu:0")
+    prof = DeviceProfile.from_store(store, "cpu:0:generic")
     learned = SMALL().fit(rows)
     model = MeasuredCostModel(prof, fallback=learned)
     graph = autoplace.OpGraph.from_relax(_gelu_module())  # relu: maybe measured; gelu: not
-    dev = autoplace.Device.cpu(0)
+    dev = CPU
     src = model.sources(graph, dev)
     cost = model.predict(graph, dev)
     for n, s in zip(graph.nodes, src):
@@ -203,17 +208,17 @@ def test_measured_model_falls_back_to_learned(store, rows):
 
 
 def test_optimize_names_the_learned_costs_outside_the_training_data(store, rows):
-    prof = DeviceProfile.from_store(store, "cpu:0")
+    prof = DeviceProfile.from_store(store, "cpu:0:generic")
     model = MeasuredCostModel(prof, fallback=SMALL().fit(rows))
     mod = _gelu_module()  # gelu: an op type the store never measured
-    res = autoplace.optimize(mod, [autoplace.Device.cpu(0)], cost_model=model, db=None)
+    res = autoplace.optimize(mod, [CPU], cost_model=model, db=None)
     gelu = [n.index for n in res.graph.nodes if n.op_type == "nn.gelu"]
     assert set(gelu) <= set(res.outside_training["cpu0"])
     (line,) = res.outside_note
     assert "op types it never saw: nn.gelu" in line and line in res.summary()
     # Measured costs are never flagged, and a model inside its data says nothing.
     assert all(res.plan.cost_sources[i] == "learned" for i in res.outside_training["cpu0"])
-    seen = autoplace.optimize(zoo.load("mlp").mod, [autoplace.Device.cpu(0)],
+    seen = autoplace.optimize(zoo.load("mlp").mod, [CPU],
                               cost_model=SMALL().fit(rows), db=None)
     assert seen.outside_training == {} and seen.outside_note == ()
 
@@ -224,7 +229,7 @@ def test_each_device_gets_the_fallback_fitted_on_it(store, rows):
     learned = SMALL().fit(rows)  # fitted on cpu:0 only
     model = MeasuredCostModel([], fallback=[learned])
     graph = autoplace.OpGraph.from_relax(_gelu_module())
-    cpu, gpu = autoplace.Device.cpu(0), autoplace.Device.cuda(0)
+    cpu, gpu = CPU, autoplace.Device.cuda(0)
     np.testing.assert_array_equal(model.predict(graph, cpu), learned.predict(graph, cpu))
     assert set(model.sources(graph, cpu)) == {"learned"}
     np.testing.assert_array_equal(model.predict(graph, gpu),
@@ -279,7 +284,8 @@ def test_whole_model_error_is_against_the_compiled_model(store):
 def test_evaluate_reports_the_noise_between_passes(tmp_path):
     store = ProfileStore(tmp_path / "p.db")
     models = [(f"zoo:{n}", zoo.load(n).mod) for n in ("mlp", "branchy_cnn")]
-    run_campaign(models, ["cpu:0"], store, policy=FAST, progress=False, links=False, passes=2)
+    run_campaign(models, ["cpu:0:generic"], store, policy=FAST, progress=False, links=False,
+                 passes=2)
     spreads = [r["occasion_spread"] for r in profile_rows(store)]
     assert len(spreads) == 12 and all(s >= 0 for s in spreads)
     result = evaluate(store, seed=0, learned=SMALL)
@@ -298,7 +304,7 @@ def test_cli_train_and_evaluate(store, tmp_path, capsys):
     assert args.func(args) == 0
     assert isinstance(load_cost_model(out), XGBCostModel)
     graph = autoplace.OpGraph.from_relax(zoo.load("mlp").mod)
-    assert load_cost_model(out).predict(graph, autoplace.Device.cpu(0)).shape == (len(graph.nodes),)
+    assert load_cost_model(out).predict(graph, CPU).shape == (len(graph.nodes),)
     assert "wrote" in capsys.readouterr().out
     args = parser.parse_args(["evaluate", "--db", str(store.path), "--json"])
     assert args.func(args) == 0

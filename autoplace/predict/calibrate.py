@@ -1,0 +1,304 @@
+"""Costs for a CPU as it runs today: calibrated on first use, cached per host.
+
+A shipped profile describes the host it was measured on. Any other CPU (another vendor, another
+build target, or a host of the same name that runs at another speed) gets costs from the shipped
+learned model adapted to a few of the model's own workloads timed here
+(:func:`autoplace.predict.adapt.adapt`, as ``autoplace profile --quick`` does), and a profile
+whose host is this one is first checked against it (:func:`check_profile`). Both results are
+cached under :func:`cache_dir`, keyed by the device's fingerprint and by how fast a fixed probe
+kernel runs (:func:`speed_probe`): a host of the same name that runs at another speed gets its
+own entry, and the next call on this host times nothing but the probe.
+
+>>> cal = calibrated(Device.cpu(0), [("mine", mod)])                           # doctest: +SKIP
+>>> cal.note
+'calibrated on this machine from 12 workloads (6.1 s)'
+>>> cal.model.predict(graph, Device.cpu(0))                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplace.profile.measure import TimingPolicy
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.profile.store import DeviceProfile
+
+log = logging.getLogger(__name__)
+
+#: Workloads timed at most for one model on first use (fewer where the model has fewer kernels).
+CALIBRATION_WORKLOADS = 12
+#: How each calibration workload is timed: a few short repeats (its build costs more).
+CALIBRATION_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=3, max_repeats=9, round_size=3,
+                                  cv_target=0.05, budget_s=0.5)
+#: Workloads of a profile timed again to see whether this host still runs as it measured.
+CHECK_WORKLOADS = 5
+#: A cache entry serves a host whose probe kernel runs within this factor of the entry's.
+SAME_SPEED = 1.5
+#: Below this, a profile's re-timed workloads agree with it (its own noise can raise it).
+PROFILE_TOLERANCE = 0.25
+_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """Where calibrations are cached: ``$AUTOPLACE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/autoplace``, else ``~/.cache/autoplace``."""
+    if os.environ.get("AUTOPLACE_CACHE_DIR"):
+        return Path(os.environ["AUTOPLACE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "autoplace"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A device's calibrated cost model and how it was made.
+
+    ``model``: an :class:`~autoplace.predict.AdaptedCostModel` of the device; ``rows``: the
+    workloads it was fitted on; ``timed``: those timed by this call (0: all from the cache);
+    ``seconds``: this call's timing and fitting; ``path``: the cache entry, None where the
+    cache could not be written.
+    """
+
+    model: object
+    rows: int
+    timed: int
+    seconds: float
+    path: Path | None
+
+    @property
+    def note(self) -> str:
+        if self.timed == 0:
+            return (f"calibrated on this machine from {self.rows} workloads (cached in "
+                    f"{self.path})")
+        return (f"calibrated on this machine from {self.rows} workloads ({self.seconds:.1f} s; "
+                f"{self.timed} timed now)")
+
+
+@dataclass(frozen=True)
+class ProfileCheck:
+    """A profile's workloads timed again here: ``ratio`` is the median of now / profile (above
+    1: this host is slower), ``tolerance`` the relative difference it may show and still agree
+    (:data:`PROFILE_TOLERANCE`, or twice the profile's own spread on them, whichever is more)."""
+
+    profile: str
+    ratio: float
+    workloads: int
+    tolerance: float
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def agrees(self) -> bool:
+        return abs(math.log(self.ratio)) <= math.log1p(self.tolerance)
+
+    def describe(self) -> str:
+        how = "as the profile says" if self.agrees else "not as the profile says"
+        return (f"this host runs {self.workloads} of profile {self.profile}'s workloads "
+                f"{self.ratio:.2f}x as long as it measured ({how}: within "
+                f"{self.tolerance:.0%})" + (" [cached]" if self.cached else ""))
+
+
+def speed_probe(device: Device) -> float:
+    """Seconds a fixed kernel (a 128x128 float32 matmul, TVM's default schedule) takes on
+    ``device``, the fastest of a few repeats: what tells two hosts of one name apart."""
+    return _probe(device.kind, device.index, device.target)
+
+
+_PROBED: dict[tuple, float] = {}
+
+
+def _probe(kind: str, index: int, target: str) -> float:
+    from autoplace.devices import Device
+    from autoplace.profile import LocalRunner
+
+    key = (kind, index, target)
+    if key not in _PROBED:
+        mod = _probe_module()
+        policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, round_size=5,
+                              cv_target=0.05, budget_s=0.5)
+        _PROBED[key] = LocalRunner(Device(name="probe", kind=kind, index=index,
+                                          target=target)).measure(mod, policy).min_s
+    return _PROBED[key]
+
+
+def _probe_module():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x, w = (relax.Var(n, relax.TensorType((128, 128), "float32")) for n in "xw")
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+class _Cache:
+    """The entries of one device fingerprint under :func:`cache_dir`: folders
+    ``<fingerprint>-<n>`` each with ``meta.json`` (the probe's seconds), a profile store and
+    the adapted model. Where the cache cannot be written, one temporary folder for this
+    process (with one warning)."""
+
+    def __init__(self, fingerprint: str, probe_s: float):
+        self.fingerprint, self.probe_s = fingerprint, probe_s
+        root = cache_dir()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            probe = root / f".write-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+            self.root, self.kept = root, True
+        except OSError as e:
+            log.warning("cannot write the calibration cache %s (%s): calibrating for this call "
+                        "only (set AUTOPLACE_CACHE_DIR to a writable folder)", root, e)
+            self.root, self.kept = Path(tempfile.mkdtemp(prefix="autoplace-")), False
+
+    def entry(self) -> Path:
+        """The entry of this host's speed: the one whose probe ran closest to this one's,
+        within :data:`SAME_SPEED`; else a new one. A corrupt entry is removed with a warning."""
+        best, best_ratio = None, SAME_SPEED
+        taken = set()
+        for path in sorted(self.root.glob(f"{self.fingerprint}-*")):
+            taken.add(path.name)
+            try:
+                meta = json.loads((path / "meta.json").read_text())
+                if meta.get("format") != _FORMAT:
+                    raise ValueError(f"format {meta.get('format')!r}")
+                ratio = max(meta["probe_s"], self.probe_s) / min(meta["probe_s"], self.probe_s)
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+                log.warning("calibration cache entry %s is unreadable (%s): removed, and "
+                            "rebuilt where needed", path, e)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            if ratio <= best_ratio:
+                best, best_ratio = path, ratio
+        if best is not None:
+            return best
+        n = next(i for i in range(len(taken) + 1) if f"{self.fingerprint}-{i}" not in taken)
+        path = self.root / f"{self.fingerprint}-{n}"
+        path.mkdir()
+        (path / "meta.json").write_text(json.dumps({"format": _FORMAT, "probe_s": self.probe_s,
+                                                    "fingerprint": self.fingerprint}))
+        return path
+
+    @staticmethod
+    def read(entry: Path, name: str) -> dict | None:
+        try:
+            return json.loads((entry / name).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("calibration cache file %s is unreadable (%s): rebuilt", entry / name, e)
+            return None
+
+
+def _fingerprint(device: Device) -> str:
+    from autoplace.profile import LocalRunner, fingerprint
+
+    return fingerprint(LocalRunner(device).info())
+
+
+def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
+               policy: TimingPolicy = CALIBRATION_POLICY, progress: bool = True) -> Calibration:
+    """The shipped learned model adapted to ``device`` on up to ``count`` workloads of
+    ``models`` (``(name, tvm.IRModule)`` pairs) timed here, and on every workload the cache
+    entry of this host already holds; workloads the entry holds are not timed again, and where
+    it holds them all, its model is reused and nothing is timed.
+
+    Raises ValueError where the device has no CLI spec (:attr:`Device.spec`) or cannot be
+    timed.
+    """
+    from autoplace.predict.adapt import AdaptedCostModel, adapt, shipped_base, time_chosen
+    from autoplace.predict.rows import profile_rows
+    from autoplace.profile.store import ProfileStore, ProfileStoreError
+
+    if device.spec is None:
+        raise ValueError(f"{device.name}: target {device.target!r} has no device spec to time "
+                         "it with; calibrate a 'native' or 'llvm' CPU device")
+    t = time.perf_counter()
+    cache = _Cache(_fingerprint(device), speed_probe(device))
+    entry = cache.entry()
+    base, base_path = shipped_base(device.kind)
+    for attempt in range(2):
+        try:
+            with ProfileStore(entry / "profile.db") as store:
+                chosen, dev = time_chosen(store, device.spec, models, base, count=count,
+                                          policy=policy, progress=progress)
+                rows = profile_rows(store, dev.fingerprint)
+            break
+        except ProfileStoreError as e:
+            if attempt:
+                raise
+            log.warning("calibration cache store %s is damaged (%s): rebuilt",
+                        entry / "profile.db", e)
+            (entry / "profile.db").unlink(missing_ok=True)
+            (entry / "model.json").unlink(missing_ok=True)
+    model = None
+    if dev.measured == 0 and (entry / "model.json").exists():
+        try:
+            model = AdaptedCostModel.load(entry / "model.json")
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("calibration cache model %s is unreadable (%s): fitted again",
+                        entry / "model.json", e)
+    if model is None or model.calibration.get("rows") != len(rows):
+        model = adapt(base, rows, base_path=base_path)
+        model.save(entry / "model.json")
+    return Calibration(model, len(rows), dev.measured, time.perf_counter() - t,
+                       entry if cache.kept else None)
+
+
+def check_profile(profile: DeviceProfile, device: Device, keys=(), *,
+                  count: int = CHECK_WORKLOADS) -> ProfileCheck | None:
+    """Time ``count`` of ``profile``'s workloads again on ``device`` (those of ``keys`` first,
+    the model's own, spread over their latencies) and compare with what it measured; cached
+    per host like :func:`calibrated`. None where none of its workloads can be rebuilt."""
+    from autoplace.profile import LocalRunner
+    from autoplace.profile.measure import OpFailed
+    from autoplace.profile.workload import module_from_key
+
+    cache = _Cache(_fingerprint(device), speed_probe(device))
+    entry = cache.entry()
+    found = cache.read(entry, "profile-check.json")
+    if found is not None and found.get("profile") == profile.fingerprint:
+        return ProfileCheck(found["profile"], found["ratio"], found["workloads"],
+                            found["tolerance"], cached=True)
+    t = time.perf_counter()
+    mine = [k for k in dict.fromkeys(keys) if k in profile.latency_s]
+    pool = sorted(mine or profile.latency_s, key=profile.latency_s.get)
+    runner = LocalRunner(device)
+    policy = TimingPolicy(min_repeat_ms=2.0, min_repeats=3, max_repeats=6, round_size=3,
+                          cv_target=0.05, budget_s=0.3)
+    ratios, spreads = [], []
+    for i in np.linspace(0, len(pool) - 1, num=min(count, len(pool))).round().astype(int):
+        key = pool[i]
+        try:
+            timing = runner.measure(module_from_key(key), policy)
+        except (OpFailed, ValueError, RuntimeError) as e:
+            log.info("cannot time %s again to check the profile: %s", key, e)
+            continue
+        ratios.append(timing.min_s / profile.latency_s[key])
+        spreads.append(profile.spread.get(key, float("nan")))
+    if not ratios:
+        return None
+    noise = np.nanmedian(spreads) if not np.isnan(spreads).all() else 0.0
+    check = ProfileCheck(profile.fingerprint, float(np.median(ratios)), len(ratios),
+                         float(max(PROFILE_TOLERANCE, 2 * noise)), time.perf_counter() - t)
+    try:
+        (entry / "profile-check.json").write_text(json.dumps(
+            {"profile": check.profile, "ratio": check.ratio, "workloads": check.workloads,
+             "tolerance": check.tolerance}))
+    except OSError as e:
+        log.warning("cannot cache the profile check in %s: %s", entry, e)
+    return check

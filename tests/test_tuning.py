@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import tvm
 import pytest
 
 import autoplace
@@ -65,6 +66,19 @@ def test_a_campaign_records_its_trials_and_leaves_nothing_pending(tuned):
     assert report.pending == 0
     again = autoplace.tune(_model(False), [CPU], db, trials=TRIALS, dry_run=True)
     assert again.pending == 0 and again.kernels[0].recorded == kernel.tuned_now
+
+
+def test_the_progress_shows_the_fastest_candidate_so_far(tuned):
+    from autoplace.tuning.campaign import _best_s
+
+    db, _ = tuned
+    [folder] = [p for p in records_root(db).iterdir() if p.is_dir()]
+    database = open_database(folder)
+    records = database.get_all_tuning_records()
+    means = [sum(map(float, r.run_secs)) / len(r.run_secs) for r in records if r.run_secs]
+    assert means and _best_s(database, records[0].workload.mod) == pytest.approx(min(means))
+    other = tvm.IRModule({"main": _row_sums("other").with_attr("global_symbol", "main")})
+    assert _best_s(database, other) is None
 
 
 def test_each_tuned_kernel_is_timed_into_the_store_once(tuned):

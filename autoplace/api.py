@@ -60,7 +60,7 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     profiles, adapted, first, notes = {}, {}, {}, []
     for d, fp in zip(devices, _fingerprints(devices)):
         found = shipped_profile(fp)
-        local_cpu = calibrate and mod is not None and not d.is_gpu and d.spec is not None
+        local_cpu = calibrate and mod is not None and d.kind == "cpu" and d.spec is not None
         if found is not None and local_cpu:
             found, note = _checked_profile(found, d, mod, func_name)
             notes.append(note)
@@ -70,18 +70,21 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
             if fp not in adapted:
                 from autoplace.predict.calibrate import calibrated
 
-                cal = calibrated(d, [("model", mod)], progress=progress)
-                adapted[fp], first[fp] = cal.model, d.name
+                cal = calibrated(d, [("model", mod)], progress=progress,
+                                 overheads=_calibration_overheads)
+                adapted[fp], first[fp] = cal, d.name
                 notes.append(f"{d.name}: {cal.note}")
             else:
                 notes.append(f"{d.name}: calibrated as {first[fp]} (the same CPU and target)")
+            profiles[d.name] = (adapted[fp].profile, None)
     if not profiles and not adapted:
         return RooflineCostModel(), f"{ROOFLINE} (no profile of this machine)"
-    paths = list(dict.fromkeys(path for _, path in profiles.values()))
+    paths = list(dict.fromkeys(path for _, path in profiles.values() if path is not None))
     learned = [p.with_name(p.stem + ".xgb.json") for p in paths]
     learned = [p for p in learned if p.exists()]
     model = MeasuredCostModel({name: prof for name, (prof, _) in profiles.items()},
-                              fallback=[*adapted.values(), *map(load_cost_model, learned)])
+                              fallback=[*(c.model for c in adapted.values()),
+                                        *map(load_cost_model, learned)])
     parts = []
     if paths:
         names = ", ".join(p.name for p in paths)
@@ -89,6 +92,18 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
             f"learned ({', '.join(p.name for p in learned)}) for ops they lack" if learned
             else "roofline for ops they lack"))
     return model, "; ".join(parts + notes)
+
+
+def _calibration_overheads(store, spec: str) -> None:
+    """Measure into ``store`` the overheads of running a plan on device ``spec`` (a stage, a
+    segment, a call, a kernel's least) that it lacks, in fewer rounds than ``autoplace
+    profile`` takes: a calibration's share of a few seconds."""
+    from autoplace.profile.overheads import record_overheads
+    from autoplace.run.overhead import measure_overheads
+
+    report = record_overheads([spec], store, functools.partial(measure_overheads, rounds=5))
+    if report.error:
+        log.warning("calibration: overheads of %s not measured: %s", spec, report.error)
 
 
 def _checked_profile(found, device: Device, mod, func_name: str):

@@ -209,7 +209,7 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     res = autoplace.optimize(zoo.load("branchy_cnn").mod, devs, time_limit=2)
     assert res.cost_model.startswith("a: calibrated on this machine") and res.cost_model in \
         res.summary()
-    assert set(res.plan.cost_sources) == {"learned"}
+    assert set(res.plan.cost_sources) <= {"measured", "learned"}
     assert "no tuning records of this machine are shipped" in res.summary()
     # Generic devices, unchecked: the shipped profile where this host's fingerprint has one.
     generic = [Device.cpu(0, name="a", target="llvm"), Device.cpu(1, name="b", target="llvm")]

@@ -63,14 +63,17 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A device's calibrated cost model and how it was made.
+    """A device's calibrated costs and how they were made.
 
-    ``model``: an :class:`~autoplace.predict.AdaptedCostModel` of the device; ``rows``: the
-    workloads it was fitted on; ``timed``: those timed by this call (0: all from the cache);
-    ``seconds``: this call's timing and fitting; ``path``: the cache entry, None where the
-    cache could not be written.
+    ``profile``: what was timed here (a :class:`~autoplace.profile.DeviceProfile` of the
+    workloads, and of the overheads of running a plan where they were measured); ``model``: an
+    :class:`~autoplace.predict.AdaptedCostModel` of the device, for every other op; ``rows``:
+    the workloads it was fitted on; ``timed``: those timed by this call (0: all from the
+    cache); ``seconds``: this call's timing and fitting; ``path``: the cache entry, None where
+    the cache could not be written.
     """
 
+    profile: DeviceProfile
     model: object
     rows: int
     timed: int
@@ -211,18 +214,21 @@ def _fingerprint(device: Device) -> str:
 
 
 def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
-               policy: TimingPolicy = CALIBRATION_POLICY, progress: bool = True) -> Calibration:
+               policy: TimingPolicy = CALIBRATION_POLICY, progress: bool = True,
+               overheads=None) -> Calibration:
     """The shipped learned model adapted to ``device`` on up to ``count`` workloads of
     ``models`` (``(name, tvm.IRModule)`` pairs) timed here, and on every workload the cache
     entry of this host already holds; workloads the entry holds are not timed again, and where
-    it holds them all, its model is reused and nothing is timed.
+    it holds them all, its model is reused and nothing is timed. ``overheads(store, spec)``,
+    if given, measures into the entry's store the overheads of running a plan on the device
+    that it lacks (the run layer's work: :func:`autoplace.api.auto_cost_model` passes it).
 
     Raises ValueError where the device has no CLI spec (:attr:`Device.spec`) or cannot be
     timed.
     """
     from autoplace.predict.adapt import AdaptedCostModel, adapt, shipped_base, time_chosen
     from autoplace.predict.rows import profile_rows
-    from autoplace.profile.store import ProfileStore, ProfileStoreError
+    from autoplace.profile.store import DeviceProfile, ProfileStore, ProfileStoreError
 
     if device.spec is None:
         raise ValueError(f"{device.name}: target {device.target!r} has no device spec to time "
@@ -236,7 +242,10 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
             with ProfileStore(entry / "profile.db") as store:
                 chosen, dev = time_chosen(store, device.spec, models, base, count=count,
                                           policy=policy, progress=progress)
+                if overheads is not None:
+                    overheads(store, device.spec)
                 rows = profile_rows(store, dev.fingerprint)
+                profile = DeviceProfile.from_store(store, dev.fingerprint)
             break
         except ProfileStoreError as e:
             if attempt:
@@ -255,7 +264,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     if model is None or model.calibration.get("rows") != len(rows):
         model = adapt(base, rows, base_path=base_path)
         model.save(entry / "model.json")
-    return Calibration(model, len(rows), dev.measured, time.perf_counter() - t,
+    return Calibration(profile, model, len(rows), dev.measured, time.perf_counter() - t,
                        entry if cache.kept else None)
 
 

@@ -12,6 +12,7 @@ from autoplace._version import __version__ as __version__
 from autoplace.annotate import annotate
 from autoplace.api import OptimizeResult, build_problem, node_costs, optimize
 from autoplace.devices import Device, Link
+from autoplace.frontends import from_torch
 from autoplace.graph import OpGraph, OpNode, TensorInfo, UnsupportedModelError
 from autoplace.manual import place
 from autoplace.plan import Plan, PlanError
@@ -24,7 +25,7 @@ __all__ = [
     "CompiledModel", "Device", "InfeasibleError", "Link", "OpGraph", "OpNode", "OptimizeResult",
     "Plan", "PlanError", "Problem", "RooflineCostModel", "Solution", "TensorInfo",
     "UnsupportedModelError", "annotate", "build_problem", "compile", "node_costs", "optimize",
-    "frontends", "load_cost_model", "place", "solve", "tune", "zoo",
+    "from_torch", "frontends", "load_cost_model", "place", "solve", "tune", "zoo",
     "dynamo_backend", "load_module", "optimize_module",
 ]
 

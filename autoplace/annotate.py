@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoplace.devices import Device
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 from autoplace.plan import Plan
 
@@ -19,11 +20,40 @@ if TYPE_CHECKING:
     import tvm
 
 
+def vm_devices(plan: Plan) -> tuple[list[Device], dict[str, int]]:
+    """The devices the Relax VM runs on, in ``plan.devices`` order, and each used plan device's
+    position among them. A TVM device is its own; a torch device (PyTorch's kernels, called from
+    the VM) has none: its ops run on the host, their tensors on the plan's first TVM CPU device
+    (``cpu0`` when the plan uses none), so PyTorch and TVM share them without a copy.
+
+    Raises
+    ------
+    NotImplementedError
+        For a torch device on a GPU (``Device.torch("cuda")``): not built yet.
+    """
+    used = plan.used_devices()
+    vm = [d for d in used if d.runtime == "tvm"]
+    pos = {d.name: k for k, d in enumerate(vm)}
+    for d in used:
+        if d.runtime == "tvm":
+            continue
+        if d.dl_device_type != 1:
+            raise NotImplementedError(f"device {d.name!r}: PyTorch on a GPU is not built yet; "
+                                      "place its ops on Device.torch('cpu')")
+        host = next((k for k, t in enumerate(vm) if t.kind == "cpu"), None)
+        if host is None:
+            vm.append(Device.cpu(0, name="host" if "host" not in pos else "host-cpu"))
+            host = len(vm) - 1
+        pos[d.name] = host
+    return vm, pos
+
+
 def vdevices(plan: Plan) -> list:
-    """One ``relax.VDevice`` per device the plan uses, in ``plan.devices`` order."""
+    """One ``relax.VDevice`` per device the VM runs on (:func:`vm_devices`), in
+    ``plan.devices`` order."""
     from tvm import relax
 
-    used = plan.used_devices()
+    used = vm_devices(plan)[0]
     seen = {}
     for d in used:
         key = (d.kind, d.index)
@@ -64,12 +94,15 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     graph = OpGraph.from_relax(mod, func_name)
     plan.validate(graph)
     vdevs = vdevices(plan)
-    used = [d.name for d in plan.used_devices()]
-    dev_of_node = [used.index(a) for a in plan.assignment]
+    vm, position = vm_devices(plan)
+    used = [d.name for d in vm]
+    dev_of_node = [position[a] for a in plan.assignment]
     func = mod[func_name]
 
     def with_vdevice(ty, k):
         if isinstance(ty, relax.TensorType):
+            if ty.shape is None:  # a shape the data gives (a PyTorch call's): keep its rank
+                return relax.TensorType(None, ty.dtype, vdevs[k], ndim=ty.ndim)
             return relax.TensorType(ty.shape, ty.dtype, vdevs[k])
         if isinstance(ty, relax.TupleType):
             return relax.TupleType([with_vdevice(f, k) for f in ty.fields])
@@ -148,7 +181,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 node_index += 1
                 args = [placed(a, k, out) for a in value.args]
                 ty_args = value.ty_args
-                if value.op.name == "relax.call_tir":  # its output type is given, not inferred
+                if value.op.name in ("relax.call_tir", "relax.call_dps_packed",
+                                     "relax.call_pure_packed"):  # output type given, not inferred
                     ty_args = [with_vdevice(t, k) for t in ty_args]
                 call = relax.Call(value.op, args, value.attrs, ty_args)
                 nv = fresh(var, with_vdevice(var.ty, k))

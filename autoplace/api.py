@@ -180,7 +180,8 @@ def build_problem(
                 link = links.get((da.name, db.name)) or Link.default(da, db)
                 alpha[a, b], beta[a, b] = link.alpha, link.beta
                 over = segment_overhead_s or {}
-                alpha[a, b] += over.get(da.name, 0.0) + over.get(db.name, 0.0)
+                if "torch" not in (da.kind, db.kind):  # PyTorch calls run inside the one VM
+                    alpha[a, b] += over.get(da.name, 0.0) + over.get(db.name, 0.0)
     pos = {dev.name: k for k, dev in enumerate(devices)}
     pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)
     for i, name in (pins or {}).items():
@@ -305,6 +306,10 @@ class OptimizeResult:
     def _build(self, plan: Plan, concurrent: bool, order) -> CompiledModel | ConcurrentModel:
         from autoplace.run import ConcurrentModel, compile
 
+        if concurrent and any(d.runtime != "tvm" for d in plan.used_devices()):
+            raise ValueError("a plan with PyTorch calls (a torch device) runs on one VM; "
+                             "segments on a worker per device are not built for it yet: "
+                             "compile(concurrent=False)")
         if concurrent:
             return ConcurrentModel.from_plan(self.source_mod, plan, self.graph.func_name,
                                              order=order, records=self.records)
@@ -494,9 +499,10 @@ def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded
 
 
 def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float],
-              call_s: float = 0.0) -> Delivery:
+              call_s: float = 0.0, vm_only: bool = False) -> Delivery:
     """Both ways of running a latency solution on ``problem`` (without the segment overhead the
-    solver saw on its copies), and which is faster; ``call_s`` is added to either."""
+    solver saw on its copies), and which is faster; ``call_s`` is added to either. ``vm_only``:
+    one VM whatever is faster (a plan with PyTorch calls, which segments do not run yet)."""
     from autoplace.solve.segments import concurrent_latency, segments, serial_latency
 
     a = solution.assignment
@@ -504,7 +510,7 @@ def _delivery(problem: Problem, solution: Solution, overhead: Mapping[str, float
     conc = concurrent_latency(problem, a, per_device, solution.order).makespan
     serial = serial_latency(problem, a)
     count = int(segments(problem, a, solution.order).max(initial=-1)) + 1
-    runner = "concurrent" if len(set(a.tolist())) > 1 and conc < serial else "vm"
+    runner = "concurrent" if len(set(a.tolist())) > 1 and conc < serial and not vm_only else "vm"
     return Delivery(runner, conc, serial, count, call_s)
 
 
@@ -656,6 +662,7 @@ def optimize(
         devices, objective, solver, time_limit, stage_overhead_s, max_stages, segment_overhead_s,
         check_devices)
     graph = OpGraph.from_relax(mod, func_name)
+    devices, runtime_note = _runtime_devices(graph, devices, objective)
     costs = _costs(mod, graph, devices, objective, cost_model, db, func_name, check_devices,
                    stage_overhead_s if objective == "throughput" else segment_overhead_s,
                    calibrate)
@@ -667,7 +674,8 @@ def optimize(
     solution = solve(problem, objective, solver, time_limit=time_limit, **options)
     choice = _choose(graph, devices, costs, problem, plain, solution, pin_rules, objective,
                      replicate=replicate, baseline_guard=baseline_guard)
-    return _result(mod, graph, costs, choice, func_name)
+    return _result(mod, graph, replace(costs, overheads_note=runtime_note + costs.overheads_note),
+                   choice, func_name)
 
 
 # --- the steps of optimize(), in order -----------------------------------------------------------
@@ -701,6 +709,52 @@ def _checked_arguments(devices, objective, solver, time_limit, stage_overhead_s,
         for d in devices:
             check_present(d)
     return devices, segment_overhead_s
+
+
+def _runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "latency"
+                     ) -> tuple[list[Device], tuple[str, ...]]:
+    """Step 0b: the devices with the runtime devices (PyTorch) after TVM's, a torch device
+    added where the model calls PyTorch and none was given; and lines saying which ops run in
+    PyTorch and why. A throughput plan with PyTorch calls is refused (not built yet)."""
+    torch_nodes = [n for n in graph.nodes if n.is_torch]
+    given = [d for d in devices if d.runtime == "torch"]
+    if (torch_nodes or given) and objective == "throughput":
+        raise ValueError("pipelines with PyTorch calls (a torch device) are not built yet: "
+                         "optimize this model with objective='latency'")
+    if given or torch_nodes:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ImportError("a torch device needs PyTorch: pip install 'autoplace[frontends]'"
+                              ) from None
+    if given and not any(d.runtime == "tvm" for d in devices):
+        tvm_op = next((n for n in graph.nodes if not n.is_torch), None)
+        if tvm_op is not None:
+            raise InfeasibleError(f"node {tvm_op.name!r} ({tvm_op.op_type}) can run on no "
+                                  f"device: {given[0].name} runs PyTorch calls only; add a TVM "
+                                  "device (Device.cpu(0))")
+        raise ValueError("a torch device runs inside the VM of a TVM device: add one "
+                         "(Device.cpu(0))")
+    for d in given:
+        if d.dl_device_type != 1:
+            raise NotImplementedError(f"device {d.name!r}: PyTorch on a GPU is not built yet; "
+                                      "use Device.torch('cpu')")
+    if not torch_nodes:
+        return devices, ()
+    if not given:
+        given = [Device.torch()]
+        if any(d.name == "torch" for d in devices):
+            raise ValueError("the model calls PyTorch and a device is named 'torch': pass a "
+                             "torch device (Device.torch(name=...)) yourself")
+    out = [d for d in devices if d.runtime == "tvm"] + given
+    lacked = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes
+                     if dict(n.attrs).get("why", "").startswith("the importer lacks")})
+    reading = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes} - set(lacked))
+    parts = ([f"the importer lacks aten.{', aten.'.join(lacked)}"] if lacked else []) + (
+        [f"aten.{', aten.'.join(reading)} read a tensor whose shape depends on the data"]
+        if reading else [])
+    return out, (f"runs in PyTorch ({given[0].name}), {len(torch_nodes)} op(s): "
+                 + "; ".join(parts),)
 
 
 @dataclass(frozen=True, eq=False)
@@ -737,7 +791,9 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
            func_name: str, here: bool, given_overhead, calibrate: bool = False) -> _Costs:
     """Step 1: every node's cost on every device (the cost model's, fused kernels charged once,
     tuned kernels' timed times, the measured kernel floor), their spread, the overheads and
-    which records the build applies."""
+    which records the build applies. Torch devices (last in ``devices``) get
+    :class:`~autoplace.predict.torch_costs.TorchCostModel` costs: PyTorch calls timed here."""
+    everything, devices = devices, [d for d in devices if d.runtime == "tvm"]
     if isinstance(cost_model, str) and cost_model == "auto":
         cost_model, described = auto_cost_model(devices, mod if here else None,
                                                 calibrate=calibrate, func_name=func_name)
@@ -770,15 +826,49 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
             "profiles): every kernel on these devices costs at least this",)
     # Flagged where the model's cost is charged: not where a tuned time replaced it, nor at 0.
     charged = np.where(np.array(["tuned" in s for s in sources])[:, None], 0.0, cost)
+    charged[[n.index for n in graph.nodes if n.is_torch]] = 0.0  # PyTorch's, not the model's
     outside, outside_note = outside_training(graph, devices, cost_model, charged)
     calls, call_note = _call_overheads(measured, objective)
-    return _Costs(cost_model, described, cost, sources,
-                  _spread(graph, devices, cost_model, tuned), overhead, overhead_sources, calls,
-                  measured, records,
-                  None if not records else (mod, db, records, func_name,
-                                            (groups or {}).get(False), cost),
-                  threads_all, note, profiles_note, overheads_note + call_note, outside,
-                  outside_note)
+    costs = _Costs(cost_model, described, cost, sources,
+                   _spread(graph, devices, cost_model, tuned), overhead, overhead_sources, calls,
+                   measured, records,
+                   None if not records else (mod, db, records, func_name,
+                                             (groups or {}).get(False), cost),
+                   threads_all, note, profiles_note, overheads_note + call_note, outside,
+                   outside_note)
+    return _with_torch_costs(graph, costs, devices, everything[len(devices):])
+
+
+def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Device],
+                      torch_devices: Sequence[Device]) -> _Costs:
+    """Step 1b: ``costs`` with a column per torch device: its PyTorch calls timed here plus the
+    measured hand-off of a call from the VM (:class:`~autoplace.predict.torch_costs.TorchCostModel`);
+    on TVM devices, PyTorch calls cost ``inf``."""
+    if not torch_devices:
+        return costs
+    from autoplace.predict.torch_costs import TorchCostModel, WithTorch
+
+    model = WithTorch(costs.model, TorchCostModel())
+    torch_nodes = [n.index for n in graph.nodes if n.is_torch]
+    cost = costs.cost.copy()
+    cost[torch_nodes] = np.inf
+    cols = [model.predict(graph, d) for d in torch_devices]
+    sources = tuple(f"torch-timed" if n.is_torch else s
+                    for n, s in zip(graph.nodes, costs.sources))
+    spread = np.column_stack([costs.spread] + [np.full(len(graph.nodes), np.nan)] * len(cols))
+    overhead = costs.overhead
+    if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
+        overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
+    note = (f"{torch_devices[0].name}: {len(set(n.workload_key for n in graph.nodes if n.is_torch))}"
+            f" PyTorch call(s) timed here, each + {model.torch.handoff() * 1e6:.1f} us hand-off "
+            "from the VM (measured here)",)
+    cost = np.column_stack([cost] + cols)
+    _check_runnable(graph, [*tvm_devices, *torch_devices], cost, model)
+    return replace(costs, model=model, cost=cost, sources=sources,
+                   spread=spread, overhead=overhead,
+                   overhead_sources={**costs.overhead_sources,
+                                     **{d.name: "measured" for d in torch_devices}},
+                   profiles_note=costs.profiles_note + note)
 
 
 def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective: str, links,
@@ -790,6 +880,10 @@ def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective
     if links is None and isinstance(costs.model, ProfiledCostModel):
         links = costs.model.links(devices)
     pin_rules = rule_assignment(graph, devices, pins)
+    runtime = next((d.name for d in devices if d.runtime == "torch"), None)
+    for n in graph.nodes:  # a PyTorch call runs on the torch device whatever the rules say
+        if n.is_torch and runtime is not None:
+            pin_rules[n.index] = runtime
     rate = objective == "throughput"
     problem = build_problem(graph, devices, costs.cost, links, pin_rules,
                             stage_overhead_s=(costs.overhead or 0.0) if rate else 0.0,
@@ -834,8 +928,10 @@ def _choose(graph: OpGraph, devices: Sequence[Device], costs: _Costs, problem: P
         found = [replace(b, value=b.value + _call_of(costs.calls, names, b.solution))
                  if b.value is not None else b for b in found]
     segment = None if plain is None else costs.overhead
+    vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
     delivery = None if plain is None else _delivery(plain, solution, segment,
-                                                    _call_of(costs.calls, names, solution))
+                                                    _call_of(costs.calls, names, solution),
+                                                    vm_only)
     decision, contenders = None, ()
     if baseline_guard:
         # A latency plan is worth what its build delivers (one VM, or segments side by side),
@@ -856,7 +952,7 @@ def _choose(graph: OpGraph, devices: Sequence[Device], costs: _Costs, problem: P
             plan = plans[chosen.name]
             if plain is not None:
                 delivery = _delivery(replace(plain, cost=problem.cost), solution, segment,
-                                     _call_of(costs.calls, names, solution))
+                                     _call_of(costs.calls, names, solution), vm_only)
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
@@ -1022,8 +1118,9 @@ def _all_threads_costs(graph: OpGraph, devices: Sequence[Device], cost_model,
 
     if threads is None:
         return None
-    cpus = [k for k, d in enumerate(devices) if not d.is_gpu]
-    k = next((k for k in cpus if all(devices[k].can_run(n.op_type) for n in graph.nodes)),
+    cpus = [k for k, d in enumerate(devices) if d.kind == "cpu"]
+    k = next((k for k in cpus if all(devices[k].can_run(n.op_type) for n in graph.nodes
+                                     if not n.is_torch)),
              cpus[0])
     why = ""
     if kernels is not None:
@@ -1150,10 +1247,16 @@ def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.n
 def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:
     """Name the op, and why, when no device can run a node."""
     for n in graph.nodes:
+        if n.is_torch and not any(d.runtime == "torch" for d in devices):
+            continue  # a torch device runs it (_runtime_devices added one; checked after)
         if np.isinf(cost[n.index]).all():
             why = []
             for d in devices:
-                if not d.can_run(n.op_type):
+                if n.is_torch and d.runtime != "torch":
+                    why.append(f"{d.name} runs TVM's kernels, not PyTorch calls")
+                elif not n.is_torch and d.runtime == "torch":
+                    why.append(f"{d.name} runs PyTorch calls only (ops the importer lacks)")
+                elif not d.can_run(n.op_type):
                     why.append(f"{d.name} declares {n.op_type} unsupported")
                 elif cost_sources(model, graph, d)[n.index] == "unsupported":
                     why.append(f"{d.name} failed to build or run it when profiled")

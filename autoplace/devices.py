@@ -19,7 +19,9 @@ _CPU_MEM_BW = 10e9
 _GPU_PEAK_FLOPS = 20e12
 _GPU_MEM_BW = 2e12
 
-_KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2)}
+_KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2), "torch": ("torch", None)}
+#: Where a torch device's tensors live: PyTorch device type -> DLPack device type.
+_TORCH_PLACES = {"cpu": 1, "cuda": 2}
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,13 @@ class Device:
     name : str
         Unique name used in plans (``"cpu0"``, ``"gpu"``...).
     kind : str
-        Runtime device kind: ``"cpu"`` or ``"cuda"``.
+        Runtime device kind: ``"cpu"`` or ``"cuda"`` (TVM's generated kernels), or ``"torch"``
+        (PyTorch's kernels, called from the Relax VM: :meth:`torch`).
     index : int
         Runtime device index (``tvm.cpu(index)``, ``tvm.cuda(index)``).
     target : str
+        A torch device: the PyTorch device type its tensors live on, ``"cpu"`` or ``"cuda"``.
+        Otherwise:
         TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``), or
         ``"native"`` (a CPU device's default): LLVM for the CPU of the host that builds (``-mcpu``
         of ``tvm.target.codegen.llvm_get_system_cpu()``, so AVX2/AVX-512 where the CPU has
@@ -59,10 +64,13 @@ class Device:
     unsupported_ops: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self):
+        if self.kind == "torch" and self.target not in _TORCH_PLACES:
+            raise ValueError(f"device {self.name!r}: a torch device runs on 'cpu' or 'cuda', "
+                             f"got {self.target!r}")
         if self.kind not in _KINDS:
             raise ValueError(f"device {self.name!r}: unknown kind {self.kind!r}; "
                              f"use one of {sorted(_KINDS)}")
-        if self.target == "native" and self.kind != "cpu":
+        if self.target == "native" and self.kind not in ("cpu", "torch"):
             raise ValueError(f"device {self.name!r}: target 'native' names a CPU; give a "
                              f"{self.kind} device its target (e.g. Device.cuda(0))")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
@@ -96,14 +104,37 @@ class Device:
         return cls(name=name or f"cuda{index}", kind="cuda", index=index, target=target, **kwargs)
 
     @classmethod
+    def torch(cls, place: str = "cpu", index: int = 0, *, name: str | None = None,
+              **kwargs) -> Device:
+        """PyTorch's kernels, called from the Relax VM (``runtime == "torch"``): it runs the ops
+        the Relax importer lacks (:func:`autoplace.frontends.from_torch` turns them into
+        PyTorch calls), and only those. ``place`` is where its tensors live: ``"cpu"`` (named
+        ``"torch"``; the host's memory, which TVM's CPU devices share: no copy between them) or
+        ``"cuda"`` (``"torch-cuda0"``; planned for, not built yet).
+
+        >>> Device.torch().name, Device.torch("cuda", 0).name
+        ('torch', 'torch-cuda0')
+        """
+        if place not in _TORCH_PLACES:
+            raise ValueError(f"Device.torch: place is 'cpu' or 'cuda', got {place!r}")
+        default = "torch" if place == "cpu" and index == 0 else f"torch-{place}{index}"
+        return cls(name=name or default, kind="torch", index=index, target=place, **kwargs)
+
+    @classmethod
     def from_spec(cls, spec: str) -> Device:
         """Parse ``"cpu:0"`` (LLVM for this host's CPU; ``"cpu:0:native"`` says the same),
-        ``"cpu:0:generic"`` (generic x86-64, target ``"llvm"``) or ``"cuda:0"`` (the CLI's device
-        syntax)."""
+        ``"cpu:0:generic"`` (generic x86-64, target ``"llvm"``), ``"cuda:0"``, or ``"torch:cpu"``
+        / ``"torch:cuda:0"`` (PyTorch's kernels, :meth:`torch`) (the CLI's device syntax)."""
+        t = re.fullmatch(r"torch(?::(cpu|cuda)(?::(\d+))?)?", spec.strip())
+        if t:
+            if t.group(1) == "cpu" and t.group(2) not in (None, "0"):
+                raise ValueError(f"device spec {spec!r}: PyTorch's CPU is 'torch:cpu'")
+            return cls.torch(t.group(1) or "cpu", int(t.group(2) or 0))
         m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native|:generic)?", spec.strip())
         if not m or (m.group(3) and m.group(1) != "cpu"):
             raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N' "
-                             "('cpu:N:generic' compiles for generic x86-64)")
+                             "('cpu:N:generic' compiles for generic x86-64), or 'torch:cpu' / "
+                             "'torch:cuda:N' for PyTorch's kernels")
         kind, index = m.group(1), int(m.group(2) or 0)
         if m.group(3) == ":generic":
             return cls.cpu(index, target="llvm")
@@ -113,21 +144,36 @@ class Device:
     def spec(self) -> str | None:
         """The device in the CLI's syntax (:meth:`from_spec`), or None where its target has no
         spec (a CPU target other than ``"native"`` and ``"llvm"``)."""
+        if self.kind == "torch":
+            return "torch:cpu" if self.target == "cpu" else f"torch:cuda:{self.index}"
         if self.kind != "cpu":
             return f"{self.kind}:{self.index}"
         return {"native": f"cpu:{self.index}",
                 "llvm": f"cpu:{self.index}:generic"}.get(self.target)
 
     def can_run(self, op_type: str) -> bool:
-        return op_type.removeprefix("relax.") not in self.unsupported_ops
+        """Whether the device runs ops of ``op_type``: a torch device runs PyTorch calls
+        (``"torch.*"``) only, a TVM device Relax ops only."""
+        if op_type.startswith("torch."):
+            return self.runtime == "torch"
+        return self.runtime == "tvm" and op_type.removeprefix("relax.") not in self.unsupported_ops
+
+    @property
+    def runtime(self) -> str:
+        """Whose kernels run the device's ops: ``"tvm"`` (generated) or ``"torch"`` (PyTorch's)."""
+        return "torch" if self.kind == "torch" else "tvm"
 
     @property
     def is_gpu(self) -> bool:
-        return self.kind != "cpu"
+        """A TVM GPU device (a torch device is not one: it builds no kernels)."""
+        return self.kind == "cuda"
 
     def tvm_target(self) -> tvm.target.Target:
         import tvm
 
+        if self.kind == "torch":
+            raise ValueError(f"device {self.name!r} runs PyTorch's kernels: it has no TVM target "
+                             "(its calls run on the host, from the VM of the TVM devices)")
         if self.target == "native":
             return tvm.target.Target({"kind": "llvm",
                                       "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
@@ -136,11 +182,15 @@ class Device:
     def tvm_device(self) -> tvm.runtime.Device:
         import tvm
 
+        if self.kind == "torch":  # where its tensors live: the host's CPU memory, or the GPU
+            return tvm.runtime.device(self.target, 0 if self.target == "cpu" else self.index)
         return tvm.runtime.device(_KINDS[self.kind][0] if self.kind == "cuda" else "cpu", self.index)
 
     @property
     def dl_device_type(self) -> int:
         """DLPack device type code (1 = CPU, 2 = CUDA)."""
+        if self.kind == "torch":
+            return _TORCH_PLACES[self.target]
         return _KINDS[self.kind][1]
 
     def to_dict(self) -> dict:
@@ -189,4 +239,7 @@ class Link:
         """Rough defaults until measured: a memory copy between CPUs, PCIe to or from a GPU."""
         if src.is_gpu or dst.is_gpu:
             return cls(src.name, dst.name, alpha=10e-6, beta=12e9)
+        if "torch" in (src.kind, dst.kind) and {src.dl_device_type, dst.dl_device_type} == {1}:
+            # PyTorch's CPU tensors and TVM's share the host memory: a hand-off, no copy
+            return cls(src.name, dst.name, alpha=0.0, beta=math.inf)
         return cls(src.name, dst.name)

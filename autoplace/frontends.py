@@ -46,14 +46,181 @@ def export_torch(model: torch.nn.Module, example_inputs: Sequence) -> torch.expo
 
 def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
     """Import a ``torch.export`` program into Relax; its parameters and buffers become
-    constants, its user inputs the parameters of ``main`` in order."""
+    constants, its user inputs the parameters of ``main`` in order.
+
+    Ops the importer lacks (``adaptive_max_pool2d``, ``_cdist_forward``, ``searchsorted``,
+    ``nonzero``, ``_unique2``...: those of the decomposed program that its converter map does
+    not name) become calls into PyTorch (:mod:`autoplace.backend.torch_ops`), which a
+    :meth:`Device.torch <autoplace.Device.torch>` device runs. Where an op's output shape
+    depends on the data (``nonzero``, ``unique``), it returns a new tensor on every call, and
+    every op that reads such a tensor runs in PyTorch too: no TVM kernel ever sees a shape
+    known only at run time. The calls are registered in this process (a saved build that
+    calls PyTorch needs the model imported again in the process that loads it).
+    """
     import torch
     from tvm.relax.frontend.torch import from_exported_program
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
         with torch.no_grad():
-            return from_exported_program(exported)
+            # Decomposed once here, as the importer would, to see the ops it will convert.
+            program = exported.run_decompositions()
+            known = set(ExportedProgramImporter().convert_map)
+            custom = _torch_fallbacks(program, known)
+            return from_exported_program(program, custom_convert_map=custom or None,
+                                         run_ep_decomposition=False)
+
+
+def _torch_fallbacks(program, known: set[str]) -> dict:
+    """``custom_convert_map`` entries that turn each node of ``program`` the importer cannot
+    take into a PyTorch call: ops it lacks, and ops that read a tensor whose shape depends on
+    the data. Assertions on such a shape are dropped from ``program``'s graph (the op checks
+    its own output). Empty where the importer takes every node."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    graph = program.graph
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    lacking = {n for n in calls if n.target.__name__ not in known}
+    if not lacking:
+        return {}
+    dynamic = set()  # nodes whose output shape depends on the data
+    for n in calls:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        if any(free_unbacked_symbols(v) for v in vals if v is not None):
+            dynamic.add(n)
+    # Runtime checks of an unbacked size (sym_size, comparisons, _assert_scalar): dropped.
+    for n in reversed(calls):
+        if "assert_scalar" in n.target.__name__ or (
+                not n.users and n.target.__name__ in ("sym_size", "sym_size.int")):
+            graph.erase_node(n)
+    for n in reversed(list(graph.nodes)):
+        if n.op == "call_function" and not n.users and not _has_effect(n):
+            graph.erase_node(n)
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    torch_nodes = set()
+    for n in calls:  # topological: a reader of a dynamic tensor runs in PyTorch too
+        reads_dynamic = any(a in dynamic for a in n.all_input_nodes)
+        if n in lacking or reads_dynamic:
+            if n.target.__name__ == "getitem":
+                continue  # picks a field of a PyTorch call's tuple: the importer's own
+            if n.meta.get("val") is None and not n.users:
+                graph.erase_node(n)  # a check of a dynamic tensor's metadata
+                continue
+            torch_nodes.add(n)
+            if reads_dynamic and not n.meta.get("val") is None:
+                val = n.meta["val"]
+                vals = val if isinstance(val, (tuple, list)) else (val,)
+                if any(free_unbacked_symbols(v) for v in vals if v is not None):
+                    dynamic.add(n)
+    examples = _example_values(program) if dynamic & torch_nodes else {}
+    originals: dict = {}
+
+    def convert(node, importer):
+        if node not in torch_nodes:
+            if not originals:
+                originals.update(type(importer).create_convert_map(importer))
+            return originals[node.target.__name__](node)
+        why = (f"the importer lacks aten.{node.target.__name__.split('.')[0]}" if node in lacking
+               else "it reads a tensor whose shape depends on the data")
+        return _torch_call(node, importer, node in dynamic, examples.get(node.name), why)
+
+    return {name: convert for name in {n.target.__name__ for n in torch_nodes}}
+
+
+def _has_effect(node) -> bool:
+    return bool(getattr(node.target, "_schema", None) and node.target._schema.is_mutable) or \
+        "assert" in node.target.__name__
+
+
+def _example_values(program) -> dict:
+    """Each node's value at the program's example inputs (name -> value); empty where the
+    program has none or does not run."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    example = getattr(program, "example_inputs", None)
+    if not example:
+        return {}
+    user = iter(torch.utils._pytree.tree_leaves(example[0]))
+    args = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(user))
+        elif spec.target in program.state_dict:
+            args.append(program.state_dict[spec.target])
+        else:
+            args.append(program.constants[spec.target])
+    values: dict = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            values[n.name] = out = super().run_node(n)
+            return out
+
+    try:
+        with torch.no_grad():
+            _Recorder(program.graph_module).run(*args)
+    except Exception:  # noqa: BLE001 - without examples, sizes are estimated
+        return {}
+    return values
+
+
+def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
+    """Emit ``node`` as a call of a registered PyTorch op (:mod:`autoplace.backend.torch_ops`)."""
+    import torch
+    from torch import fx
+    from tvm import relax
+
+    from autoplace.backend.torch_ops import Slot, TorchOp, register
+
+    tensors = []
+
+    def template(v):
+        if isinstance(v, fx.Node):
+            expr = importer.env[v]
+            if not isinstance(expr.ty, relax.TensorType):
+                raise NotImplementedError(
+                    f"node {node.name!r} ({node.target}): argument {v.name!r} is not a tensor "
+                    f"({expr.ty}); autoplace cannot pass it to PyTorch")
+            tensors.append(expr)
+            return Slot(len(tensors) - 1)
+        if isinstance(v, (list, tuple)):
+            return type(v)(template(x) for x in v)
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise NotImplementedError(f"node {node.name!r} ({node.target}) takes a symbolic "
+                                      f"size {v}: only static shapes are supported")
+        return v
+
+    args = template(tuple(node.args))
+    kwargs = tuple((k, template(v)) for k, v in sorted(node.kwargs.items()))
+    val = node.meta["val"]
+    several = isinstance(val, (tuple, list))
+    vals = list(val) if several else [val]
+    shown = list(example) if several and example is not None else [example] * len(vals)
+    outputs = []
+    for v, ex in zip(vals, shown):
+        shape = tuple(ex.shape) if isinstance(ex, torch.Tensor) else tuple(
+            int(d) if not isinstance(d, torch.SymInt) else 1 for d in v.shape)
+        dtype = str(v.dtype).removeprefix("torch.")
+        if v.dtype.is_complex:
+            from autoplace.graph import UnsupportedModelError
+
+            raise UnsupportedModelError(
+                f"node {node.name!r} ({node.target}) gives a {dtype} tensor: TVM's tensors "
+                "hold no complex numbers, so not even a PyTorch call can pass it on")
+        outputs.append((shape, dtype))
+    op = TorchOp(node.target, str(node.target), args, kwargs, tuple(outputs), dynamic,
+                 node.name, several, why)
+    name = register(op)
+    bb = importer.block_builder
+    if dynamic:
+        tys = [relax.TensorType(ndim=len(s), dtype=d) for s, d in outputs]
+        ty = relax.TupleType(tys) if several else tys[0]
+        return bb.emit(relax.op.call_pure_packed(name, *tensors, ty_args=ty))
+    tys = [relax.TensorType(relax.ShapeExpr(list(s)), d) for s, d in outputs]
+    return bb.emit(relax.call_dps_packed(name, relax.Tuple(tensors), tys if several else tys[0]))
 
 
 def from_onnx(path: str | Path) -> tvm.IRModule:

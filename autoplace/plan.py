@@ -21,8 +21,9 @@ PLAN_FORMAT_VERSION = 2
 #: What a plan says it minimizes: a solver's objective, or "manual" (placed by rules).
 PLAN_OBJECTIVES = (*OBJECTIVES, "manual")
 # Where a node's cost came from ("tuned": a tuned kernel timed alone, charged to its anchor op);
-# a node whose devices differ joins them: "measured+roofline".
-COST_SOURCES = ("measured", "learned", "roofline", "tuned", "unsupported")
+# a node whose devices differ joins them: "measured+roofline"; "torch-timed": a PyTorch call
+# timed here, its hand-off from the VM included.
+COST_SOURCES = ("measured", "learned", "roofline", "tuned", "torch-timed", "unsupported")
 
 
 class PlanError(ValueError):

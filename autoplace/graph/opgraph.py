@@ -73,8 +73,14 @@ class OpNode:
 
     @property
     def op_type(self) -> str:
-        """The op without its namespace prefix: ``"nn.conv2d"`` for ``"relax.nn.conv2d"``."""
+        """The op without its namespace prefix: ``"nn.conv2d"`` for ``"relax.nn.conv2d"``; a
+        call into PyTorch keeps its ``"torch."`` (``"torch.nonzero"``)."""
         return self.op.removeprefix("relax.")
+
+    @property
+    def is_torch(self) -> bool:
+        """A call into PyTorch (an op the importer lacks): only a torch device runs it."""
+        return self.op.startswith("torch.")
 
     @property
     def bytes_read(self) -> int:
@@ -206,6 +212,25 @@ def is_op_call(value) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, ir.Op)
 
 
+def torch_op_of(call):
+    """The PyTorch op (:class:`autoplace.backend.torch_ops.TorchOp`) a call of
+    ``autoplace.torch_op.<id>`` runs, or None for any other call."""
+    from tvm import relax
+
+    from autoplace.backend.torch_ops import PREFIX, lookup
+
+    if call.op.name not in ("relax.call_dps_packed", "relax.call_pure_packed") or not call.args \
+            or not isinstance(call.args[0], relax.ExternFunc) \
+            or not call.args[0].global_symbol.startswith(PREFIX):
+        return None
+    op = lookup(call.args[0].global_symbol)
+    if op is None:
+        raise UnsupportedModelError(
+            f"{call.args[0].global_symbol} calls a PyTorch op that this process has not "
+            "registered: import the model with autoplace.from_torch in this process first")
+    return op
+
+
 def dtype_bits(dtype: str) -> int:
     """Bits of one element of ``dtype`` (``bool``: a byte)."""
     if dtype == "bool":
@@ -294,12 +319,15 @@ def _build(mod, func_name: str) -> OpGraph:
         var, value = binding.var, binding.value
         where = f"binding {var.name!r}"
         if is_op_call(value):
-            if value.op.name in ("relax.call_dps_packed", "relax.call_tir_inplace"):
+            torch_op = torch_op_of(value)
+            if torch_op is None and value.op.name in ("relax.call_dps_packed",
+                                                      "relax.call_tir_inplace",
+                                                      "relax.call_pure_packed"):
                 raise UnsupportedModelError(
                     f"{where} is a {value.op.name}, which cannot be placed: pass the module "
                     "before it is lowered (as the torch and ONNX frontends produce it)")
             ins, extra, param_bytes, preds = [], [], 0, {}
-            for a in value.args:
+            for a in (value.args if torch_op is None else value.args[1:]):
                 srcs = arg_sources(a, where)
                 if not srcs and not isinstance(a, (relax.Var, relax.Tuple)):
                     extra.append(a.name_hint if isinstance(a, ir.GlobalVar) else str(a))
@@ -311,19 +339,23 @@ def _build(mod, func_name: str) -> OpGraph:
                         param_bytes += t.nbytes
                     if kind == "input":
                         consumers[idx].add(len(nodes))
-            outs = _tensor_infos(var.ty, where)
+            if torch_op is None:
+                outs, op_name, attrs = _tensor_infos(var.ty, where), value.op.name, _attrs(value)
+            else:  # its example shapes, where they depend on the data
+                outs = tuple(TensorInfo(tuple(s), d) for s, d in torch_op.outputs)
+                op_name = f"torch.{torch_op.aten}"
+                attrs = (("call", torch_op.signature), ("why", torch_op.why))
             i = len(nodes)
             name = var.name
             if name in names_seen:  # Relax allows repeated name hints; node names must be unique
                 names_seen[name] += 1
                 name = f"{name}_{names_seen[var.name]}"
             names_seen.setdefault(name, 0)
-            attrs = _attrs(value)
             in_shapes = [t.shape for t in ins]
             nodes.append(dict(
-                index=i, name=name, op=value.op.name, inputs=tuple(ins), outputs=outs, attrs=attrs,
+                index=i, name=name, op=op_name, inputs=tuple(ins), outputs=outs, attrs=attrs,
                 extra_args=tuple(extra), param_bytes=param_bytes,
-                flops=count_flops(value.op.name, in_shapes, [t.shape for t in outs], dict(attrs))))
+                flops=count_flops(op_name, in_shapes, [t.shape for t in outs], dict(attrs))))
             for src, nbytes in preds.items():
                 edges[(src, i)] = nbytes
             sources[var] = [("node", i, t) for t in outs]

@@ -46,8 +46,19 @@ _interrupted = threading.Event()
 def check_present(device: Device, spec: str | None = None) -> None:
     """Raise :class:`DeviceUnavailable` unless this machine has ``device`` (named ``spec``,
     default ``"kind:index"``): a GPU that TVM finds, or a CPU device numbered below the count of
-    cores this process may use (CPU devices share those cores by index, a share each). Nothing
-    is built or run."""
+    cores this process may use (CPU devices share those cores by index, a share each), or for a
+    torch device, PyTorch installed (and its GPU, for ``torch:cuda:N``). Nothing is built or
+    run."""
+    if device.runtime == "torch":
+        spec = spec or device.spec
+        try:
+            import torch
+        except ImportError:
+            raise DeviceUnavailable(f"{spec}: PyTorch is not installed: pip install "
+                                    "'autoplace[frontends]' (or pip install torch)") from None
+        if device.target == "cuda" and not torch.cuda.device_count() > device.index:
+            raise DeviceUnavailable(f"{spec}: PyTorch finds no CUDA GPU {device.index}")
+        return
     spec = spec or f"{device.kind}:{device.index}"
     cores = len(process_cpus())
     if device.is_gpu:

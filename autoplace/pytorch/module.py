@@ -20,8 +20,10 @@ import tvm
 
 from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
+from autoplace.annotate import vm_devices
 from autoplace.api import OptimizeResult, optimize
 from autoplace.backend import own_pool
+from autoplace.backend.torch_ops import called, missing
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
@@ -228,7 +230,7 @@ class AutoplaceModule(torch.nn.Module):
             with tempfile.TemporaryDirectory() as tmp:
                 self._build.executable.export_library(os.path.join(tmp, "lib.so"))
                 lib = Path(tmp, "lib.so").read_bytes()
-            used = [d.tvm_device() for d in self.plan.used_devices()]
+            used = [d.tvm_device() for d in vm_devices(self.plan)[0]]
             consts = [(value.numpy(), k) for value, k in self._build.lifted]
             positions = [used.index(d) for d in self._build.input_devices]
         meta = {"format": FORMAT, "autoplace": __version__, "tvm": tvm.__version__,
@@ -236,6 +238,8 @@ class AutoplaceModule(torch.nn.Module):
                                                        for s in self.inputs],
                 "input_devices": positions, "constant_devices": [k for _, k in consts],
                 "func_name": getattr(self._build, "func_name", "main"),
+                "torch_ops": (self._saved["meta"].get("torch_ops", []) if self._saved is not None
+                              else called(self._build.mod)),
                 "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec)}
         buf = io.BytesIO()
         np.savez(buf, *[v for v, _ in consts])
@@ -273,6 +277,12 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
             f"{path} was saved by autoplace {saved['autoplace']} with TVM {saved['tvm']} (file "
             f"format {saved['format']}); this is autoplace {here['autoplace']} with TVM "
             f"{here['tvm']} (format {FORMAT}): optimize_module the model again and save it")
+    lacking = missing(meta.get("torch_ops", []))
+    if lacking:
+        raise ModuleFileError(
+            f"{path} calls {len(lacking)} PyTorch op(s) (ops TVM's importer lacks) that this "
+            "process has not registered: a saved library finds them by name, so import the same "
+            "model first (autoplace.from_torch or optimize_module) in this process, then load it")
     plan = Plan.from_json(plan_text)
     consts = list(zip(arrays, meta["constant_devices"]))
     build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"])
@@ -290,10 +300,10 @@ class _LoadedBuild:
         from tvm import relax
 
         self.plan, self.func_name = plan, func_name
-        devices = [d.tvm_device() for d in plan.used_devices()]
-        missing = [d.name for d in plan.used_devices() if not d.tvm_device().exist]
-        if missing:
-            raise ValueError(f"the saved plan runs on {', '.join(missing)}, which this machine "
+        devices = [d.tvm_device() for d in vm_devices(plan)[0]]
+        absent = [d.name for d in vm_devices(plan)[0] if not d.tvm_device().exist]
+        if absent:
+            raise ValueError(f"the saved plan runs on {', '.join(absent)}, which this machine "
                              f"does not have")
         with tempfile.TemporaryDirectory() as tmp:  # the loaded library outlives its file
             Path(tmp, "lib.so").write_bytes(lib)

@@ -264,8 +264,9 @@ def explain(result: PlacementResult) -> Explanation:
             copies_in=tuple(c for c, (u, dst) in zip(copies, needed) if dst == k and u in preds[i]),
             copies_out=tuple(c for c, (u, _) in zip(copies, needed) if u == i),
             move_s=move,
-            reason=whole or _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not,
-                                    base)))
+            reason=whole or _torch_reason(node) or _reason(problem, sol, i, k, move,
+                                                           extra_copy_s, extra_bytes, why_not,
+                                                           base)))
     sources = Counter(n.source for n in nodes)
     return Explanation(
         nodes=tuple(nodes), objective=sol.objective,
@@ -373,6 +374,14 @@ def cost_spread(graph: OpGraph, devices: Sequence[Device], cost_model) -> np.nda
 def _copy(problem, u: int, src: int, dst: int) -> Copy:
     return Copy(problem.node_names[u], problem.device_names[src], problem.device_names[dst],
                 float(problem.out_bytes[u]), problem.transfer_time(u, src, dst))
+
+
+def _torch_reason(node) -> str | None:
+    """Why a PyTorch call runs in PyTorch (``"runs in PyTorch: the importer lacks
+    aten.nonzero"``); None for any other node."""
+    if not node.is_torch:
+        return None
+    return f"runs in PyTorch: {dict(node.attrs).get('why') or 'a PyTorch call'}"
 
 
 def _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from autoplace.annotate import annotate_lifted
+from autoplace.annotate import annotate_lifted, vm_devices
 from autoplace.backend import lowering_pipeline, own_pool, to_numpy
 from autoplace.backend.tensors import InputSlot
 from autoplace.plan import Plan
@@ -24,7 +24,7 @@ def build(annotated: tvm.IRModule, plan: Plan, records: KernelRecords | None = N
     Kernels that ``records`` has get their tuned schedules; ``counts`` gets how many did."""
     import tvm
 
-    used = plan.used_devices()
+    used = vm_devices(plan)[0]
     pipeline = lowering_pipeline(gpu=any(d.is_gpu for d in used), multi_device=len(used) > 1,
                                  records=records, counts=counts)
     return tvm.compile(annotated, target=None, relax_pipeline=pipeline)
@@ -54,7 +54,7 @@ class CompiledModel:
         import tvm
         from tvm import relax
 
-        devices = [d.tvm_device() for d in self.plan.used_devices()]
+        devices = [d.tvm_device() for d in vm_devices(self.plan)[0]]
         vdevs = list(self.mod.global_infos["vdevice"])
         params = self.mod[self.func_name].params[: len(self.mod[self.func_name].params)
                                                   - len(self.lifted)]
@@ -141,7 +141,7 @@ def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
     """
     # TVM's VM loads constants onto its first device: one CPU device keeps them in the build
     # (passing them on every call costs each call), others get them lifted to parameters.
-    used = plan.used_devices()
+    used = vm_devices(plan)[0]
     one_cpu = len(used) == 1 and not used[0].is_gpu
     annotated, lifted = annotate_lifted(mod, plan, func_name, lift_constants=not one_cpu)
     counts: dict[str, int] = {}

@@ -31,7 +31,11 @@ def single(problem: Problem, objective: str, device: int | None = None) -> Solut
     devices = range(problem.num_devices) if device is None else [device]
     best, causes = None, []
     for k in devices:
+        # A pinned node that k cannot run stays where it is pinned (a PyTorch call beside TVM's
+        # device: "cpu0 alone" is cpu0 with the ops only PyTorch runs).
         a = np.full(problem.num_nodes, k, dtype=np.int64)
+        away = (problem.pins >= 0) & ~np.isfinite(problem.cost[:, k])
+        a[away] = problem.pins[away]
         try:
             check_feasible(problem, a)
         except InfeasibleError as e:

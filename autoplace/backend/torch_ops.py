@@ -1,0 +1,163 @@
+"""PyTorch ops called from a Relax VM: the functions a module's ``autoplace.torch_op.<id>`` calls.
+
+An op the Relax importer lacks becomes a call into PyTorch (:func:`autoplace.frontends.from_torch`):
+``R.call_dps_packed("autoplace.torch_op.<id>", (args...), R.Tensor(shape, dtype))`` where its
+output shape is static, or ``R.call_pure_packed`` returning a new tensor where the shape depends on
+the data (``nonzero``, ``unique``). The id names a :class:`TorchOp`, and a function registered
+under that name with ``tvm.register_global_func`` wraps its inputs with ``torch.from_dlpack``
+(no copy), runs the ATen op with its non-tensor arguments and writes the result into the
+preallocated output (or returns it).
+
+The functions live in this process only: a library built from such a module calls them by name,
+so a build saved and loaded in another process needs the same ops registered again (importing the
+same model with :func:`autoplace.frontends.from_torch` does; :func:`missing` says which are not).
+The registry below is the one piece of module-level state in autoplace: the VM finds a packed
+function by its global name, so the name must stay bound while any build may call it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Prefix of the global function names of PyTorch ops.
+PREFIX = "autoplace.torch_op."
+
+# id -> TorchOp. Kept for the life of the process: builds call the functions by name.
+_REGISTRY: dict[str, TorchOp] = {}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where the ``index``-th tensor argument of the call goes among the op's arguments."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class TorchOp:
+    """One ATen call: ``target(*args, **kwargs)`` with :class:`Slot` s for the tensors.
+
+    ``outputs`` are ``(shape, dtype)`` per output at the example input (where ``dynamic``, the
+    shape of one example only: the op returns a tensor of the shape the data gives).
+    ``node`` is the exported program's node name, for messages.
+    """
+
+    target: Any = field(compare=False)
+    name: str  # "aten.nonzero.default"
+    args: tuple
+    kwargs: tuple  # ((name, value), ...)
+    outputs: tuple  # ((shape, dtype), ...)
+    dynamic: bool
+    node: str
+    tuple_output: bool = False  # the op returns several tensors (a Relax tuple)
+    why: str = field(default="", compare=False)  # why it runs in PyTorch, in words
+
+    @property
+    def aten(self) -> str:
+        """The op's ATen name without namespace and overload: ``"nonzero"``."""
+        parts = self.name.split(".")
+        return parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
+
+    @property
+    def signature(self) -> str:
+        """What the call computes, values of tensors aside: the same for identical calls."""
+        return f"{self.name}({_show(self.args)}, {_show(self.kwargs)})"
+
+    @property
+    def id(self) -> str:
+        text = f"{self.node}|{self.signature}|{self.outputs}|{self.dynamic}"
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    @property
+    def global_name(self) -> str:
+        return PREFIX + self.id
+
+    def call(self, tensors: list) -> Any:
+        """Run the op on torch tensors (in the order of the slots)."""
+        def fill(v):
+            if isinstance(v, Slot):
+                return tensors[v.index]
+            if isinstance(v, (list, tuple)):
+                return type(v)(fill(x) for x in v)
+            return v
+
+        return self.target(*fill(self.args), **{k: fill(v) for k, v in self.kwargs})
+
+
+class TorchOpError(RuntimeError):
+    """A PyTorch op called from a built module raised; the message names the op and its node."""
+
+
+def _show(value) -> str:
+    if isinstance(value, Slot):
+        return f"%{value.index}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    return repr(value)
+
+
+def register(op: TorchOp) -> str:
+    """Register ``op``'s function under its global name (once per id) and return the name."""
+    import tvm
+
+    if op.id not in _REGISTRY:
+        tvm.register_global_func(op.global_name, _function(op), override=True)
+        _REGISTRY[op.id] = op
+    return op.global_name
+
+
+def lookup(name: str) -> TorchOp | None:
+    """The op a global function name calls, or None where it is no registered PyTorch op."""
+    if not name.startswith(PREFIX):
+        return None
+    return _REGISTRY.get(name[len(PREFIX):])
+
+
+def called(mod) -> list[str]:
+    """The global names of the PyTorch ops module ``mod`` calls, sorted."""
+    import re
+
+    return sorted(set(re.findall(re.escape(PREFIX) + r"[0-9a-f]{16}", str(mod))))
+
+
+def missing(names) -> list[str]:
+    """Those of ``names`` (global function names) that call PyTorch ops not registered here."""
+    return [n for n in names if n.startswith(PREFIX) and lookup(n) is None]
+
+
+def _function(op: TorchOp):
+    """The packed function: destination-passing for a static output shape (its outputs are the
+    last arguments), returning new tensors for a dynamic one."""
+    import torch
+
+    n_out = len(op.outputs)
+
+    def run(tensors):
+        try:
+            with torch.no_grad():
+                return op.call([torch.from_dlpack(t) for t in tensors])
+        except Exception as e:  # noqa: BLE001 - any error of the op, named for the caller
+            raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
+                               f"raised {type(e).__name__}: {e}") from e
+
+    if op.dynamic:
+        import tvm
+
+        def returning(*args):
+            result = run(args)
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            tensors = [tvm.runtime.from_dlpack(r.contiguous()) for r in results]
+            return tensors[0] if not op.tuple_output else tvm.runtime.convert(tensors)
+
+        return returning
+
+    def dps(*args):
+        ins, outs = args[:len(args) - n_out], args[len(args) - n_out:]
+        result = run(ins)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for out, r in zip(outs, results):
+            torch.from_dlpack(out).copy_(r)
+
+    return dps

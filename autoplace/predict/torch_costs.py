@@ -1,0 +1,227 @@
+"""Costs of a torch device (:meth:`autoplace.Device.torch`): each PyTorch call timed here.
+
+A node that calls PyTorch (``torch.*``, an op the Relax importer lacks) costs what its ATen call
+takes on random inputs of its example shapes (timed as :func:`autoplace.profile.measure` times
+a kernel, with a short :class:`~autoplace.profile.measure.TimingPolicy`), plus the hand-off of a
+call from the Relax VM into PyTorch (:func:`measure_handoff`: a chain of such calls against the
+same ops called from Python). TVM devices cannot run these nodes (``inf``), a torch device runs
+nothing else (``inf``). Timings are kept on the model object: keep it to reuse them
+(``optimize(cost_model=...)`` keeps the TVM side's model; this one is rebuilt per call).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.backend.torch_ops import TorchOp
+from autoplace.profile.measure import TimingPolicy
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+
+log = logging.getLogger(__name__)
+
+#: A short policy: a torch op is timed while optimize waits.
+TORCH_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=5, max_repeats=15, round_size=5,
+                            cv_target=0.05, budget_s=0.3)
+#: Where timing the hand-off fails: TVM_NOTES.md measured 4.7-7.4 us per call on an Intel host.
+DEFAULT_HANDOFF_S = 6e-6
+
+
+class TorchCostModel:
+    """Seconds per node on a torch device: timed PyTorch calls plus the VM's hand-off.
+
+    Parameters
+    ----------
+    policy : TimingPolicy
+        How long to time each distinct call.
+    handoff_s : float, optional
+        The hand-off of one VM -> PyTorch call; measured on first use when not given.
+    """
+
+    source = "torch-timed"
+
+    def __init__(self, policy: TimingPolicy = TORCH_POLICY, handoff_s: float | None = None):
+        self.policy = policy
+        self.handoff_s = handoff_s
+        self.timed_: dict[str, float] = {}  # workload key -> seconds of the ATen call
+
+    def handoff(self) -> float:
+        if self.handoff_s is None:
+            self.handoff_s = measure_handoff()
+        return self.handoff_s
+
+    def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
+        out = np.full(len(graph.nodes), np.inf)
+        if device.runtime != "torch":
+            return out
+        if any(graph.nodes[i[0]].is_torch and k not in self.timed_
+               for k, i in graph.workloads().items()):
+            from autoplace.backend import settle
+
+            settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
+        for key, idx in graph.workloads().items():
+            node = graph.nodes[idx[0]]
+            if not node.is_torch:
+                continue
+            if key not in self.timed_:
+                self.timed_[key] = time_torch_node(graph, node, self.policy)
+            out[idx] = self.timed_[key] + self.handoff()
+        return out
+
+    def sources(self, graph: OpGraph, device: Device) -> list[str]:
+        return [self.source if device.runtime == "torch" and n.is_torch else "unsupported"
+                for n in graph.nodes]
+
+
+def _torch_op(graph: OpGraph, node) -> TorchOp:
+    from autoplace.backend.torch_ops import _REGISTRY
+
+    sig = dict(node.attrs)["call"]
+    for op in _REGISTRY.values():
+        if op.signature == sig and f"torch.{op.aten}" == node.op:
+            return op
+    raise KeyError(f"no registered PyTorch op for node {node.name!r}")
+
+
+def random_torch_inputs(node, rng: np.random.Generator) -> list:
+    """Tensors of ``node``'s input shapes: floats uniform in [0, 1), integers zero (valid indices), bools
+    random."""
+    import torch
+
+    out = []
+    for t in node.inputs:
+        dtype = getattr(torch, t.dtype)
+        if dtype.is_floating_point:
+            out.append(torch.from_numpy(rng.random(t.shape).astype(t.dtype)))
+        elif dtype == torch.bool:
+            out.append(torch.from_numpy(rng.random(t.shape) < 0.5))
+        else:
+            out.append(torch.zeros(t.shape, dtype=dtype))
+    return out
+
+
+def time_torch_node(graph: OpGraph, node, policy: TimingPolicy = TORCH_POLICY) -> float:
+    """Median seconds of ``node``'s ATen call in eager PyTorch on random inputs of its shapes
+    (a few microseconds where it fails on them: logged)."""
+    import torch
+
+    op = _torch_op(graph, node)
+    tensors = random_torch_inputs(node, np.random.default_rng(0))
+    try:
+        with torch.no_grad():
+            return _median_call(lambda: op.call(tensors), policy)
+    except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
+        log.warning("could not time %s on random inputs (%s): charged %.1f us", op.name, e,
+                    DEFAULT_HANDOFF_S * 1e6)
+        return DEFAULT_HANDOFF_S
+
+
+def _median_call(fn, policy: TimingPolicy) -> float:
+    for _ in range(3):  # warm-up: a first call sets up PyTorch's kernels and threads
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, int(policy.min_repeat_ms / 1e3 / once))
+    times, start = [], time.perf_counter()
+    while len(times) < policy.max_repeats:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number)
+        if len(times) >= policy.min_repeats and (
+                np.std(times) / np.mean(times) < policy.cv_target
+                or time.perf_counter() - start > policy.budget_s):
+            break
+    return float(np.median(times))
+
+
+def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float:
+    """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
+    ``call_dps_packed`` calls into ``torch.relu`` against the same ops called from Python, per
+    call (at least 0; :data:`DEFAULT_HANDOFF_S` where the build fails)."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    from autoplace.backend.torch_ops import Slot, register
+
+    try:
+        op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),
+                     ((tuple(shape), "float32"),), False, "handoff_probe")
+        name = register(op)
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                v = x
+                for _ in range(calls):
+                    v = bb.emit(relax.call_dps_packed(
+                        name, relax.Tuple([v]), relax.TensorType(list(shape), "float32")))
+                out = bb.emit_output(v)
+            bb.emit_func_output(out)
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+        data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
+                                  .astype("float32"))
+        t = torch.from_numpy(data.numpy())
+        out = torch.empty_like(t)
+        policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
+
+        def eager():
+            v = t
+            for _ in range(calls):
+                out.copy_(torch.relu(v))
+                v = out
+
+        with torch.no_grad():
+            vm_s = _median_call(lambda: vm["main"](data), policy)
+            eager_s = _median_call(eager, policy)
+        return max(0.0, (vm_s - eager_s) / calls)
+    except Exception as e:  # noqa: BLE001 - a default rather than no plan
+        log.warning("could not measure the PyTorch hand-off (%s): charged %.1f us", e,
+                    DEFAULT_HANDOFF_S * 1e6)
+        return DEFAULT_HANDOFF_S
+
+
+class WithTorch:
+    """A TVM cost model (``base``) with torch devices beside it: TVM devices get ``base``'s
+    costs, ``inf`` for PyTorch calls; torch devices get ``torch``'s. Everything else (profiles,
+    links, overheads) is ``base``'s, for the TVM devices."""
+
+    def __init__(self, base, torch_model: TorchCostModel):
+        self.base = base
+        self.torch = torch_model
+
+    def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
+        if device.runtime == "torch":
+            return self.torch.predict(graph, device)
+        cost = np.asarray(self.base.predict(graph, device), dtype=float).copy()
+        cost[[n.index for n in graph.nodes if n.is_torch]] = np.inf
+        return cost
+
+    def sources(self, graph: OpGraph, device: Device) -> list[str]:
+        if device.runtime == "torch":
+            return self.torch.sources(graph, device)
+        from autoplace.predict.protocol import sources
+
+        return sources(self.base, graph, device)
+
+    def links(self, devices: Sequence[Device]) -> dict:
+        links = getattr(self.base, "links", None)
+        return links([d for d in devices if d.runtime == "tvm"]) if callable(links) else {}
+
+    def overheads(self, devices: Sequence[Device]) -> dict:
+        over = getattr(self.base, "overheads", None)
+        return over([d for d in devices if d.runtime == "tvm"]) if callable(over) else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("base", "torch"):
+            raise AttributeError(name)
+        return getattr(self.base, name)

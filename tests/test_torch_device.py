@@ -1,0 +1,208 @@
+"""PyTorch as a placement target: ops the Relax importer lacks run as PyTorch calls from the VM,
+on a torch device (issue 42)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import autoplace  # noqa: E402
+from autoplace import Device, RooflineCostModel  # noqa: E402
+from autoplace.backend import torch_ops  # noqa: E402
+from autoplace.graph import OpGraph  # noqa: E402
+from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
+
+
+class Lacking(torch.nn.Module):
+    """A conv, then three ops the importer lacks (adaptive_max_pool2d, cdist, searchsorted)
+    beside TVM ops, and one whose output shape depends on the data (nonzero)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x, y):
+        a = torch.nn.functional.adaptive_max_pool2d(self.conv(x), 3).relu()
+        d = torch.cdist(x.flatten(2)[0], y)
+        s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
+        n = torch.nonzero(x > 0.5).float().sum(0)
+        return a, d, s, n
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, 3, 8, 8, generator=g), torch.randn(5, 64, generator=g)
+
+
+@pytest.fixture(scope="module")
+def lacking():
+    model = Lacking().eval()
+    x, y = _inputs()
+    mod = autoplace.from_torch(model, [x, y])
+    res = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None)
+    return model, mod, res
+
+
+def test_ops_the_importer_lacks_become_pytorch_calls(lacking):
+    _, mod, _ = lacking
+    g = OpGraph.from_relax(mod)
+    torch_ops_seen = {n.op_type for n in g.nodes if n.is_torch}
+    # nonzero's float() and sum read a tensor whose shape depends on the data: PyTorch too
+    assert torch_ops_seen == {"torch.adaptive_max_pool2d", "torch._cdist_forward",
+                              "torch.searchsorted", "torch.nonzero", "torch._to_copy",
+                              "torch.sum"}
+    assert {"nn.conv2d", "nn.relu", "add"} <= {n.op_type for n in g.nodes}
+    # the data-dependent op is sized at the example input: 1 x 3 x 8 x 8 elements, 4-d indices
+    nz = next(n for n in g.nodes if n.op_type == "torch.nonzero")
+    assert nz.outputs[0].shape[1] == 4 and 0 < nz.outputs[0].shape[0] <= 192
+
+
+def test_plan_pins_pytorch_calls_to_an_added_torch_device(lacking):
+    _, mod, res = lacking
+    assert [d.name for d in res.plan.devices] == ["cpu0", "torch"]
+    g = res.graph
+    for n, dev in zip(g.nodes, res.plan.assignment):
+        assert dev == ("torch" if n.is_torch else "cpu0"), n.name
+    summary = res.summary()
+    assert "runs in PyTorch (torch), 6 op(s): the importer lacks aten._cdist_forward, " \
+        "aten.adaptive_max_pool2d, aten.nonzero, aten.searchsorted; aten._to_copy, aten.sum read " \
+        "a tensor whose shape depends on the data" in summary
+    assert "hand-off from the VM" in summary
+    text = str(res.explain())
+    assert "runs in PyTorch: the importer lacks aten.searchsorted" in text and "torch-timed" in text
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_build_matches_pytorch(lacking, seed):
+    model, _, res = lacking
+    run = res.compile(trial=False)
+    x, y = _inputs(seed)  # seed 1: another count of nonzero elements than the example's
+    with torch.no_grad():
+        want = [t.numpy() for t in model(x, y)]
+    got = run(x.numpy(), y.numpy())
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_data_dependent_output_and_unique_run_end_to_end():
+    class Unique(torch.nn.Module):
+        def forward(self, x):
+            return torch.unique(x.round()) * 2, torch.nonzero(x > 0)
+
+    x = torch.randn(6, 5)
+    mod = autoplace.from_torch(Unique(), [x])
+    res = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None)
+    run = res.compile(trial=False)
+    for seed in (0, 3):
+        z = torch.randn(6, 5, generator=torch.Generator().manual_seed(seed)) * (seed + 1)
+        want = [t.numpy() for t in Unique()(z)]
+        got = run(z.numpy())
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_op_raising_in_pytorch_names_it():
+    class Sample(torch.nn.Module):
+        def forward(self, p):
+            return torch.multinomial(p, 2)
+
+    p = torch.rand(3, 5)
+    mod = autoplace.from_torch(Sample(), [p])
+    run = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None).compile(trial=False)
+    with pytest.raises(Exception, match=r"PyTorch op aten\.multinomial\.default .*raised "
+                                        r"RuntimeError: probability tensor"):
+        run(-p.numpy())
+    assert run(p.numpy())[0].shape == (3, 2)  # the model still runs after
+
+
+def test_pytorch_calls_are_registered_by_a_stable_id(lacking):
+    _, mod, _ = lacking
+    names = {str(c) for c in torch_ops._REGISTRY}
+    again = autoplace.from_torch(Lacking().eval(), list(_inputs()))
+    assert {str(c) for c in torch_ops._REGISTRY} == names  # same model: same ids, none new
+    assert torch_ops.missing(["autoplace.torch_op.0000", "other"]) == ["autoplace.torch_op.0000"]
+    assert OpGraph.from_relax(again).summary() == OpGraph.from_relax(mod).summary()
+
+
+def test_torch_device_specs():
+    assert Device.torch().name == "torch" and Device.torch().runtime == "torch"
+    assert Device.torch("cuda", 0).name == "torch-cuda0"
+    assert Device.from_spec("torch:cpu") == Device.torch()
+    assert Device.from_spec("torch:cuda:1") == Device.torch("cuda", 1)
+    assert Device.torch().spec == "torch:cpu" and Device.torch("cuda", 1).spec == "torch:cuda:1"
+    assert Device.from_dict(Device.torch().to_dict()) == Device.torch()
+    assert Device.torch().tvm_device() == Device.cpu(0).tvm_device()  # host memory, shared
+    assert not Device.torch().can_run("nn.conv2d") and Device.torch().can_run("torch.cdist")
+    assert not Device.cpu(0).can_run("torch.cdist")
+    assert autoplace.Link.default(Device.cpu(0), Device.torch()).time(1e6) == 0
+    with pytest.raises(ValueError, match="torch"):
+        Device.from_spec("torch:tpu")
+
+
+def test_torch_costs_are_timed_and_charged(lacking):
+    _, mod, res = lacking
+    g = OpGraph.from_relax(mod)
+    model = TorchCostModel(handoff_s=5e-6)
+    cost = model.predict(g, Device.torch())
+    torch_nodes = [n.index for n in g.nodes if n.is_torch]
+    assert np.isfinite(cost[torch_nodes]).all() and (cost[torch_nodes] > 5e-6).all()
+    assert np.isinf(np.delete(cost, torch_nodes)).all()
+    assert len(model.timed_) == len({g.nodes[i].workload_key for i in torch_nodes})
+    assert np.isinf(model.predict(g, Device.cpu(0))).all()
+    # the plan charges them: the torch column of the solver's costs, hand-off included
+    k = [d.name for d in res.plan.devices].index("torch")
+    assert np.isfinite(res.problem.cost[torch_nodes, k]).all()
+    assert np.isinf(res.problem.cost[torch_nodes, 0]).all()
+
+
+def test_torch_device_without_pytorch_is_one_line_and_exit_2(monkeypatch, capsys):
+    import sys
+
+    from autoplace.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert main(["optimize", "--model", "zoo:mlp", "--device", "cpu:0",
+                 "--device", "torch:cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "PyTorch is not installed: pip install" in err[0]
+
+
+def test_a_saved_module_with_pytorch_calls_loads_where_they_are_registered(tmp_path, monkeypatch):
+    from autoplace.backend import torch_ops
+
+    class Cdist(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.cdist(a, b).relu()
+
+    a, b = torch.randn(4, 8), torch.randn(3, 8)
+    m = autoplace.optimize_module(Cdist(), (a, b), [Device.cpu(0)],
+                                  cost_model=RooflineCostModel(), calibrate=False, db=None)
+    torch.testing.assert_close(m(a, b), torch.cdist(a, b).relu())
+    m.save(tmp_path / "m.apmod")
+    torch.testing.assert_close(autoplace.load_module(tmp_path / "m.apmod")(a, b),
+                               torch.cdist(a, b).relu())
+    monkeypatch.setattr(torch_ops, "_REGISTRY", {})  # another process: nothing registered
+    with pytest.raises(ValueError, match="PyTorch op.*not registered.*import the same model"):
+        autoplace.load_module(tmp_path / "m.apmod")
+
+
+def test_what_is_not_built_yet_says_so(lacking):
+    _, mod, res = lacking
+    with pytest.raises(ValueError, match="objective='latency'"):
+        autoplace.optimize(mod, [Device.cpu(0)], objective="throughput",
+                           cost_model=RooflineCostModel(), calibrate=False, db=None)
+    with pytest.raises(ValueError, match=r"concurrent=False"):
+        res.compile(concurrent=True)
+    with pytest.raises(NotImplementedError, match="GPU"):
+        autoplace.optimize(mod, [Device.cpu(0), Device.torch("cuda", 0)], check_devices=False,
+                           cost_model=RooflineCostModel(), calibrate=False, db=None)
+    # a TVM op and no TVM device: one line naming the op
+    with pytest.raises(autoplace.InfeasibleError, match=r"node '\w+' \(nn.conv2d\) can run on no "
+                                                        r"device: torch runs PyTorch calls only"):
+        autoplace.optimize(mod, [Device.torch()], cost_model=RooflineCostModel(),
+                           calibrate=False, db=None)

@@ -23,6 +23,7 @@ the predicted time in each op class it uses, then the heaviest.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,10 +154,13 @@ class AdaptedCostModel:
         Path(path).write_text(json.dumps(d))
 
     @classmethod
-    def load(cls, path: str | Path) -> AdaptedCostModel:
+    def load(cls, path: str | Path, base=None) -> AdaptedCostModel:
+        """The model :meth:`save` wrote; ``base``: its base model, loaded already (else it is
+        loaded from where the file says)."""
         from autoplace.predict.learned import _booster, load_cost_model
         from autoplace.profile.store import shipped_dir
 
+        base_model = base
         d = json.loads(Path(path).read_text())
         if not isinstance(d, dict):
             raise ValueError(f"{path} is not an adapted cost model (a JSON "
@@ -172,7 +176,8 @@ class AdaptedCostModel:
         if not base.exists():
             raise ValueError(f"{path} adapts {d['base']}, which is not there: adapt again "
                              "('autoplace profile --quick')")
-        return cls(load_cost_model(base), d["base_device"], d["device"],
+        return cls(load_cost_model(base) if base_model is None else base_model,
+                   d["base_device"], d["device"],
                    _booster(d["booster"], BOOSTER["nthread"]), d["calibration"],
                    base_path=d["base"])
 
@@ -281,9 +286,11 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
     return chosen
 
 
+@functools.cache
 def shipped_base(kind: str = "cpu"):
     """``(model, file name)`` of the learned model shipped for a device of ``kind``, the base
-    :func:`quick_profile` adapts; ValueError if none or several ship."""
+    :func:`quick_profile` adapts (read once a process: use it as it is, do not fit it);
+    ValueError if none or several ship."""
     from autoplace.predict.learned import load_cost_model
     from autoplace.profile.store import shipped_dir
 

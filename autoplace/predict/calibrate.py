@@ -17,6 +17,7 @@ own entry, and the next call on this host times nothing but the probe.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -237,6 +238,18 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     cache = _Cache(_fingerprint(device), speed_probe(device))
     entry = cache.entry()
     base, base_path = shipped_base(device.kind)
+    digest = _models_digest(models)
+    done = (cache.read(entry, "models.json") or {}).get("models", [])
+    if digest in done:  # calibrated on these very models: read, time nothing
+        try:
+            with ProfileStore(entry / "profile.db", readonly=True) as store:
+                profile = DeviceProfile.from_store(store, cache.fingerprint)
+            model = AdaptedCostModel.load(entry / "model.json", base=base)
+            return Calibration(profile, model, model.calibration["rows"], 0,
+                               time.perf_counter() - t, entry if cache.kept else None)
+        except (OSError, ValueError, KeyError, TypeError, ProfileStoreError) as e:
+            log.warning("calibration cache entry %s is incomplete (%s): timed again", entry, e)
+            done = []
     for attempt in range(2):
         try:
             with ProfileStore(entry / "profile.db") as store:
@@ -264,8 +277,21 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     if model is None or model.calibration.get("rows") != len(rows):
         model = adapt(base, rows, base_path=base_path)
         model.save(entry / "model.json")
+    try:
+        (entry / "models.json").write_text(json.dumps({"models": [*done, digest]}))
+    except OSError as e:
+        log.warning("cannot note the calibration in %s: %s", entry, e)
     return Calibration(profile, model, len(rows), dev.measured, time.perf_counter() - t,
                        entry if cache.kept else None)
+
+
+def _models_digest(models) -> str:
+    """A digest of the workloads of ``models`` (``(name, tvm.IRModule)`` pairs): a calibration
+    on the same workloads is the same calibration."""
+    from autoplace.graph import OpGraph
+
+    keys = sorted({n.workload_key for _, mod in models for n in OpGraph.from_relax(mod).nodes})
+    return hashlib.sha1("\n".join(keys).encode()).hexdigest()[:16]
 
 
 def check_profile(profile: DeviceProfile, device: Device, keys=(), *,

@@ -97,6 +97,7 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     vm, position = vm_devices(plan)
     used = [d.name for d in vm]
     dev_of_node = [position[a] for a in plan.assignment]
+    runtime_of = {d.name: d.runtime for d in plan.devices}
     func = mod[func_name]
 
     def with_vdevice(ty, k):
@@ -178,13 +179,18 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 continue
             if is_op_call(value):
                 k = dev_of_node[node_index]
+                node = graph.nodes[node_index]
                 node_index += 1
-                args = [placed(a, k, out) for a in value.args]
-                ty_args = value.ty_args
-                if value.op.name in ("relax.call_tir", "relax.call_dps_packed",
-                                     "relax.call_pure_packed"):  # output type given, not inferred
-                    ty_args = [with_vdevice(t, k) for t in ty_args]
-                call = relax.Call(value.op, args, value.attrs, ty_args)
+                if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
+                    call = _torch_call(value, node, [placed(a, k, out) for a in value.args
+                                                     if _is_tensor(a)], with_vdevice(var.ty, k))
+                else:
+                    args = [placed(a, k, out) for a in value.args]
+                    ty_args = value.ty_args
+                    if value.op.name in ("relax.call_tir", "relax.call_dps_packed",
+                                         "relax.call_pure_packed"):  # output type given
+                        ty_args = [with_vdevice(t, k) for t in ty_args]
+                    call = relax.Call(value.op, args, value.attrs, ty_args)
                 nv = fresh(var, with_vdevice(var.ty, k))
                 loc[nv] = k
             elif _is_tensor_const(value):
@@ -222,6 +228,28 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     new_mod[func_name] = new_func
     new_mod.update_global_info("vdevice", vdevs)
     return relax.transform.Normalize()(new_mod), lifted
+
+
+def _is_tensor(expr) -> bool:
+    from tvm import relax
+
+    return isinstance(getattr(expr, "ty", None), relax.TensorType)
+
+
+def _torch_call(call, node, args, out_ty):
+    """Relax op ``call`` (op-graph node ``node``) as a call of its PyTorch equivalent
+    (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed."""
+    from tvm import relax
+
+    from autoplace.backend.torch_ops import equivalent, register
+
+    op = equivalent(node.op_type, dict(node.attrs), [(t.shape, t.dtype) for t in node.inputs],
+                    [(t.shape, t.dtype) for t in node.outputs], node.name)
+    if op is None or len(args) != len(node.inputs):
+        raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
+                         "no equivalent for it here (its layout, padding or dtype): place it on "
+                         "a TVM device")
+    return relax.call_dps_packed(register(op), relax.Tuple(args), out_ty)
 
 
 def _folded(call, consts):

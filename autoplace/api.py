@@ -728,11 +728,11 @@ def _runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "la
             raise ImportError("a torch device needs PyTorch: pip install 'autoplace[frontends]'"
                               ) from None
     if given and not any(d.runtime == "tvm" for d in devices):
-        tvm_op = next((n for n in graph.nodes if not n.is_torch), None)
+        tvm_op = next((n for n in graph.nodes if not given[0].can_run(n.op_type)), None)
         if tvm_op is not None:
             raise InfeasibleError(f"node {tvm_op.name!r} ({tvm_op.op_type}) can run on no "
-                                  f"device: {given[0].name} runs PyTorch calls only; add a TVM "
-                                  "device (Device.cpu(0))")
+                                  f"device: {given[0].name} has no PyTorch equivalent for it; "
+                                  "add a TVM device (Device.cpu(0))")
         raise ValueError("a torch device runs inside the VM of a TVM device: add one "
                          "(Device.cpu(0))")
     for d in given:
@@ -741,8 +741,8 @@ def _runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "la
                                       "use Device.torch('cpu')")
     if not torch_nodes:
         return devices, ()
-    if not given:
-        given = [Device.torch()]
+    if not given:  # for the calls only: ordinary ops on PyTorch are the caller's choice
+        given = [Device.torch(fallback_only=True)]
         if any(d.name == "torch" for d in devices):
             raise ValueError("the model calls PyTorch and a device is named 'torch': pass a "
                              "torch device (Device.torch(name=...)) yourself")
@@ -853,15 +853,15 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
     cost = costs.cost.copy()
     cost[torch_nodes] = np.inf
     cols = [model.predict(graph, d) for d in torch_devices]
-    sources = tuple(f"torch-timed" if n.is_torch else s
-                    for n, s in zip(graph.nodes, costs.sources))
+    runs = [any(d.can_run(n.op_type) for d in torch_devices) for n in graph.nodes]
+    sources = tuple("torch-timed" if n.is_torch else f"{s}+torch-timed" if r else s
+                    for n, s, r in zip(graph.nodes, costs.sources, runs))
     spread = np.column_stack([costs.spread] + [np.full(len(graph.nodes), np.nan)] * len(cols))
     overhead = costs.overhead
     if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
         overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
-    note = (f"{torch_devices[0].name}: {len(set(n.workload_key for n in graph.nodes if n.is_torch))}"
-            f" PyTorch call(s) timed here, each + {model.torch.handoff() * 1e6:.1f} us hand-off "
-            "from the VM (measured here)",)
+    note = (f"{torch_devices[0].name}: {len(model.torch.timed_)} PyTorch call(s) timed here, "
+            f"each + {model.torch.handoff() * 1e6:.1f} us hand-off from the VM (measured here)",)
     cost = np.column_stack([cost] + cols)
     _check_runnable(graph, [*tvm_devices, *torch_devices], cost, model)
     return replace(costs, model=model, cost=cost, sources=sources,
@@ -1254,8 +1254,8 @@ def _check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray,
             for d in devices:
                 if n.is_torch and d.runtime != "torch":
                     why.append(f"{d.name} runs TVM's kernels, not PyTorch calls")
-                elif not n.is_torch and d.runtime == "torch":
-                    why.append(f"{d.name} runs PyTorch calls only (ops the importer lacks)")
+                elif not n.is_torch and d.runtime == "torch" and not d.can_run(n.op_type):
+                    why.append(f"{d.name} has no PyTorch equivalent for it")
                 elif not d.can_run(n.op_type):
                     why.append(f"{d.name} declares {n.op_type} unsupported")
                 elif cost_sources(model, graph, d)[n.index] == "unsupported":

@@ -105,18 +105,25 @@ class Device:
 
     @classmethod
     def torch(cls, place: str = "cpu", index: int = 0, *, name: str | None = None,
-              **kwargs) -> Device:
+              fallback_only: bool = False, **kwargs) -> Device:
         """PyTorch's kernels, called from the Relax VM (``runtime == "torch"``): it runs the ops
         the Relax importer lacks (:func:`autoplace.frontends.from_torch` turns them into
-        PyTorch calls), and only those. ``place`` is where its tensors live: ``"cpu"`` (named
-        ``"torch"``; the host's memory, which TVM's CPU devices share: no copy between them) or
-        ``"cuda"`` (``"torch-cuda0"``; planned for, not built yet).
+        PyTorch calls), and the Relax ops of
+        :data:`autoplace.backend.torch_ops.EQUIVALENTS` (conv2d, matmul, elementwise, softmax,
+        layer_norm, pools...) as their PyTorch equivalents, where its costs win;
+        ``fallback_only`` runs only the former. ``place`` is where its tensors live: ``"cpu"``
+        (named ``"torch"``; the host's memory, which TVM's CPU devices share: no copy between
+        them) or ``"cuda"`` (``"torch-cuda0"``; planned for, not built yet).
 
         >>> Device.torch().name, Device.torch("cuda", 0).name
         ('torch', 'torch-cuda0')
         """
         if place not in _TORCH_PLACES:
             raise ValueError(f"Device.torch: place is 'cpu' or 'cuda', got {place!r}")
+        if fallback_only:
+            from autoplace.backend.torch_ops import EQUIVALENTS
+
+            kwargs["unsupported_ops"] = EQUIVALENTS | frozenset(kwargs.get("unsupported_ops", ()))
         default = "torch" if place == "cpu" and index == 0 else f"torch-{place}{index}"
         return cls(name=name or default, kind="torch", index=index, target=place, **kwargs)
 
@@ -153,10 +160,16 @@ class Device:
 
     def can_run(self, op_type: str) -> bool:
         """Whether the device runs ops of ``op_type``: a torch device runs PyTorch calls
-        (``"torch.*"``) only, a TVM device Relax ops only."""
+        (``"torch.*"``) and the Relax ops that have a PyTorch equivalent, a TVM device Relax
+        ops only (less its ``unsupported_ops`` either way)."""
         if op_type.startswith("torch."):
             return self.runtime == "torch"
-        return self.runtime == "tvm" and op_type.removeprefix("relax.") not in self.unsupported_ops
+        op = op_type.removeprefix("relax.")
+        if self.runtime == "torch":
+            from autoplace.backend.torch_ops import EQUIVALENTS
+
+            return op in EQUIVALENTS and op not in self.unsupported_ops
+        return op not in self.unsupported_ops
 
     @property
     def runtime(self) -> str:

@@ -137,7 +137,9 @@ def test_torch_device_specs():
     assert Device.torch().spec == "torch:cpu" and Device.torch("cuda", 1).spec == "torch:cuda:1"
     assert Device.from_dict(Device.torch().to_dict()) == Device.torch()
     assert Device.torch().tvm_device() == Device.cpu(0).tvm_device()  # host memory, shared
-    assert not Device.torch().can_run("nn.conv2d") and Device.torch().can_run("torch.cdist")
+    assert Device.torch().can_run("nn.conv2d") and Device.torch().can_run("torch.cdist")
+    assert not Device.torch().can_run("nn.conv3d")
+    assert not Device.torch(fallback_only=True).can_run("nn.conv2d")
     assert not Device.cpu(0).can_run("torch.cdist")
     assert autoplace.Link.default(Device.cpu(0), Device.torch()).time(1e6) == 0
     with pytest.raises(ValueError, match="torch"):
@@ -148,12 +150,16 @@ def test_torch_costs_are_timed_and_charged(lacking):
     _, mod, res = lacking
     g = OpGraph.from_relax(mod)
     model = TorchCostModel(handoff_s=5e-6)
-    cost = model.predict(g, Device.torch())
+    cost = model.predict(g, Device.torch(fallback_only=True))
     torch_nodes = [n.index for n in g.nodes if n.is_torch]
     assert np.isfinite(cost[torch_nodes]).all() and (cost[torch_nodes] > 5e-6).all()
     assert np.isinf(np.delete(cost, torch_nodes)).all()
     assert len(model.timed_) == len({g.nodes[i].workload_key for i in torch_nodes})
     assert np.isinf(model.predict(g, Device.cpu(0))).all()
+    # a torch device that takes ordinary ops too: those with an equivalent (conv, add, relu)
+    every = model.predict(g, Device.torch())
+    kinds = {n.op_type: np.isfinite(every[n.index]) for n in g.nodes}
+    assert kinds["nn.conv2d"] and kinds["nn.relu"] and not kinds["greater"]
     # the plan charges them: the torch column of the solver's costs, hand-off included
     k = [d.name for d in res.plan.devices].index("torch")
     assert np.isfinite(res.problem.cost[torch_nodes, k]).all()
@@ -202,7 +208,77 @@ def test_what_is_not_built_yet_says_so(lacking):
         autoplace.optimize(mod, [Device.cpu(0), Device.torch("cuda", 0)], check_devices=False,
                            cost_model=RooflineCostModel(), calibrate=False, db=None)
     # a TVM op and no TVM device: one line naming the op
-    with pytest.raises(autoplace.InfeasibleError, match=r"node '\w+' \(nn.conv2d\) can run on no "
-                                                        r"device: torch runs PyTorch calls only"):
+    with pytest.raises(autoplace.InfeasibleError, match=r"node '\w+' \(take\) can run on no "
+                                                        r"device: torch has no PyTorch equivalent"):
         autoplace.optimize(mod, [Device.torch()], cost_model=RooflineCostModel(),
                            calibrate=False, db=None)
+
+
+# ----------------------------------------------------------------- Relax ops placed on PyTorch
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))                  # conv2d, bias add, relu: one TVM kernel
+        y = torch.nn.functional.max_pool2d(y, 2).mean((2, 3))
+        return torch.softmax(self.fc(self.norm(y)), -1)
+
+
+@pytest.fixture(scope="module")
+def convnet():
+    torch.manual_seed(0)
+    model, x = ConvNet().eval(), torch.randn(1, 8, 16, 16)
+    return model, x, autoplace.from_torch(model, [x])
+
+
+def test_a_conv_on_pytorch_and_its_fused_tail_on_tvm_matches_one_device(convnet):
+    model, x, mod = convnet
+    g = OpGraph.from_relax(mod)
+    devs = [Device.cpu(0), Device.torch()]
+    mixed = autoplace.place(g, devs, [("op:nn.conv2d", "torch"), ("op:nn.layer_norm", "torch"),
+                                      ("op:matmul", "torch"), ("op:nn.softmax", "torch"),
+                                      ("*", "cpu0")])
+    assert mixed.assignment[g.index(next(n.name for n in g.nodes if n.op_type == "add"))] == "cpu0"
+    one = autoplace.place(g, devs, [("*", "cpu0")])
+    got = autoplace.compile(mod, mixed)(x.numpy())[0]
+    want = autoplace.compile(mod, one)(x.numpy())[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-6)
+    # annotate wrote the conv as a call into PyTorch, its bias add and relu as Relax ops
+    text = str(autoplace.annotate(mod, mixed))
+    assert text.count("autoplace.torch_op.") == 4 and "R.nn.conv2d" not in text
+    assert "R.nn.relu" in text
+
+
+def test_the_solver_puts_ops_on_pytorch_where_they_cost_less(convnet):
+    # Roofline's untuned-TVM peak (4 GFLOP/s) makes a 16x16 3x3 conv ~0.6 ms on cpu0; PyTorch
+    # runs it in ~0.1 ms here: the conv goes to PyTorch, a reshape (free on TVM) stays.
+    model, x, mod = convnet
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None, baseline_guard=False)
+    where = {n.op_type: d for n, d in zip(res.graph.nodes, res.plan.assignment)}
+    assert where["nn.conv2d"] == "torch"
+    assert "torch-timed" in res.plan.cost_sources[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device():
+    from autoplace.backend.torch_ops import equivalent
+
+    attrs = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="",
+                 strides=[1, 1], dilation=[1, 1], groups=1)
+    shapes = [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")]
+    assert equivalent("nn.conv2d", {**attrs, "padding": [1, 1, 1, 1]}, shapes,
+                      [((1, 4, 8, 8), "float32")], "c") is not None
+    assert equivalent("nn.conv2d", {**attrs, "padding": [0, 0, 1, 1]}, shapes,
+                      [((1, 4, 7, 7), "float32")], "c") is None  # asymmetric padding
+    assert equivalent("nn.conv2d", {**attrs, "padding": [1, 1, 1, 1], "data_layout": "NHWC"},
+                      shapes, [((1, 4, 8, 8), "float32")], "c") is None

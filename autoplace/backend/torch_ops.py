@@ -17,6 +17,7 @@ function by its global name, so the name must stay bound while any build may cal
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,24 @@ def missing(names) -> list[str]:
     return [n for n in names if n.startswith(PREFIX) and lookup(n) is None]
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Within: PyTorch runs on one thread (its count restored after; 0.1 us each way). A call
+    from the VM runs while TVM's pool workers still spin on the cores: a parallel PyTorch op
+    then waited for a core, 8 ms for a searchsorted of 8x32 values that takes 17 us alone
+    (benchmarks/torch_device.py, 2-core VM)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
+
+
 def _function(op: TorchOp):
     """The packed function: destination-passing for a static output shape (its outputs are the
     last arguments), returning new tensors for a dynamic one."""
@@ -136,7 +155,7 @@ def _function(op: TorchOp):
 
     def run(tensors):
         try:
-            with torch.no_grad():
+            with one_thread(), torch.no_grad():
                 return op.call([torch.from_dlpack(t) for t in tensors])
         except Exception as e:  # noqa: BLE001 - any error of the op, named for the caller
             raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
@@ -161,3 +180,88 @@ def _function(op: TorchOp):
             torch.from_dlpack(out).copy_(r)
 
     return dps
+
+
+# --------------------------------------------------------------------- Relax ops in PyTorch
+
+#: Relax op types a torch device can run as their PyTorch equivalent (:func:`equivalent`).
+EQUIVALENTS = frozenset({
+    "nn.conv2d", "matmul", "add", "subtract", "multiply", "divide", "nn.relu", "sigmoid", "tanh",
+    "exp", "sqrt", "nn.silu", "nn.softmax", "nn.layer_norm", "permute_dims", "reshape",
+    "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"})
+
+
+def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list,
+               node: str) -> TorchOp | None:
+    """The PyTorch call that computes Relax op ``op_type`` with ``attrs`` on tensors of
+    ``inputs`` (``(shape, dtype)`` each, in the call's order) giving ``outputs``; None where
+    PyTorch has no equivalent here (another layout, asymmetric padding, another out dtype, an
+    op not in :data:`EQUIVALENTS`)."""
+    import torch
+    import torch.nn.functional as F
+
+    if op_type not in EQUIVALENTS or len(outputs) != 1:
+        return None
+    out_shape, out_dtype = outputs[0]
+    if str(attrs.get("out_dtype") or out_dtype) not in ("", "void", out_dtype):
+        return None
+    x = Slot(0)
+    unary = {"nn.relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+             "exp": torch.exp, "sqrt": torch.sqrt, "nn.silu": F.silu}
+    binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
+              "divide": torch.div, "matmul": torch.matmul}
+
+    def make(target, name, args):
+        return TorchOp(target, name, tuple(args), (), ((tuple(out_shape), out_dtype),), False,
+                       node, why=f"placed on PyTorch: {op_type} as {name}")
+
+    def symmetric(pad):  # Relax: (top, left, bottom, right)
+        pad = list(pad)
+        return tuple(pad[:2]) if len(pad) == 4 and pad[:2] == pad[2:] else None
+
+    if op_type in unary:
+        return make(unary[op_type], f"torch.{op_type.split('.')[-1]}", [x])
+    if op_type in binary:
+        return make(binary[op_type], f"torch.{binary[op_type].__name__}", [x, Slot(1)])
+    if op_type == "nn.softmax":
+        return make(torch.softmax, "torch.softmax", [x, int(attrs["axis"])])
+    if op_type == "reshape":
+        return make(torch.reshape, "torch.reshape", [x, tuple(out_shape)])
+    if op_type == "permute_dims":
+        axes = attrs.get("axes")
+        axes = tuple(range(len(inputs[0][0])))[::-1] if axes is None else tuple(axes)
+        return make(torch.permute, "torch.permute", [x, axes])
+    if op_type == "nn.layer_norm":
+        ndim, axes = len(inputs[0][0]), sorted(a % len(inputs[0][0]) for a in attrs["axes"])
+        if axes != list(range(ndim - len(axes), ndim)) or not (attrs["center"] and attrs["scale"]):
+            return None
+        return make(F.layer_norm, "torch.layer_norm",
+                    [x, tuple(inputs[0][0][-len(axes):]), Slot(1), Slot(2),
+                     float(attrs["epsilon"])])
+    layout = attrs.get("data_layout", attrs.get("layout", "NCHW"))
+    if layout != "NCHW" or attrs.get("out_layout", layout) not in ("", layout):
+        return None
+    if op_type == "nn.conv2d":
+        pad = symmetric(attrs["padding"])
+        if attrs["kernel_layout"] != "OIHW" or pad is None:
+            return None
+        return make(F.conv2d, "torch.conv2d",
+                    [x, Slot(1), None, tuple(attrs["strides"]), pad, tuple(attrs["dilation"]),
+                     int(attrs["groups"])])
+    if op_type in ("nn.max_pool2d", "nn.avg_pool2d"):
+        pad = symmetric(attrs["padding"])
+        if pad is None:
+            return None
+        if op_type == "nn.max_pool2d":
+            return make(F.max_pool2d, "torch.max_pool2d",
+                        [x, tuple(attrs["pool_size"]), tuple(attrs["strides"]), pad,
+                         tuple(attrs["dilation"]), bool(attrs["ceil_mode"])])
+        if list(attrs["dilation"]) != [1, 1]:
+            return None
+        return make(F.avg_pool2d, "torch.avg_pool2d",
+                    [x, tuple(attrs["pool_size"]), tuple(attrs["strides"]), pad,
+                     bool(attrs["ceil_mode"]), bool(attrs["count_include_pad"])])
+    if op_type == "nn.adaptive_avg_pool2d":
+        return make(F.adaptive_avg_pool2d, "torch.adaptive_avg_pool2d",
+                    [x, tuple(out_shape[-2:])])
+    return None

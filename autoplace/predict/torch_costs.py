@@ -68,26 +68,34 @@ class TorchCostModel:
             settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
         for key, idx in graph.workloads().items():
             node = graph.nodes[idx[0]]
-            if not node.is_torch:
+            if not device.can_run(node.op_type):
                 continue
             if key not in self.timed_:
-                self.timed_[key] = time_torch_node(graph, node, self.policy)
+                op = torch_op_for(graph, node)
+                self.timed_[key] = (np.inf if op is None
+                                    else time_torch_node(node, op, self.policy))
             out[idx] = self.timed_[key] + self.handoff()
         return out
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
-        return [self.source if device.runtime == "torch" and n.is_torch else "unsupported"
-                for n in graph.nodes]
+        return [self.source if device.runtime == "torch" and device.can_run(n.op_type)
+                else "unsupported" for n in graph.nodes]
 
 
-def _torch_op(graph: OpGraph, node) -> TorchOp:
-    from autoplace.backend.torch_ops import _REGISTRY
+def torch_op_for(graph: OpGraph, node) -> TorchOp | None:
+    """The PyTorch call that runs ``node``: a PyTorch call's own (registered at import), a
+    Relax op's equivalent (:func:`autoplace.backend.torch_ops.equivalent`), or None."""
+    from autoplace.backend.torch_ops import _REGISTRY, equivalent
 
+    if not node.is_torch:
+        return equivalent(node.op_type, dict(node.attrs),
+                          [(t.shape, t.dtype) for t in node.inputs],
+                          [(t.shape, t.dtype) for t in node.outputs], node.name)
     sig = dict(node.attrs)["call"]
     for op in _REGISTRY.values():
         if op.signature == sig and f"torch.{op.aten}" == node.op:
             return op
-    raise KeyError(f"no registered PyTorch op for node {node.name!r}")
+    return None
 
 
 def random_torch_inputs(node, rng: np.random.Generator) -> list:
@@ -107,15 +115,17 @@ def random_torch_inputs(node, rng: np.random.Generator) -> list:
     return out
 
 
-def time_torch_node(graph: OpGraph, node, policy: TimingPolicy = TORCH_POLICY) -> float:
-    """Median seconds of ``node``'s ATen call in eager PyTorch on random inputs of its shapes
-    (a few microseconds where it fails on them: logged)."""
+def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> float:
+    """Median seconds of ``node``'s PyTorch call ``op`` in eager PyTorch on random inputs of
+    its shapes, on one PyTorch thread as the VM runs it (a few microseconds where it fails on
+    them: logged)."""
     import torch
 
-    op = _torch_op(graph, node)
+    from autoplace.backend.torch_ops import one_thread
+
     tensors = random_torch_inputs(node, np.random.default_rng(0))
     try:
-        with torch.no_grad():
+        with one_thread(), torch.no_grad():  # as the VM calls it
             return _median_call(lambda: op.call(tensors), policy)
     except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
         log.warning("could not time %s on random inputs (%s): charged %.1f us", op.name, e,

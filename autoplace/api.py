@@ -751,7 +751,7 @@ def _runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "la
                      if dict(n.attrs).get("why", "").startswith("the importer lacks")})
     reading = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes} - set(lacked))
     parts = ([f"the importer lacks aten.{', aten.'.join(lacked)}"] if lacked else []) + (
-        [f"aten.{', aten.'.join(reading)} read a tensor whose shape depends on the data"]
+        [f"aten.{', aten.'.join(reading)} give or read a tensor whose shape depends on the data"]
         if reading else [])
     return out, (f"runs in PyTorch ({given[0].name}), {len(torch_nodes)} op(s): "
                  + "; ".join(parts),)

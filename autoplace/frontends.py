@@ -74,22 +74,23 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
 
 def _torch_fallbacks(program, known: set[str]) -> dict:
     """``custom_convert_map`` entries that turn each node of ``program`` the importer cannot
-    take into a PyTorch call: ops it lacks, and ops that read a tensor whose shape depends on
-    the data. Assertions on such a shape are dropped from ``program``'s graph (the op checks
+    take into a PyTorch call: ops it lacks, and ops that give or read a tensor whose shape
+    depends on the data (the importer's own ``masked_select`` gives TVM a shape it cannot
+    place). Assertions on such a shape are dropped from ``program``'s graph (the op checks
     its own output). Empty where the importer takes every node."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     graph = program.graph
     calls = [n for n in graph.nodes if n.op == "call_function"]
     lacking = {n for n in calls if n.target.__name__ not in known}
-    if not lacking:
-        return {}
     dynamic = set()  # nodes whose output shape depends on the data
     for n in calls:
         val = n.meta.get("val")
         vals = val if isinstance(val, (tuple, list)) else (val,)
         if any(free_unbacked_symbols(v) for v in vals if v is not None):
             dynamic.add(n)
+    if not lacking and not dynamic:
+        return {}
     # Runtime checks of an unbacked size (sym_size, comparisons, _assert_scalar): dropped.
     for n in reversed(calls):
         if "assert_scalar" in n.target.__name__ or (
@@ -102,7 +103,7 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
     torch_nodes = set()
     for n in calls:  # topological: a reader of a dynamic tensor runs in PyTorch too
         reads_dynamic = any(a in dynamic for a in n.all_input_nodes)
-        if n in lacking or reads_dynamic:
+        if n in lacking or reads_dynamic or n in dynamic:
             if n.target.__name__ == "getitem":
                 continue  # picks a field of a PyTorch call's tuple: the importer's own
             if n.meta.get("val") is None and not n.users:
@@ -123,6 +124,8 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
                 originals.update(type(importer).create_convert_map(importer))
             return originals[node.target.__name__](node)
         why = (f"the importer lacks aten.{node.target.__name__.split('.')[0]}" if node in lacking
+               else "its output's shape depends on the data" if node in dynamic
+               and not any(a in dynamic for a in node.all_input_nodes)
                else "it reads a tensor whose shape depends on the data")
         return _torch_call(node, importer, node in dynamic, examples.get(node.name), why)
 
@@ -198,6 +201,12 @@ def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
     val = node.meta["val"]
     several = isinstance(val, (tuple, list))
     vals = list(val) if several else [val]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        from autoplace.graph import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"node {node.name!r} ({node.target}) gives {val!r}, not a tensor, from a tensor "
+            "whose shape depends on the data: only tensors pass between TVM and PyTorch")
     shown = list(example) if several and example is not None else [example] * len(vals)
     outputs = []
     for v, ex in zip(vals, shown):

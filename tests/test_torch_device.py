@@ -284,3 +284,11 @@ def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device()
                       [((1, 4, 7, 7), "float32")], "c") is None  # asymmetric padding
     assert equivalent("nn.conv2d", {**attrs, "padding": [1, 1, 1, 1], "data_layout": "NHWC"},
                       shapes, [((1, 4, 8, 8), "float32")], "c") is None
+
+
+def test_the_cli_profiles_no_torch_device(tmp_path, capsys):
+    from autoplace.cli import main
+
+    assert main(["profile", "--model", "zoo:mlp", "--device", "torch:cpu",
+                 "--db", str(tmp_path / "p.db")]) == 2
+    assert "runs PyTorch's kernels, which optimize times itself" in capsys.readouterr().err

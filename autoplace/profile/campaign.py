@@ -45,9 +45,13 @@ def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: floa
     if spec.startswith("rpc:"):
         raise ValueError(f"device {spec!r}: expected rpc:KEY@HOST:PORT (the tracker's address)")
     try:
-        return LocalRunner(Device.from_spec(spec), spec)
+        device = Device.from_spec(spec)
     except ValueError:
         raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N or rpc:KEY@HOST:PORT") from None
+    if device.runtime != "tvm":
+        raise ValueError(f"device {spec!r} runs PyTorch's kernels, which optimize times itself "
+                         "(each PyTorch call of the model): profile the TVM devices only")
+    return LocalRunner(device, spec)
 
 
 def as_runner(device, **rpc_options):

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: What ``OptimizeResult.cost_model`` calls roofline costs, whether asked for or fallen back on.
 ROOFLINE = "roofline estimates"
+#: The baseline of a model that came from PyTorch: its eager call, measured (not predicted).
+EAGER = "pytorch eager"
 
 
 def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
@@ -388,7 +390,8 @@ class OptimizeResult:
             ratio = (value / self.predicted_latency_s if self.predicted_latency_s > 0
                      else float("nan"))
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
-            if self.delivery is not None and name not in self.baseline_plans:
+            if self.delivery is not None and name not in self.baseline_plans \
+                    and name != EAGER:
                 note += "; a schedule: over several devices its build would also pay segments"
             lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
                          f"({ratio:.2f}x the plan{note})")
@@ -402,6 +405,14 @@ class OptimizeResult:
 
             lines.append(contenders_note(self.contenders))
         return "\n".join(lines)
+
+
+def with_eager_baseline(res: OptimizeResult, seconds: float, note: str) -> OptimizeResult:
+    """``res`` with PyTorch eager's measured ``seconds`` per call among its baselines (named
+    :data:`EAGER`, ``note`` saying how it was timed); the guard has decided already: a baseline
+    measured here is shown beside the predictions, never chosen for them."""
+    return replace(res, baselines={**res.baselines, EAGER: seconds},
+                   baseline_notes={**res.baseline_notes, EAGER: note})
 
 
 @dataclass(frozen=True)

@@ -292,3 +292,12 @@ def test_the_cli_profiles_no_torch_device(tmp_path, capsys):
     assert main(["profile", "--model", "zoo:mlp", "--device", "torch:cpu",
                  "--db", str(tmp_path / "p.db")]) == 2
     assert "runs PyTorch's kernels, which optimize times itself" in capsys.readouterr().err
+
+
+def test_a_module_from_pytorch_has_eager_among_its_baselines():
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8)
+    m = autoplace.optimize_module(model, (x,), [Device.cpu(0)], cost_model=RooflineCostModel(),
+                                  calibrate=False, db=None)
+    assert 0 < m.result.baselines["pytorch eager"] < 0.1
+    line = next(ln for ln in m.summary().splitlines() if "baseline pytorch eager" in ln)
+    assert "measured here: median of" in line and "schedule" not in line

@@ -21,7 +21,7 @@ import tvm
 from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
 from autoplace.annotate import vm_devices
-from autoplace.api import OptimizeResult, optimize
+from autoplace.api import OptimizeResult, optimize, with_eager_baseline
 from autoplace.backend import own_pool
 from autoplace.backend.torch_ops import called, missing
 from autoplace.devices import Device
@@ -81,11 +81,40 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     >>> m.save("model.apmod"); m2 = autoplace.load_module("model.apmod")
     """
     inputs = _tensors(example_inputs)
+    eager_s, note = _eager_s(model, inputs)  # first: TVM's pool would slow PyTorch down
     exported = export_torch(model, inputs)
     res = optimize(from_exported(exported),
                    list(devices) if devices is not None else default_devices(), **optimize_kwargs)
+    if eager_s is not None:
+        res = with_eager_baseline(res, eager_s, note)
     return AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                            exported.call_spec.out_spec, result=res)
+
+
+def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 20):
+    """Median seconds of ``model(*inputs)`` in eval mode without gradients, at PyTorch's own
+    thread count, over up to ``most`` calls or ``budget_s`` (after one warm-up), and how it
+    was timed; (None, "") where the call raises or inputs are not on the CPU."""
+    import statistics
+    import time
+
+    if any(x.device.type != "cpu" for x in inputs):
+        return None, ""
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(*inputs)
+            times, start = [], time.perf_counter()
+            while len(times) < most and (len(times) < 3 or time.perf_counter() - start < budget_s):
+                t0 = time.perf_counter()
+                model(*inputs)
+                times.append(time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - no baseline rather than no module
+        return None, ""
+    finally:
+        model.train(training)
+    return statistics.median(times), (f"measured here: median of {len(times)} eager calls at "
+                                      f"{torch.get_num_threads()} PyTorch threads, not predicted")
 
 
 def build_of(res: OptimizeResult) -> CompiledModel:

@@ -101,20 +101,14 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
             graph.erase_node(n)
     calls = [n for n in graph.nodes if n.op == "call_function"]
     torch_nodes = set()
-    for n in calls:  # topological: a reader of a dynamic tensor runs in PyTorch too
-        reads_dynamic = any(a in dynamic for a in n.all_input_nodes)
-        if n in lacking or reads_dynamic or n in dynamic:
+    for n in calls:
+        if n in lacking or n in dynamic or any(a in dynamic for a in n.all_input_nodes):
             if n.target.__name__ == "getitem":
                 continue  # picks a field of a PyTorch call's tuple: the importer's own
             if n.meta.get("val") is None and not n.users:
                 graph.erase_node(n)  # a check of a dynamic tensor's metadata
                 continue
             torch_nodes.add(n)
-            if reads_dynamic and not n.meta.get("val") is None:
-                val = n.meta["val"]
-                vals = val if isinstance(val, (tuple, list)) else (val,)
-                if any(free_unbacked_symbols(v) for v in vals if v is not None):
-                    dynamic.add(n)
     examples = _example_values(program) if dynamic & torch_nodes else {}
     originals: dict = {}
 

@@ -301,3 +301,28 @@ def test_a_module_from_pytorch_has_eager_among_its_baselines():
     assert 0 < m.result.baselines["pytorch eager"] < 0.1
     line = next(ln for ln in m.summary().splitlines() if "baseline pytorch eager" in ln)
     assert "measured here: median of" in line and "schedule" not in line
+
+
+@pytest.mark.parametrize("name", ["scatter_reduce", "embedding_bag", "bessel_j0"])
+def test_more_ops_the_importer_lacks_match_pytorch(name):
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 3, mode="sum")
+    index = torch.tensor([0, 1, 1, 3, 2, 0])
+    fn, xs = {
+        "scatter_reduce": (lambda x: torch.zeros(4).scatter_reduce(
+            0, index, x, reduce="amax", include_self=False) * 2, [torch.randn(6)]),
+        "embedding_bag": (lambda i: bag(i, torch.tensor([0, 2])), [torch.tensor([1, 2, 4, 5])]),
+        "bessel_j0": (lambda x: torch.special.bessel_j0(x) + 1, [torch.randn(5)]),
+    }[name]
+
+    class Model(torch.nn.Module):
+        def forward(self, *args):
+            return fn(*args)
+
+    mod = autoplace.from_torch(Model(), xs)
+    assert any(n.is_torch for n in OpGraph.from_relax(mod).nodes)
+    run = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None).compile(trial=False)
+    with torch.no_grad():
+        np.testing.assert_allclose(run(*[x.numpy() for x in xs])[0], Model()(*xs).numpy(),
+                                   rtol=1e-6, atol=1e-6)

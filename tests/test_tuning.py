@@ -112,7 +112,7 @@ def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tune
     mod = _model(False)
     with ProfileStore(db) as store:
         [row], [build] = _tuned_rows(store), _build_rows(store)
-    res = autoplace.optimize(mod, [CPU, autoplace.Device.cpu(1)],
+    res = autoplace.optimize(mod, [CPU, autoplace.Device.cpu(1, target="llvm")],
                              cost_model=autoplace.RooflineCostModel(), db=db)
     graph = res.graph
     matmul = next(n.index for n in graph.nodes if n.op_type == "matmul")
@@ -426,7 +426,7 @@ def test_a_killed_campaign_resumes_where_it_stopped_and_loses_nothing(tmp_path):
     # Once tuned, the CLI times every kernel with the threads one device gets from two.
     from autoplace.run.cores import all_threads
 
-    threads = all_threads([CPU, autoplace.Device.cpu(1)])[0]
+    threads = all_threads([CPU, autoplace.Device.cpu(1, target="llvm")])[0]
     if threads != LocalRunner(CPU).info()["threads"]:
         assert f"kernel(s) with {threads} TVM threads" in done.stdout
     status = json.loads(subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True,
@@ -451,7 +451,7 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     from autoplace.tuning.costs import (BUILD, DEFAULT_KERNEL, build_key, fingerprint_at,
                                         time_kernels_at_threads)
 
-    devs = [CPU, autoplace.Device.cpu(1)]
+    devs = [CPU, autoplace.Device.cpu(1, target="llvm")]
     info = LocalRunner(CPU).info()
     threads = all_threads(devs)[0]
     if threads == info["threads"]:

@@ -986,7 +986,7 @@ def _expected_error(problem: Problem, solution: Solution, costs: _Costs) -> str:
     kinds = sorted({part for i, k in enumerate(used.tolist())
                     for part in costs.sources[i].split("+")})
     rest = f"; {unknown} cost(s) with no known spread counted as exact" if unknown else ""
-    return (f"±{sigma / value:.0%} (one sigma of {value * 1e3:.4g} ms, from the spreads of its "
+    return (f"±{sigma / value:.1%} (one sigma of {value * 1e3:.4g} ms, from the spreads of its "
             f"{', '.join(kinds)} costs, their errors taken as independent{rest})")
 
 

@@ -974,20 +974,27 @@ def _choose(graph: OpGraph, devices: Sequence[Device], costs: _Costs, problem: P
 
 def _expected_error(problem: Problem, solution: Solution, costs: _Costs) -> str:
     """One line on how far the plan's prediction may be off: one standard deviation of it from
-    its costs' spreads (:func:`~autoplace.report.baselines.value_sigma`), and what those rest
-    on."""
+    its costs' spreads, their errors independent
+    (:func:`~autoplace.report.baselines.value_sigma`), and, where they all err alike (a
+    calibration's common factor, one-op timings against a whole build), the mean relative
+    spread of the costs, weighted by their seconds."""
     from autoplace.report.baselines import value_sigma
 
     sigma, unknown = value_sigma(problem, solution, costs.spread)
     value = float(solution.value)
     if value <= 0:
         return ""
-    used = np.asarray(solution.assignment)
-    kinds = sorted({part for i, k in enumerate(used.tolist())
-                    for part in costs.sources[i].split("+")})
+    rows = np.arange(problem.num_nodes)
+    used = np.asarray(solution.assignment, dtype=np.int64)
+    cost, spread = problem.cost[rows, used], costs.spread[rows, used]
+    known = ~np.isnan(spread) & np.isfinite(cost)
+    alike = (float((spread[known] * cost[known]).sum() / cost[known].sum())
+             if known.any() and cost[known].sum() > 0 else float("nan"))
+    kinds = sorted({part for i in rows.tolist() for part in costs.sources[i].split("+")})
     rest = f"; {unknown} cost(s) with no known spread counted as exact" if unknown else ""
-    return (f"±{sigma / value:.1%} (one sigma of {value * 1e3:.4g} ms, from the spreads of its "
-            f"{', '.join(kinds)} costs, their errors taken as independent{rest})")
+    return (f"±{sigma / value:.1%} of {value * 1e3:.4g} ms (one sigma, from the spreads of its "
+            f"{', '.join(kinds)} costs, their errors independent) to ±{alike:.1%} (all erring "
+            f"alike){rest}")
 
 
 def _result(mod, graph: OpGraph, costs: _Costs, choice: _Choice, func_name: str

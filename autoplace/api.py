@@ -931,15 +931,23 @@ def _choose(graph: OpGraph, devices: Sequence[Device], costs: _Costs, problem: P
     plan = _plan_of(graph, devices, solution, objective, costs.sources)
     threaded = _all_threads_costs(graph, devices, costs.model, costs.sources, costs.described,
                                   costs.threads_all, costs.kernels)
+    torch_calls = np.array([n.is_torch for n in graph.nodes], dtype=bool)
     found = predict_baselines(problem, objective, costs.spread, replicate=replicate,
-                              all_threads=threaded)
+                              all_threads=threaded,
+                              stay=torch_calls if torch_calls.any() else None)
     plans = {b.name: _plan_of(graph, devices, b.solution, objective, costs.sources, b.threads)
              for b in found if b.solution is not None}
+    vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
+    if vm_only and plain is not None:  # ... so nothing overlaps: a baseline's ops add up
+        from autoplace.solve.segments import serial_latency
+
+        found = [replace(b, value=serial_latency(replace(plain, cost=(b.problem or plain).cost),
+                                                 b.solution.assignment))
+                 if b.value is not None and b.solution is not None else b for b in found]
     if costs.calls and plain is not None:  # a latency build's call costs what its devices charge
         found = [replace(b, value=b.value + _call_of(costs.calls, names, b.solution))
                  if b.value is not None else b for b in found]
     segment = None if plain is None else costs.overhead
-    vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
     delivery = None if plain is None else _delivery(plain, solution, segment,
                                                     _call_of(costs.calls, names, solution),
                                                     vm_only)

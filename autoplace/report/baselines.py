@@ -161,17 +161,20 @@ def value_sigma(problem: Problem, sol: Solution, spread: np.ndarray) -> tuple[fl
 
 
 def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
-                      replicate: bool = True, all_threads=None) -> list[Baseline]:
+                      replicate: bool = True, all_threads=None,
+                      stay: np.ndarray | None = None) -> list[Baseline]:
     """Every baseline of the module doc on ``problem``, in order: single devices, all threads,
     replicas (throughput, when ``replicate``), priority, greedy; infeasible ones are left out.
 
     ``all_threads``: None (fewer than two CPU devices: no such baseline), or ``(device index,
     threads, costs)`` where ``costs`` is a :class:`autoplace.predict.threads.ThreadedCosts`.
+    ``stay``: nodes a single device leaves on their pinned device (PyTorch calls).
     """
     out = []
     for k, name in enumerate(problem.device_names):
         try:
-            sol = solve(problem, objective, f"single:{k}")
+            sol = solve(problem, objective, f"single:{k}",
+                        **({} if stay is None else {"stay": stay}))
         except InfeasibleError:
             continue
         out.append(Baseline(f"only {name}", sol.value, *value_sigma(problem, sol, spread),
@@ -186,7 +189,7 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
             sp[:, k] = tc.spread
             p = dataclasses.replace(problem, cost=cost)
             try:
-                sol = solve(p, objective, f"single:{k}")
+                sol = solve(p, objective, f"single:{k}", **({} if stay is None else {"stay": stay}))
                 out.append(Baseline("all threads", sol.value, *value_sigma(p, sol, sp),
                                     solution=sol, threads=threads, problem=p,
                                     note=f"{problem.device_names[k]} with {threads} threads, "

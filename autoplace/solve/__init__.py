@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def _single(problem, objective, time_limit, **options):
-    return baselines.single(problem, objective, options.get("device"))
+    return baselines.single(problem, objective, options.get("device"), options.get("stay"))
 
 
 def _replicas(problem, objective, time_limit, **options):

@@ -18,8 +18,11 @@ from .simulate import (allowed_devices, check_feasible, orders_from_times, repli
                        simulate_replicas)
 
 
-def single(problem: Problem, objective: str, device: int | None = None) -> Solution:
+def single(problem: Problem, objective: str, device: int | None = None,
+           stay: np.ndarray | None = None) -> Solution:
     """Everything on ``device``; with ``device=None`` the best feasible single device.
+    ``stay``: a mask of nodes that keep their pinned device instead (PyTorch calls, which only
+    their runtime device runs, beside "cpu0 alone").
 
     Raises
     ------
@@ -31,11 +34,9 @@ def single(problem: Problem, objective: str, device: int | None = None) -> Solut
     devices = range(problem.num_devices) if device is None else [device]
     best, causes = None, []
     for k in devices:
-        # A pinned node that k cannot run stays where it is pinned (a PyTorch call beside TVM's
-        # device: "cpu0 alone" is cpu0 with the ops only PyTorch runs).
         a = np.full(problem.num_nodes, k, dtype=np.int64)
-        away = (problem.pins >= 0) & ~np.isfinite(problem.cost[:, k])
-        a[away] = problem.pins[away]
+        if stay is not None:
+            a[stay & (problem.pins >= 0)] = problem.pins[stay & (problem.pins >= 0)]
         try:
             check_feasible(problem, a)
         except InfeasibleError as e:

@@ -17,6 +17,7 @@ Targets of the issue (printed, not asserted): m/p within 0.85-1.15 on every mode
 under 30 s on a model the size of resnet18, 0 s of calibration afterwards.
 
     PYTHONPATH=. .venv/bin/python benchmarks/first_run.py --hide-shipped
+    PYTHONPATH=. .venv/bin/python benchmarks/first_run.py --hide-shipped --throughput-only
 """
 
 from __future__ import annotations
@@ -131,17 +132,39 @@ def one(name: str, model, inputs, rounds: int, stream: int) -> list[str]:
     got = measure(run, inputs, rounds)
     pred, guess = res.predicted_latency_s, plain.predicted_latency_s
     tp = autoplace.optimize(mod, [cpu0, cpu1], objective="throughput")
-    with tp.pipeline(trial=False) as pipe:
-        pipe.run([inputs] * 4)  # warm
-        rates = []
-        for _ in range(3):
-            pipe.run([inputs] * stream)
-            rates.append(pipe.stats.inputs_per_s)
-    rate = statistics.median(rates)
+    rate = stream_rate(tp, inputs, stream)
     pred_rate = 1 / tp.predicted_latency_s
     return [name, f"{first:.1f}", f"{again:.1f}", f"{nocal:.1f}", f"{pred * 1e3:.3f}", f"{got * 1e3:.3f}",
             f"{got / pred:.2f}", f"{got / guess:.2f}", f"{pred_rate:.0f}", f"{rate:.0f}",
             f"{pred_rate / rate:.2f}", str(tp.plan).splitlines()[0].split(",")[1].strip()]
+
+
+def stream_rate(res, inputs, stream: int) -> float:
+    """Median inputs/s of 3 runs of ``stream`` inputs through ``res``'s pipeline (its plan,
+    no trial), after 8 to warm it."""
+    with res.pipeline(trial=False) as pipe:
+        pipe.run([inputs] * 8)
+        rates = []
+        for _ in range(3):
+            pipe.run([inputs] * stream)
+            rates.append(pipe.stats.inputs_per_s)
+    return statistics.median(rates)
+
+
+def throughput_only(name: str, model, inputs, stream: int) -> list[str]:
+    """The throughput plan over two devices and one device alone: predicted / measured."""
+    import autoplace
+    from autoplace import Device
+
+    mod = autoplace.frontends.from_torch(model, inputs)
+    two = autoplace.optimize(mod, [Device.cpu(0), Device.cpu(1)], objective="throughput")
+    one = autoplace.optimize(mod, [Device.cpu(0)], objective="throughput")
+    out = [name]
+    for res in (two, one):
+        rate = stream_rate(res, inputs, stream)
+        out += [f"{1 / res.predicted_latency_s:.1f}", f"{rate:.1f}",
+                f"{1 / res.predicted_latency_s / rate:.2f}"]
+    return out + [str(two.plan).splitlines()[0].split(",")[1].strip()]
 
 
 def main() -> None:
@@ -151,6 +174,9 @@ def main() -> None:
                     help="no shipped profile describes this host (AUTOPLACE_SHIPPED_PROFILES=0)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--stream", type=int, default=64, help="inputs per timed pipeline run")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="only the throughput plans, two devices and one (a calibrated cache "
+                         "from a first run makes it quick)")
     args = ap.parse_args()
     if args.hide_shipped:
         os.environ["AUTOPLACE_SHIPPED_PROFILES"] = "0"
@@ -164,6 +190,15 @@ def main() -> None:
           f"shipped profiles {'hidden' if args.hide_shipped else 'used where they match'}; "
           f"uptime: {os.getloadavg()}")
     models = held_out()
+    if args.throughput_only:
+        rows = [["model", "pred 2 dev", "meas 2 dev", "p/m", "pred 1 dev", "meas 1 dev", "p/m",
+                 "plan"]]
+        for name in args.models or models:
+            rows.append(throughput_only(name, *models[name], args.stream))
+            print("  ".join(rows[-1]), flush=True)
+        print(aligned(rows, f"inputs/s; medians of 3 runs of {args.stream} inputs; load "
+                            f"{os.getloadavg()}"))
+        return
     rows = [["model", "first s", "again s", "nocal s", "pred ms", "meas ms", "m/p", "m/p nocal",
              "pred in/s", "meas in/s", "p/m rate", "throughput plan"]]
     for name in args.models or models:

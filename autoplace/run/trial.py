@@ -104,15 +104,14 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
     first = candidates[0].build()
     budget = max(budget_s, build_share * (time.perf_counter() - t))
     own_s = candidates[0].predicted_s
-    if own_s is not None and len(candidates) > 1 and all(2 * (own_s + (c.predicted_s or own_s)) > budget
-                                 for c in candidates[1:]):
-        skipped = {c.name: f"two calls each of it (about {c.predicted_s or own_s:.3g} s) and "
-                           f"of {candidates[0].name} would not fit the trial's budget "
-                           f"({budget:.3g} s)" for c in candidates[1:]}
-        entries = tuple(Entry(c.name, c.predicted_s, None, "", skipped.get(c.name, ""))
-                        for c in candidates)
-        log.info("no trial: %s", "; ".join(f"{n}: {w}" for n, w in skipped.items()))
-        return first, Trial(entries, candidates[0].name, 0)
+    if own_s is not None and len(candidates) > 1:  # the returned plan's own two calls first
+        ahead = {c.name: _no_room(own_s if c.predicted_s is None else c.predicted_s, 2 * own_s,
+                                  budget) for c in candidates[1:]}
+        if all(ahead.values()):
+            entries = tuple(Entry(c.name, c.predicted_s, None, "", ahead.get(c.name, ""))
+                            for c in candidates)
+            log.info("no trial: %s", "; ".join(f"{n}: {w}" for n, w in ahead.items()))
+            return first, Trial(entries, candidates[0].name, 0)
     spent = 0.0
     for k, c in enumerate(tqdm(candidates, desc="trial", unit="plan", disable=None,
                                leave=False)):
@@ -120,9 +119,8 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
         if k > 0:
             one_s = c.predicted_s if c.predicted_s is not None else (
                 built[0][2] if built else own_s)
-            if one_s is not None and spent + 2 * one_s > budget:
-                skipped[c.name] = (f"two calls of about {one_s:.3g} s would not fit the "
-                                   f"trial's budget ({budget:.3g} s, {spent:.3g} s spent)")
+            skipped[c.name] = _no_room(one_s, spent, budget)
+            if skipped[c.name]:
                 log.info("trial: %s skipped: %s", c.name, skipped[c.name])
                 continue
         try:
@@ -166,6 +164,16 @@ def run_fastest(candidates: Sequence[Candidate], inputs: Sequence[np.ndarray], *
     trial = Trial(entries, built[best][0].name, rounds)
     log.info("%s", trial)
     return built[best][1], trial
+
+
+def _no_room(one_s: float | None, spent: float, budget: float) -> str:
+    """Why two calls of ``one_s`` seconds (a check and a timed one) do not fit a trial's
+    ``budget`` after ``spent`` seconds of calls, or ``""`` where they do (or nothing says how
+    long a call takes)."""
+    if one_s is None or spent + 2 * one_s <= budget:
+        return ""
+    return (f"two calls of about {one_s:.3g} s would not fit the trial's budget "
+            f"({budget:.3g} s) after {spent:.3g} s of calls before them")
 
 
 def _calls(one_s: float, block_s: float, max_calls: int) -> tuple[int, int]:

@@ -42,7 +42,8 @@ EAGER = "pytorch eager"
 
 
 def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
-                    func_name: str = "main", progress: bool = True) -> tuple[Any, str]:
+                    func_name: str = "main", progress: bool = True,
+                    graph: OpGraph | None = None) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
     Per device: the profile shipped in the package (:func:`autoplace.profile.shipped_dir`)
@@ -53,7 +54,7 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     that no profile describes, gets the shipped learned model calibrated on a few of ``mod``'s
     own workloads timed here (:func:`autoplace.predict.calibrate.calibrated`, cached per host:
     the next call times nothing). Otherwise, where no profile applies,
-    :class:`RooflineCostModel`.
+    :class:`RooflineCostModel`. ``graph``: ``mod``'s op graph, where the caller has it.
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
@@ -64,7 +65,8 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
         found = shipped_profile(fp)
         local_cpu = calibrate and mod is not None and d.kind == "cpu" and d.spec is not None
         if found is not None and local_cpu:
-            found, note = _checked_profile(found, d, mod, func_name)
+            graph = graph or OpGraph.from_relax(mod, func_name)
+            found, note = _checked_profile(found, d, [n.workload_key for n in graph.nodes])
             notes.append(note)
         if found is not None:
             profiles[d.name] = found
@@ -108,14 +110,13 @@ def _calibration_overheads(store, spec: str) -> None:
         log.warning("calibration: overheads of %s not measured: %s", spec, report.error)
 
 
-def _checked_profile(found, device: Device, mod, func_name: str):
+def _checked_profile(found, device: Device, keys: Sequence[str]):
     """``found`` (a shipped profile and its path) if ``device`` runs a few of its workloads as
-    it measured them (:func:`~autoplace.predict.calibrate.check_profile`), else None; and a
-    line saying which."""
+    it measured them (:func:`~autoplace.predict.calibrate.check_profile`; the model's own,
+    ``keys``, first), else None; and a line saying which."""
     from autoplace.predict.calibrate import check_profile
 
     prof, path = found
-    keys = [n.workload_key for n in OpGraph.from_relax(mod, func_name).nodes]
     check = check_profile(prof, device, keys)
     if check is None:
         return found, f"{device.name}: profile {path.name} not checked (no workload rebuilds)"
@@ -807,7 +808,8 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
     everything, devices = devices, [d for d in devices if d.runtime == "tvm"]
     if isinstance(cost_model, str) and cost_model == "auto":
         cost_model, described = auto_cost_model(devices, mod if here else None,
-                                                calibrate=calibrate, func_name=func_name)
+                                                calibrate=calibrate, func_name=func_name,
+                                                graph=graph)
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)
@@ -1019,6 +1021,7 @@ def _result(mod, graph: OpGraph, costs: _Costs, choice: _Choice, func_name: str
         baseline_plans=choice.plans, guard=choice.decision, outside_training=costs.outside,
         outside_note=costs.outside_note, contenders=choice.contenders,
         expected_error=choice.expected_error)
+
 
 def _overheads(objective: str, devices: Sequence[Device], cost_model, measured, given):
     """The overhead the solver charges each device: a throughput plan's stage (per input), a

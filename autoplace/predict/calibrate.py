@@ -208,10 +208,12 @@ class _Cache:
             return None
 
 
-def _fingerprint(device: Device) -> str:
+def _entry_of(device: Device) -> tuple[_Cache, Path]:
+    """The cache of ``device``'s fingerprint, and its entry of this host's speed."""
     from autoplace.profile import LocalRunner, fingerprint
 
-    return fingerprint(LocalRunner(device).info())
+    cache = _Cache(fingerprint(LocalRunner(device).info()), speed_probe(device))
+    return cache, cache.entry()
 
 
 def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
@@ -235,8 +237,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
         raise ValueError(f"{device.name}: target {device.target!r} has no device spec to time "
                          "it with; calibrate a 'native' or 'llvm' CPU device")
     t = time.perf_counter()
-    cache = _Cache(_fingerprint(device), speed_probe(device))
-    entry = cache.entry()
+    cache, entry = _entry_of(device)
     base, base_path = shipped_base(device.kind)
     digest = _models_digest(models)
     done = (cache.read(entry, "models.json") or {}).get("models", [])
@@ -303,8 +304,7 @@ def check_profile(profile: DeviceProfile, device: Device, keys=(), *,
     from autoplace.profile.measure import OpFailed
     from autoplace.profile.workload import module_from_key
 
-    cache = _Cache(_fingerprint(device), speed_probe(device))
-    entry = cache.entry()
+    cache, entry = _entry_of(device)
     found = cache.read(entry, "profile-check.json")
     if found is not None and found.get("profile") == profile.fingerprint:
         return ProfileCheck(found["profile"], found["ratio"], found["workloads"],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.backend.torch_ops import TorchOp
-from autoplace.profile.measure import TimingPolicy
+from autoplace.profile.measure import TimingPolicy, time_adaptively
 
 if TYPE_CHECKING:
     from autoplace.devices import Device
@@ -134,23 +134,21 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> f
 
 
 def _median_call(fn, policy: TimingPolicy) -> float:
-    for _ in range(3):  # warm-up: a first call sets up PyTorch's kernels and threads
+    """Median seconds of one ``fn()`` timed as a workload is (:func:`time_adaptively`), after
+    a few warm-up calls: a first call sets up PyTorch's kernels and threads."""
+    for _ in range(3):
         fn()
-    t0 = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t0, 1e-7)
-    number = max(1, int(policy.min_repeat_ms / 1e3 / once))
-    times, start = [], time.perf_counter()
-    while len(times) < policy.max_repeats:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t0) / number)
-        if len(times) >= policy.min_repeats and (
-                np.std(times) / np.mean(times) < policy.cv_target
-                or time.perf_counter() - start > policy.budget_s):
-            break
-    return float(np.median(times))
+
+    def timer(number, repeat):
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            out.append((time.perf_counter() - t0) / number)
+        return out
+
+    return time_adaptively(timer, policy).median_s
 
 
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float:

@@ -27,6 +27,7 @@ from autoplace.backend.torch_ops import called, missing
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
+from autoplace.run.compile import flat_tensors
 
 #: The layout of a saved module's file; a file of another layout is refused.
 FORMAT = 1
@@ -329,8 +330,9 @@ class _LoadedBuild:
         from tvm import relax
 
         self.plan, self.func_name = plan, func_name
-        devices = [d.tvm_device() for d in vm_devices(plan)[0]]
-        absent = [d.name for d in vm_devices(plan)[0] if not d.tvm_device().exist]
+        vm = vm_devices(plan)[0]
+        devices = [d.tvm_device() for d in vm]
+        absent = [d.name for d, dev in zip(vm, devices) if not dev.exist]
         if absent:
             raise ValueError(f"the saved plan runs on {', '.join(absent)}, which this machine "
                              f"does not have")
@@ -344,16 +346,7 @@ class _LoadedBuild:
 
     def call_tensors(self, *args) -> list:
         own_pool(self.plan.threads)
-        result = self._fn(*args, *self._consts)
-        return [result] if hasattr(result, "numpy") else list(_flat(result))
-
-
-def _flat(result):
-    for item in result:
-        if hasattr(item, "numpy"):
-            yield item
-        else:
-            yield from _flat(item)
+        return flat_tensors(self._fn(*args, *self._consts))
 
 
 def _tvm_device(name: str) -> tvm.runtime.Device:

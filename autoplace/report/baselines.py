@@ -173,8 +173,7 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
     out = []
     for k, name in enumerate(problem.device_names):
         try:
-            sol = solve(problem, objective, f"single:{k}",
-                        **({} if stay is None else {"stay": stay}))
+            sol = solve(problem, objective, f"single:{k}", stay=stay)
         except InfeasibleError:
             continue
         out.append(Baseline(f"only {name}", sol.value, *value_sigma(problem, sol, spread),
@@ -189,7 +188,7 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
             sp[:, k] = tc.spread
             p = dataclasses.replace(problem, cost=cost)
             try:
-                sol = solve(p, objective, f"single:{k}", **({} if stay is None else {"stay": stay}))
+                sol = solve(p, objective, f"single:{k}", stay=stay)
                 out.append(Baseline("all threads", sol.value, *value_sigma(p, sol, sp),
                                     solution=sol, threads=threads, problem=p,
                                     note=f"{problem.device_names[k]} with {threads} threads, "

@@ -92,7 +92,7 @@ class CompiledModel:
         """One call on TVM tensors already on their :attr:`input_devices`: nothing is copied in
         or out; the outputs are the VM's own tensors, on the devices the plan left them."""
         own_pool(self.plan.threads)
-        return _flat_tensors(self._vm[self.func_name](*args, *self._consts))
+        return flat_tensors(self._vm[self.func_name](*args, *self._consts))
 
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
@@ -117,15 +117,14 @@ def _vdevice_position(vdev, vdevs) -> int:
 
 
 def _flatten(result) -> list[np.ndarray]:
-    if hasattr(result, "numpy"):
-        return [to_numpy(result)]
-    return [a for item in result for a in _flatten(item)]
+    return [to_numpy(t) for t in flat_tensors(result)]
 
 
-def _flat_tensors(result) -> list:
+def flat_tensors(result) -> list:
+    """The tensors of a VM result (a tensor, or nested tuples of them), in order."""
     if hasattr(result, "numpy"):
         return [result]
-    return [a for item in result for a in _flat_tensors(item)]
+    return [a for item in result for a in flat_tensors(item)]
 
 
 def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import autoplace
 from autoplace import Device
+from autoplace.run.overhead import median_call_s
 
 
 class PoolHead(torch.nn.Module):
@@ -103,14 +102,8 @@ MODELS = {
 
 
 def _median_s(fn, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` over ``repeats`` calls, after two warm-up calls."""
+    return median_call_s(fn, (), repeats, 2)
 
 
 def _flat(out):

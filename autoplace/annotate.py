@@ -239,9 +239,7 @@ def _is_tensor(expr) -> bool:
 def _torch_call(call, node, args, out_ty):
     """Relax op ``call`` (op-graph node ``node``) as a call of its PyTorch equivalent
     (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed."""
-    from tvm import relax
-
-    from autoplace.backend.torch_ops import equivalent, register
+    from autoplace.backend.torch_ops import equivalent, register, relax_call
 
     op = equivalent(node.op_type, dict(node.attrs), [(t.shape, t.dtype) for t in node.inputs],
                     [(t.shape, t.dtype) for t in node.outputs], node.name)
@@ -249,7 +247,7 @@ def _torch_call(call, node, args, out_ty):
         raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
                          "no equivalent for it here (its layout, padding or dtype): place it on "
                          "a TVM device")
-    return relax.call_dps_packed(register(op), relax.Tuple(args), out_ty)
+    return relax_call(register(op), args, out_ty)
 
 
 def _folded(call, consts):

@@ -170,7 +170,7 @@ def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
     from torch import fx
     from tvm import relax
 
-    from autoplace.backend.torch_ops import Slot, TorchOp, register
+    from autoplace.backend.torch_ops import Slot, TorchOp, register, relax_call
 
     tensors = []
 
@@ -218,12 +218,9 @@ def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
                  node.name, several, why)
     name = register(op)
     bb = importer.block_builder
-    if dynamic:
-        tys = [relax.TensorType(ndim=len(s), dtype=d) for s, d in outputs]
-        ty = relax.TupleType(tys) if several else tys[0]
-        return bb.emit(relax.op.call_pure_packed(name, *tensors, ty_args=ty))
-    tys = [relax.TensorType(relax.ShapeExpr(list(s)), d) for s, d in outputs]
-    return bb.emit(relax.call_dps_packed(name, relax.Tuple(tensors), tys if several else tys[0]))
+    tys = [relax.TensorType(ndim=len(s), dtype=d) if dynamic
+           else relax.TensorType(relax.ShapeExpr(list(s)), d) for s, d in outputs]
+    return bb.emit(relax_call(name, tensors, relax.TupleType(tys) if several else tys[0]))
 
 
 def from_onnx(path: str | Path) -> tvm.IRModule:

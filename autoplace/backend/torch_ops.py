@@ -1,12 +1,14 @@
 """PyTorch ops called from a Relax VM: the functions a module's ``autoplace.torch_op.<id>`` calls.
 
-An op the Relax importer lacks becomes a call into PyTorch (:func:`autoplace.frontends.from_torch`):
-``R.call_dps_packed("autoplace.torch_op.<id>", (args...), R.Tensor(shape, dtype))`` where its
-output shape is static, or ``R.call_pure_packed`` returning a new tensor where the shape depends on
-the data (``nonzero``, ``unique``). The id names a :class:`TorchOp`, and a function registered
-under that name with ``tvm.register_global_func`` wraps its inputs with ``torch.from_dlpack``
-(no copy), runs the ATen op with its non-tensor arguments and writes the result into the
-preallocated output (or returns it).
+An op the Relax importer lacks becomes a call into PyTorch (:func:`autoplace.frontends.from_torch`),
+and so does a Relax op placed on a torch device (:func:`equivalent`):
+``R.call_pure_packed("autoplace.torch_op.<id>", args..., R.Tensor(shape, dtype))`` (:func:`relax_call`),
+the output shape static, or only its rank where it depends on the data (``nonzero``, ``unique``).
+The id names a :class:`TorchOp`, and a function registered under that name with
+``tvm.register_global_func`` wraps its inputs with ``torch.from_dlpack`` (no copy), runs the ATen
+op with its non-tensor arguments and hands its new result back through DLPack (no copy either:
+writing into a destination the VM allocated, ``call_dps_packed``'s way, cost a copy of every
+output, several times the op on a large one).
 
 The functions live in this process only: a library built from such a module calls them by name,
 so a build saved and loaded in another process needs the same ops registered again (importing the
@@ -109,6 +111,14 @@ def register(op: TorchOp) -> str:
     return op.global_name
 
 
+def relax_call(name: str, args, ty):
+    """The Relax call of registered op ``name`` on tensors ``args`` giving ``ty`` (a tensor or
+    tuple type): ``R.call_pure_packed``, which the VM runs as one call whose results it keeps."""
+    from tvm import relax
+
+    return relax.op.call_pure_packed(name, *args, ty_args=ty)
+
+
 def lookup(name: str) -> TorchOp | None:
     """The op a global function name calls, or None where it is no registered PyTorch op."""
     if not name.startswith(PREFIX):
@@ -147,39 +157,32 @@ def one_thread():
 
 
 def _function(op: TorchOp):
-    """The packed function: destination-passing for a static output shape (its outputs are the
-    last arguments), returning new tensors for a dynamic one."""
+    """The packed function: it returns the op's results as new tensors, shared with PyTorch
+    through DLPack (no copy; a non-contiguous result is made contiguous). Where the output
+    shape is static, a result of another shape or dtype is an error naming the op, never a
+    tensor the build would misread."""
     import torch
+    import tvm
 
-    n_out = len(op.outputs)
+    expected = None if op.dynamic else [(tuple(s), getattr(torch, d)) for s, d in op.outputs]
 
-    def run(tensors):
+    def call(*args):
         try:
             with one_thread(), torch.no_grad():
-                return op.call([torch.from_dlpack(t) for t in tensors])
+                result = op.call([torch.from_dlpack(t) for t in args])
         except Exception as e:  # noqa: BLE001 - any error of the op, named for the caller
             raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
                                f"raised {type(e).__name__}: {e}") from e
-
-    if op.dynamic:
-        import tvm
-
-        def returning(*args):
-            result = run(args)
-            results = result if isinstance(result, (tuple, list)) else (result,)
-            tensors = [tvm.runtime.from_dlpack(r.contiguous()) for r in results]
-            return tensors[0] if not op.tuple_output else tvm.runtime.convert(tensors)
-
-        return returning
-
-    def dps(*args):
-        ins, outs = args[:len(args) - n_out], args[len(args) - n_out:]
-        result = run(ins)
         results = result if isinstance(result, (tuple, list)) else (result,)
-        for out, r in zip(outs, results):
-            torch.from_dlpack(out).copy_(r)
+        if expected is not None and [(tuple(r.shape), r.dtype) for r in results] != expected:
+            raise TorchOpError(
+                f"PyTorch op {op.name} (node {op.node!r}) gave "
+                f"{[(tuple(r.shape), str(r.dtype)) for r in results]}, the build expects "
+                f"{[(s, str(d)) for s, d in expected]}")
+        tensors = [tvm.runtime.from_dlpack(r.contiguous()) for r in results]
+        return tensors[0] if not op.tuple_output else tvm.runtime.convert(tensors)
 
-    return dps
+    return call
 
 
 # --------------------------------------------------------------------- Relax ops in PyTorch

@@ -153,13 +153,13 @@ def _median_call(fn, policy: TimingPolicy) -> float:
 
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float:
     """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
-    ``call_dps_packed`` calls into ``torch.relu`` against the same ops called from Python, per
+    calls into ``torch.relu`` against the same ops called from Python, per
     call (at least 0; :data:`DEFAULT_HANDOFF_S` where the build fails)."""
     import torch
     import tvm
     from tvm import relax
 
-    from autoplace.backend.torch_ops import Slot, register
+    from autoplace.backend.torch_ops import Slot, one_thread, register, relax_call
 
     try:
         op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),
@@ -171,24 +171,21 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float
             with bb.dataflow():
                 v = x
                 for _ in range(calls):
-                    v = bb.emit(relax.call_dps_packed(
-                        name, relax.Tuple([v]), relax.TensorType(list(shape), "float32")))
+                    v = bb.emit(relax_call(name, [v], relax.TensorType(list(shape), "float32")))
                 out = bb.emit_output(v)
             bb.emit_func_output(out)
         vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
         data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
                                   .astype("float32"))
         t = torch.from_numpy(data.numpy())
-        out = torch.empty_like(t)
         policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
 
         def eager():
             v = t
             for _ in range(calls):
-                out.copy_(torch.relu(v))
-                v = out
+                v = torch.relu(v)
 
-        with torch.no_grad():
+        with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
             vm_s = _median_call(lambda: vm["main"](data), policy)
             eager_s = _median_call(eager, policy)
         return max(0.0, (vm_s - eager_s) / calls)

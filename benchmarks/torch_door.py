@@ -127,7 +127,8 @@ def wrapper_overhead(rounds: int) -> list[str]:
     for label, model, x in (("Linear(16,16) on 1x16", torch.nn.Linear(16, 16), torch.randn(1, 16)),
                             ("ReLU on 1x64x56x56", torch.nn.ReLU(), torch.randn(1, 64, 56, 56))):
         m = autoplace.optimize_module(model.eval(), (x,), [autoplace.Device.cpu(0)],
-                                      cost_model=autoplace.RooflineCostModel(), db=None)
+                                      cost_model=autoplace.RooflineCostModel(), db=None,
+                                      eager_fallback=False)
         build, arr, tx = m._build, x.numpy(), tvm.runtime.from_dlpack(x)
         runners = {"raw build (TVM tensors)": lambda: build.call_tensors(tx),
                    "numpy path (CompiledModel)": lambda: build(arr),

@@ -227,10 +227,37 @@ def test_the_string_backend_needs_no_import_of_autoplace_and_runs_with_the_defau
 # ----------------------------------------------------------------------------- optimize_module
 
 
+def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch, tmp_path, caplog):
+    from autoplace.pytorch import module as module_mod
+
+    model, x = small_cnn(), torch.randn(1, 3, 8, 8)
+    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (2e-3, 1e-3))  # build, eager
+    m = optimize_module(model, (x,), CPU, **FAST)
+    assert m.runs == "eager" and "runs PyTorch eager" in m.summary() and "2 ms" in m.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x))
+    with caplog.at_level("WARNING"):
+        m.save(tmp_path / "m.apmod")
+    assert "the file holds the build" in caplog.text
+    loaded = autoplace.load_module(tmp_path / "m.apmod")
+    assert loaded.runs == "build"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=1e-5)
+    # Within the margin, or asked not to, or a model in training mode: the build runs.
+    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (1.0e-3, 0.99e-3))
+    assert optimize_module(model, (x,), CPU, **FAST).runs == "build"
+    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (2e-3, 1e-3))
+    assert optimize_module(model, (x,), CPU, **FAST, eager_fallback=False).runs == "build"
+    assert optimize_module(model.train(), (x,), CPU, **FAST).runs == "build"
+    model.eval()
+
+
+
 @pytest.fixture(scope="module")
 def cnn_module():
     model = small_cnn()
-    return model, optimize_module(model, (torch.randn(1, 3, 8, 8),), CPU, **FAST)
+    return model, optimize_module(model, (torch.randn(1, 3, 8, 8),), CPU, **FAST,
+                                  eager_fallback=False)
 
 
 def test_optimize_module_matches_eager_and_carries_its_plan(cnn_module):
@@ -342,8 +369,8 @@ def test_a_plan_over_two_devices_round_trips_with_its_constants_on_each(tmp_path
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
     x = torch.randn(2, 8)
     devs = [Device.cpu(0, name="a"), Device.cpu(1, name="b")]
-    m = optimize_module(model, (x,), devs, **FAST, pins=[("index:0-1", "a"), ("*", "b")],
-                        baseline_guard=False)
+    m = optimize_module(model, (x,), devs, **FAST, eager_fallback=False,
+                        pins=[("index:0-1", "a"), ("*", "b")], baseline_guard=False)
     assert {d.name for d in m.plan.used_devices()} == {"a", "b"} and m._build.lifted
     with torch.no_grad():
         torch.testing.assert_close(m(x), model(x), atol=1e-5, rtol=1e-5)
@@ -381,7 +408,7 @@ class TwoOut(torch.nn.Module):
 def test_a_model_of_two_inputs_returns_its_own_structure_and_round_trips(tmp_path):
     model = TwoOut().eval()
     x, y = torch.randn(3, 4), torch.randn(3, 4)
-    m = optimize_module(model, (x, y), CPU, **FAST)
+    m = optimize_module(model, (x, y), CPU, **FAST, eager_fallback=False)
     got = m(x, y)
     with torch.no_grad():
         want = model(x, y)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
 from autoplace.run.compile import flat_tensors
+
+log = logging.getLogger(__name__)
 
 #: The layout of a saved module's file; a file of another layout is refused.
 FORMAT = 1
@@ -65,8 +68,12 @@ def default_devices() -> list[Device]:
     return devices
 
 
+#: The build is kept unless the model's own eager call measured faster than this fraction of it.
+EAGER_MARGIN = 0.97
+
+
 def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[Device] | None = None,
-                    **optimize_kwargs) -> AutoplaceModule:
+                    *, eager_fallback: bool = True, **optimize_kwargs) -> AutoplaceModule:
     """Export ``model``, place and build it with :func:`autoplace.optimize`, and return a module
     that runs the build on torch tensors.
 
@@ -75,6 +82,12 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     weights are not seen) and it computes no gradients. ``devices`` defaults to this machine's
     CPU, plus its GPU where TVM sees one; ``optimize_kwargs`` go to :func:`autoplace.optimize`
     (``objective``, ``cost_model``, ``db``, ...). The model's training mode is left as it was.
+
+    The model's own eager call is the baseline a PyTorch user has: it is timed here (before
+    anything is built, and again beside the build, turn by turn), and where a model in eval mode
+    ran faster eagerly than the build by more than 3 %, the module runs the model eagerly instead
+    (``module.runs == "eager"``; ``summary()`` gives both times). ``eager_fallback=False`` keeps
+    the build whatever it measured.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -88,8 +101,36 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
                    list(devices) if devices is not None else default_devices(), **optimize_kwargs)
     if eager_s is not None:
         res = with_eager_baseline(res, eager_s, note)
-    return AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
-                           exported.call_spec.out_spec, result=res)
+    module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
+                             exported.call_spec.out_spec, result=res)
+    if eager_fallback and eager_s is not None and not model.training:
+        built_s, eager_s = _turns(module, model, inputs)
+        if eager_s < EAGER_MARGIN * built_s:
+            module.run_eagerly(model, eager_s, built_s)
+    return module
+
+
+def _turns(module: AutoplaceModule, model: torch.nn.Module, inputs, budget_s: float = 1.0,
+           most: int = 30) -> tuple[float, float]:
+    """Median seconds of a call of ``module`` and of ``model`` on ``inputs``, timed turn by
+    turn (one of each, then again) so that both see the same machine, after a warm-up each."""
+    import statistics
+    import time
+
+    from autoplace.backend import settle
+
+    times: tuple[list, list] = ([], [])
+    with torch.no_grad():
+        module(*inputs)
+        settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
+        model(*inputs)
+        start = time.perf_counter()
+        while len(times[0]) < most and (len(times[0]) < 5 or time.perf_counter() - start < budget_s):
+            for fn, out in ((module, times[0]), (model, times[1])):
+                t0 = time.perf_counter()
+                fn(*inputs)
+                out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 20):
@@ -177,10 +218,29 @@ class AutoplaceModule(torch.nn.Module):
         self._tree = _tree_kind(out_spec)
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
+        self._eager = None  # the model, where it runs eagerly instead (run_eagerly)
+        self._eager_note = ""
+
+    @property
+    def runs(self) -> str:
+        """``"build"``: calls run the plan's build; ``"eager"``: they run the model in PyTorch,
+        which measured faster here (:func:`optimize_module`)."""
+        return "build" if self._eager is None else "eager"
+
+    def run_eagerly(self, model: torch.nn.Module, eager_s: float, built_s: float) -> None:
+        """From now on, calls run ``model`` in PyTorch (without gradients) rather than the build,
+        which measured ``built_s`` against the model's ``eager_s`` seconds a call."""
+        self._eager = model
+        self._eager_note = (f"runs PyTorch eager: the model measured {eager_s * 1e3:.4g} ms a "
+                            f"call here against the build's {built_s * 1e3:.4g} ms (timed turn "
+                            "by turn); the build is kept for save()")
 
     # ------------------------------------------------------------------------------ calling
 
     def forward(self, *inputs: torch.Tensor):
+        if self._eager is not None:
+            with torch.no_grad():
+                return self._eager(*inputs)
         outs = self.run_flat(inputs)
         kind = self._tree
         if kind == "one":
@@ -232,7 +292,7 @@ class AutoplaceModule(torch.nn.Module):
         """What :meth:`OptimizeResult.summary` says; a loaded module: its plan and where it came
         from."""
         if self.result is not None:
-            return self.result.summary()
+            return self.result.summary() + (f"\n{self._eager_note}" if self._eager_note else "")
         meta = self._saved["meta"]
         return (f"loaded module (autoplace {meta['autoplace']}, TVM {meta['tvm']}), inputs "
                 f"{'; '.join(map(str, self.inputs))}\n{self.plan}")
@@ -252,7 +312,12 @@ class AutoplaceModule(torch.nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the build (its compiled library), its plan and what it takes into one file;
-        :func:`load_module` reads it without tuning or building."""
+        :func:`load_module` reads it without tuning or building. A module that runs PyTorch
+        eager (:attr:`runs`) writes its build all the same, with a warning: the loaded module
+        runs the build."""
+        if self._eager is not None:
+            log.warning("this module %s: the file holds the build, which a loaded module runs",
+                        self._eager_note.removeprefix("runs PyTorch eager: "))
         if self._saved is not None:
             lib, consts, positions = (self._saved["lib"], self._saved["consts"],
                                       self._saved["meta"]["input_devices"])

@@ -239,10 +239,9 @@ def _is_tensor(expr) -> bool:
 def _torch_call(call, node, args, out_ty):
     """Relax op ``call`` (op-graph node ``node``) as a call of its PyTorch equivalent
     (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed."""
-    from autoplace.backend.torch_ops import equivalent, register, relax_call
+    from autoplace.backend.torch_ops import node_equivalent, register, relax_call
 
-    op = equivalent(node.op_type, dict(node.attrs), [(t.shape, t.dtype) for t in node.inputs],
-                    [(t.shape, t.dtype) for t in node.outputs], node.name)
+    op = node_equivalent(node)
     if op is None or len(args) != len(node.inputs):
         raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
                          "no equivalent for it here (its layout, padding or dtype): place it on "

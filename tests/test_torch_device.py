@@ -326,3 +326,52 @@ def test_more_ops_the_importer_lacks_match_pytorch(name):
     with torch.no_grad():
         np.testing.assert_allclose(run(*[x.numpy() for x in xs])[0], Model()(*xs).numpy(),
                                    rtol=1e-6, atol=1e-6)
+
+
+class _EveryEquivalent(torch.nn.Module):
+    """conv -> batch norm -> hardswish (add, clip, multiply, divide) -> relu6 (clip) -> gelu,
+    tanh-gelu, reductions (mean, sum; amax and amin the importer lacks) -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        y = F.relu6(F.hardswish(self.bn(self.conv(x))))
+        y = F.gelu(y) + F.gelu(y, approximate="tanh")
+        z = y.mean((2, 3)) + y.sum((2, 3)) * 0.01 + y.amax((2, 3)) - y.amin((2, 3))
+        return self.fc(z)
+
+
+def test_every_relax_op_with_an_equivalent_runs_on_pytorch_and_matches():
+    torch.manual_seed(0)
+    model = _EveryEquivalent().eval()
+    with torch.no_grad():  # batch norm with statistics of its own
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 8, 8)
+    mod = autoplace.from_torch(model, (x,))
+    g = OpGraph.from_relax(mod)
+    kinds = {n.op_type for n in g.nodes}
+    assert {"nn.batch_norm", "clip", "mean", "sum", "nn.gelu", "nn.gelu_tanh"} <= kinds
+    devs = [Device.cpu(0), Device.torch()]
+    on_torch = [n.name for n in g.nodes if devs[1].can_run(n.op_type)]
+    assert {g.nodes[g.index(n)].op_type for n in on_torch} >= {"nn.batch_norm", "clip", "mean"}
+    plan = autoplace.place(g, devs, [*((f"name:{n}", "torch") for n in on_torch), ("*", "cpu0")])
+    text = str(autoplace.annotate(mod, plan))
+    assert "R.nn.batch_norm" not in text and "R.clip" not in text and "R.mean" not in text
+    got = autoplace.compile(mod, plan)(x.numpy())[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_clip_whose_bounds_are_not_numbers_has_no_equivalent():
+    from autoplace.backend.torch_ops import equivalent
+
+    shape = [((1, 4), "float32")]
+    assert equivalent("clip", {}, shape, shape, "c", ("T.int64(0)", "T.float64(6)")) is not None
+    assert equivalent("clip", {}, shape, shape, "c", ("lv3", "T.float64(6)")) is None
+    assert equivalent("clip", {}, shape, shape, "c") is None

@@ -190,27 +190,67 @@ def _function(op: TorchOp):
 #: Relax op types a torch device can run as their PyTorch equivalent (:func:`equivalent`).
 EQUIVALENTS = frozenset({
     "nn.conv2d", "matmul", "add", "subtract", "multiply", "divide", "nn.relu", "sigmoid", "tanh",
-    "exp", "sqrt", "nn.silu", "nn.softmax", "nn.layer_norm", "permute_dims", "reshape",
-    "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"})
+    "exp", "sqrt", "rsqrt", "erf", "negative", "nn.silu", "nn.gelu", "nn.gelu_tanh", "clip",
+    "nn.softmax", "nn.layer_norm", "nn.batch_norm", "mean", "sum", "max", "min", "permute_dims",
+    "reshape", "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"})
 
 
-def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list,
-               node: str) -> TorchOp | None:
-    """The PyTorch call that computes Relax op ``op_type`` with ``attrs`` on tensors of
-    ``inputs`` (``(shape, dtype)`` each, in the call's order) giving ``outputs``; None where
-    PyTorch has no equivalent here (another layout, asymmetric padding, another out dtype, an
-    op not in :data:`EQUIVALENTS`)."""
+def _batch_norm(x, gamma, beta, mean, var, epsilon: float):
+    """Relax's ``nn.batch_norm`` in inference: the normalized data, and the moving mean and
+    variance as they were (its other two outputs)."""
+    import torch.nn.functional as F
+
+    return F.batch_norm(x, mean, var, gamma, beta, False, 0.0, epsilon), mean, var
+
+
+def _scalar(text: str) -> float | None:
+    """The value of a Relax scalar argument as the op graph writes it (``T.int64(6)``,
+    ``T.float64("-inf")``), or None where it is none."""
+    import re
+
+    m = re.fullmatch(r"T\.\w+\((.+)\)", text.strip())
+    try:
+        return float(m.group(1).strip("\"'")) if m else None
+    except ValueError:
+        return None
+
+
+def node_equivalent(node) -> TorchOp | None:
+    """:func:`equivalent` of an op-graph node (:class:`autoplace.graph.OpNode`)."""
+    return equivalent(node.op_type, dict(node.attrs), [(t.shape, t.dtype) for t in node.inputs],
+                      [(t.shape, t.dtype) for t in node.outputs], node.name, node.extra_args)
+
+
+def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str,
+               extra: tuple[str, ...] = ()) -> TorchOp | None:
+    """The PyTorch call that computes Relax op ``op_type`` with ``attrs`` (and non-tensor
+    arguments ``extra``, as the op graph writes them: a clip's bounds) on tensors of ``inputs``
+    (``(shape, dtype)`` each, in the call's order) giving ``outputs``; None where PyTorch has
+    no equivalent here (another layout, asymmetric padding, another out dtype, batch norm in
+    training or over another axis, an op not in :data:`EQUIVALENTS`)."""
     import torch
     import torch.nn.functional as F
 
-    if op_type not in EQUIVALENTS or len(outputs) != 1:
+    if op_type not in EQUIVALENTS:
+        return None
+    if op_type == "nn.batch_norm":
+        if attrs.get("training") or int(attrs["axis"]) != 1 or len(inputs[0][0]) < 2 \
+                or not (attrs["center"] and attrs["scale"]) or len(outputs) != 3:
+            return None
+        return TorchOp(_batch_norm, "torch.batch_norm",
+                       tuple(Slot(i) for i in range(5)) + (float(attrs["epsilon"]),), (),
+                       tuple((tuple(s), d) for s, d in outputs), False, node, tuple_output=True,
+                       why="placed on PyTorch: nn.batch_norm as torch.batch_norm")
+    if len(outputs) != 1:
         return None
     out_shape, out_dtype = outputs[0]
     if str(attrs.get("out_dtype") or out_dtype) not in ("", "void", out_dtype):
         return None
     x = Slot(0)
     unary = {"nn.relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
-             "exp": torch.exp, "sqrt": torch.sqrt, "nn.silu": F.silu}
+             "exp": torch.exp, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "erf": torch.erf,
+             "negative": torch.neg, "nn.silu": F.silu, "nn.gelu": F.gelu}
+    reductions = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}
     binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
               "divide": torch.div, "matmul": torch.matmul}
 
@@ -226,6 +266,21 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list,
         return make(unary[op_type], f"torch.{op_type.split('.')[-1]}", [x])
     if op_type in binary:
         return make(binary[op_type], f"torch.{binary[op_type].__name__}", [x, Slot(1)])
+    if op_type == "nn.gelu_tanh":
+        return TorchOp(F.gelu, "torch.gelu", (x,), (("approximate", "tanh"),),
+                       ((tuple(out_shape), out_dtype),), False, node,
+                       why="placed on PyTorch: nn.gelu_tanh as torch.gelu")
+    if op_type == "clip":
+        bounds = [_scalar(e) for e in extra]
+        if len(bounds) != 2 or None in bounds:
+            return None
+        lo, hi = (None if abs(b) == float("inf") else b for b in bounds)
+        return make(torch.clamp, "torch.clamp", [x, lo, hi])
+    if op_type in reductions:
+        axes = attrs.get("axis")
+        dims = tuple(range(len(inputs[0][0]))) if axes is None else tuple(int(a) for a in axes)
+        return make(reductions[op_type], f"torch.{reductions[op_type].__name__}",
+                    [x, dims, bool(attrs.get("keepdims", False))])
     if op_type == "nn.softmax":
         return make(torch.softmax, "torch.softmax", [x, int(attrs["axis"])])
     if op_type == "reshape":

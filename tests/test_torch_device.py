@@ -286,14 +286,6 @@ def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device()
                       shapes, [((1, 4, 8, 8), "float32")], "c") is None
 
 
-def test_the_cli_profiles_no_torch_device(tmp_path, capsys):
-    from autoplace.cli import main
-
-    assert main(["profile", "--model", "zoo:mlp", "--device", "torch:cpu",
-                 "--db", str(tmp_path / "p.db")]) == 2
-    assert "runs PyTorch's kernels, which optimize times itself" in capsys.readouterr().err
-
-
 def test_a_module_from_pytorch_has_eager_among_its_baselines():
     model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8)
     m = autoplace.optimize_module(model, (x,), [Device.cpu(0)], cost_model=RooflineCostModel(),

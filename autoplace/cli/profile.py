@@ -16,6 +16,7 @@ EPILOG = """examples:
   autoplace profile --sweep nn.conv2d:64:small --sweep matmul:48:small --db prof.db
   autoplace profile --refine 3 --device cpu:0 --db prof.db
   autoplace profile --only-overheads --device cpu:0 --device cuda:0 --db prof.db
+  autoplace profile --model zoo:mlp --device cpu:0 --device torch:cpu --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out mycpu.json
   autoplace profile --quick --model zoo:resnet --device cpu:0:native --db new.db
 
@@ -26,6 +27,9 @@ DB.adapted.json. Use it with the measured ones:
   autoplace profile-export --db new.db --device cpu:0:native --out new.json
   autoplace optimize --model zoo:resnet --device cpu:0:native --profile new.json \
       --cost-model new.db.adapted.json
+
+torch:cpu times each workload's PyTorch call (one PyTorch thread, as the Relax VM calls it);
+a workload PyTorch has no call for is stored as unsupported there.
 
 After the ops, the overheads of running a plan on each local device are measured (a pipeline
 stage's hand-off, a concurrent latency run's segment, a direct call; see docs/profiling.md),
@@ -99,6 +103,7 @@ def _cmd_profile(args) -> int:
 
     if args.quick:
         return _cmd_quick(args)
+    _check_torch(args.device or [])
     models = _models(args)
     policy = TimingPolicy(cv_target=args.cv, budget_s=args.budget)
     tolerance = None if args.allow_drift else DRIFT_TOLERANCE
@@ -141,6 +146,17 @@ def _cmd_profile(args) -> int:
               f"{counts['overheads']} overheads")
     failed = [d for d in report.devices if d.error] if report else []
     return 1 if (failed or (overheads and overheads.error)) and not args.dry_run else 0
+
+
+def _check_torch(specs) -> None:
+    """Raise :class:`DeviceUnavailable` (one line with the install command) where a torch device
+    is asked for and PyTorch is not installed: nothing of the campaign could use it."""
+    from autoplace import Device
+    from autoplace.profile import check_present
+
+    for spec in specs:
+        if spec.strip().startswith("torch"):
+            check_present(Device.from_spec(spec), spec)
 
 
 def _overheads(args, specs, store):
@@ -207,7 +223,8 @@ def register_cli(sub) -> None:
                         "FAMILY (default full): " + "; ".join(
                             f"{f} ({what})" for f, what in FAMILY_HELP.items()) + " (repeatable)")
     p.add_argument("--device", action="append",
-                   help="cpu:N, cuda:N or rpc:KEY@HOST:PORT (repeatable; default cpu:0)")
+                   help="cpu:N, cuda:N, torch:cpu (PyTorch's calls) or rpc:KEY@HOST:PORT "
+                        "(repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")
     p.add_argument("--dry-run", action="store_true", help="only count what is still to measure")
     p.add_argument("--json", action="store_true", help="print a JSON report")

@@ -12,14 +12,14 @@ nothing else (``inf``). Timings are kept on the model object: keep it to reuse t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autoplace.backend.torch_ops import TorchOp
-from autoplace.profile.measure import TimingPolicy, time_adaptively
+from autoplace.profile.measure import TimingPolicy
+from autoplace.profile.torch_runner import call_timing, time_torch_call, torch_op_for
 
 if TYPE_CHECKING:
     from autoplace.devices import Device
@@ -82,51 +82,12 @@ class TorchCostModel:
                 else "unsupported" for n in graph.nodes]
 
 
-def torch_op_for(graph: OpGraph, node) -> TorchOp | None:
-    """The PyTorch call that runs ``node``: a PyTorch call's own (registered at import), a
-    Relax op's equivalent (:func:`autoplace.backend.torch_ops.equivalent`), or None."""
-    from autoplace.backend.torch_ops import _REGISTRY, equivalent
-
-    if not node.is_torch:
-        return equivalent(node.op_type, dict(node.attrs),
-                          [(t.shape, t.dtype) for t in node.inputs],
-                          [(t.shape, t.dtype) for t in node.outputs], node.name)
-    sig = dict(node.attrs)["call"]
-    for op in _REGISTRY.values():
-        if op.signature == sig and f"torch.{op.aten}" == node.op:
-            return op
-    return None
-
-
-def random_torch_inputs(node, rng: np.random.Generator) -> list:
-    """Tensors of ``node``'s input shapes: floats uniform in [0, 1), integers zero (valid indices), bools
-    random."""
-    import torch
-
-    out = []
-    for t in node.inputs:
-        dtype = getattr(torch, t.dtype)
-        if dtype.is_floating_point:
-            out.append(torch.from_numpy(rng.random(t.shape).astype(t.dtype)))
-        elif dtype == torch.bool:
-            out.append(torch.from_numpy(rng.random(t.shape) < 0.5))
-        else:
-            out.append(torch.zeros(t.shape, dtype=dtype))
-    return out
-
-
 def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> float:
     """Median seconds of ``node``'s PyTorch call ``op`` in eager PyTorch on random inputs of
     its shapes, on one PyTorch thread as the VM runs it (a few microseconds where it fails on
     them: logged)."""
-    import torch
-
-    from autoplace.backend.torch_ops import one_thread
-
-    tensors = random_torch_inputs(node, np.random.default_rng(0))
     try:
-        with one_thread(), torch.no_grad():  # as the VM calls it
-            return _median_call(lambda: op.call(tensors), policy)
+        return time_torch_call(node, op, policy).median_s
     except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
         log.warning("could not time %s on random inputs (%s): charged %.1f us", op.name, e,
                     DEFAULT_HANDOFF_S * 1e6)
@@ -134,21 +95,8 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> f
 
 
 def _median_call(fn, policy: TimingPolicy) -> float:
-    """Median seconds of one ``fn()`` timed as a workload is (:func:`time_adaptively`), after
-    a few warm-up calls: a first call sets up PyTorch's kernels and threads."""
-    for _ in range(3):
-        fn()
-
-    def timer(number, repeat):
-        out = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn()
-            out.append((time.perf_counter() - t0) / number)
-        return out
-
-    return time_adaptively(timer, policy).median_s
+    """Median seconds of one ``fn()`` (:func:`~autoplace.profile.torch_runner.call_timing`)."""
+    return call_timing(fn, policy).median_s
 
 
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float:

@@ -26,6 +26,7 @@ from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed,
                                        check_present, fingerprint, interrupts_kept, timing_lock,
                                        timing_lock_name)
 from autoplace.profile.store import LinkFit, Measurement, ProfileStore
+from autoplace.profile.torch_runner import TorchRunner
 from autoplace.profile.workload import single_op_modules
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ log = logging.getLogger(__name__)
 
 
 def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: float = 30.0):
-    """``cpu:N`` / ``cuda:N`` (this process) or ``rpc:KEY@HOST:PORT`` (a TVM RPC tracker)."""
+    """``cpu:N`` / ``cuda:N`` (this process), ``torch:cpu`` (PyTorch's calls in this process,
+    :class:`~autoplace.profile.torch_runner.TorchRunner`) or ``rpc:KEY@HOST:PORT`` (a TVM RPC
+    tracker)."""
     m = re.fullmatch(r"rpc:([^@]+)@([^:]+):(\d+)", spec.strip())
     if m:
         from autoplace.profile.remote import RPCRunner
@@ -47,18 +50,17 @@ def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: floa
     try:
         device = Device.from_spec(spec)
     except ValueError:
-        raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N or rpc:KEY@HOST:PORT") from None
-    if device.runtime != "tvm":
-        raise ValueError(f"device {spec!r} runs PyTorch's kernels, which optimize times itself "
-                         "(each PyTorch call of the model): profile the TVM devices only")
-    return LocalRunner(device, spec)
+        raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N, torch:cpu or "
+                         "rpc:KEY@HOST:PORT") from None
+    return TorchRunner(device, spec) if device.runtime == "torch" else LocalRunner(device, spec)
 
 
 def as_runner(device, **rpc_options):
     """How to reach ``device``: a :class:`Device` (this process), a spec (:func:`runner_from_spec`,
-    with ``rpc_options``) or a runner (``LocalRunner``, ``RPCRunner``), returned as it is."""
+    with ``rpc_options``) or a runner (``LocalRunner``, ``TorchRunner``, ``RPCRunner``), returned
+    as it is."""
     if isinstance(device, Device):
-        return LocalRunner(device)
+        return TorchRunner(device) if device.runtime == "torch" else LocalRunner(device)
     if isinstance(device, str):
         return runner_from_spec(device, **rpc_options)
     return device
@@ -159,7 +161,7 @@ class CampaignReport:
 
 def run_campaign(
     models: Iterable[tuple[str, tvm.IRModule]],
-    device_specs: Sequence[str],
+    device_specs: Sequence[str | Device],
     store: ProfileStore,
     *,
     policy: TimingPolicy = TimingPolicy(),
@@ -173,6 +175,12 @@ def run_campaign(
 ) -> CampaignReport:
     """Measure every pending (workload, device) pair; with ``links``, fit copies between every
     ordered pair of local devices not yet in the store.
+
+    ``device_specs`` are specs (:func:`runner_from_spec`) or :class:`Device` s of this process.
+    A torch device (``torch:cpu``, :meth:`Device.torch`) times each workload's PyTorch call
+    (:class:`~autoplace.profile.torch_runner.TorchRunner`), and records the workloads PyTorch
+    has no call for as unsupported there; a TVM device skips the PyTorch calls of a model (ops
+    its importer lacked), which only a torch device runs.
 
     With ``passes > 1`` every workload is timed on that many occasions, one sweep over all of
     them after another, and the store keeps each one's fastest occasion: load that comes and goes
@@ -188,13 +196,14 @@ def run_campaign(
         raise ValueError(f"passes must be at least 1, got {passes}")
     wl = collect(models, None if dry_run else store)
     # A malformed spec is a typo: fail before measuring anything. An unreachable device is not.
-    parsed = [runner_from_spec(spec, **(runner_kwargs or {})) for spec in device_specs]
+    parsed = [as_runner(spec, **(runner_kwargs or {})) for spec in device_specs]
     runners, reports, claimed = [], [], set()
-    for spec, runner in zip(device_specs, parsed):
+    for given, runner in zip(device_specs, parsed):
+        spec = given if isinstance(given, str) else runner.spec
         rep = DeviceReport(spec)
         reports.append(rep)
         try:
-            if isinstance(runner, LocalRunner):
+            if isinstance(runner, (LocalRunner, TorchRunner)):
                 check_present(runner.device, spec)  # an absent device is not added to the store
             info = runner.info()
         except (DeviceUnavailable, ValueError) as e:
@@ -204,11 +213,10 @@ def run_campaign(
         rep.fingerprint = fingerprint(info)
         if not dry_run:
             store.add_device(rep.fingerprint, spec, info)
-        declared = getattr(getattr(runner, "device", None), "unsupported_ops", frozenset())
         pending = [k for k in store.pending(wl.modules, rep.fingerprint, passes=passes)
                    if (rep.fingerprint, k) not in claimed]  # same hardware listed twice
         claimed.update((rep.fingerprint, k) for k in pending)
-        todo = [k for k in pending if wl.op_types[k] not in declared]
+        todo = [k for k in pending if not _declined(runner, wl.op_types[k])]
         rep.skipped, rep.pending = len(pending) - len(todo), len(todo)
         for k in todo:
             rep.pending_ops[wl.op_types[k]] = rep.pending_ops.get(wl.op_types[k], 0) + 1
@@ -222,6 +230,14 @@ def run_campaign(
             _measure_links([(r, rep) for r, rep, _ in runners if isinstance(r, LocalRunner)
                             and rep.error is None], store)
     return CampaignReport(tuple(reports), len(wl.modules), wl.nodes, wl.models, dry_run)
+
+
+def _declined(runner, op_type: str) -> bool:
+    """Whether ``runner``'s device declares it runs no ``op_type``: one of its
+    ``unsupported_ops``, or a PyTorch call (``torch.*``) on any but a torch device."""
+    if op_type.startswith("torch."):
+        return not isinstance(runner, TorchRunner)
+    return op_type in getattr(getattr(runner, "device", None), "unsupported_ops", frozenset())
 
 
 def _check_drift(runner, rep: DeviceReport, todo: list[str], store, policy, tolerance) -> None:
@@ -282,7 +298,8 @@ def _timing_locks(runners):
     with contextlib.ExitStack() as stack:
         held = {}  # lock name -> None (ours) or the holder's process id
         for runner, rep, todo in runners:
-            if not isinstance(runner, LocalRunner) or rep.error is not None or not todo:
+            if not isinstance(runner, (LocalRunner, TorchRunner)) or rep.error is not None \
+                    or not todo:
                 continue
             name = timing_lock_name(runner.device)
             if name not in held:

@@ -169,9 +169,12 @@ def kernel_timer(rt_mod, dev, args):
 
 
 def fingerprint(info: dict[str, Any]) -> str:
-    """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads)."""
+    """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads;
+    for a torch device, also the PyTorch version and where its tensors live)."""
     keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
-    blob = json.dumps({k: info.get(k) for k in keys}, sort_keys=True)
+    fields = {k: info.get(k) for k in keys}
+    fields.update({k: info[k] for k in ("torch", "place") if k in info})  # TVM devices' unchanged
+    blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

@@ -6,6 +6,9 @@ takes the measuring function as an argument (``autoplace profile`` passes
 :func:`autoplace.run.overhead.measure_overheads`) and keeps the store's side: which devices and
 pairs still lack figures, and storing what was measured under the devices' fingerprints. Figures
 a store holds are not measured again; remote (RPC) devices are skipped, with a line saying so.
+A torch device (``torch:cpu``) has one figure per CPU device beside it, the ``handoff`` of a
+call from that device's VM into PyTorch, stored with the torch device's profile (its peer the
+CPU device).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from autoplace.profile.campaign import runner_from_spec
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, check_present, fingerprint,
                                        interrupts_kept, op_failed, timing_lock, timing_lock_name)
 from autoplace.profile.store import OverheadFit, ProfileStore
+from autoplace.profile.torch_runner import TorchRunner
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,8 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
                      runner_kwargs: dict | None = None,
                      announce: Callable[[str], None] | None = None) -> OverheadReport:
     """Measure the overheads the store lacks of the local devices among ``device_specs``
-    (``cpu:N``, ``cuda:N``), each device's own and each ordered pair's, and store them.
+    (``cpu:N``, ``cuda:N``, ``torch:cpu``), each device's own and each ordered pair's, and
+    store them.
 
     ``measure(devices, own=names, pairs=name pairs, kernels=names)`` returns figures with
     ``device``, ``peer``, ``kind``, ``seconds`` and ``detail`` (device names), as
@@ -64,17 +69,20 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
     (``measure`` may be None) and the report lists what is pending. A device whose own
     ``stage`` figure is stored is not measured again (but for its ``kernel`` figure, if the
     store lacks it: ``kernels``), nor a pair whose ``stage`` figure is; devices of one
-    fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share their figures.
+    fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share their figures. A torch device
+    among them has its ``handoff`` from each CPU device among them measured, where the store
+    lacks it (``measure(..., handoffs=(torch name, CPU name) pairs)``).
     A failure while measuring is the report's ``error``: what was stored before is kept.
     ``announce`` is given a line saying what is about to be measured.
     """
     report = OverheadReport()
-    local: dict[str, tuple] = {}  # spec -> (Device, fingerprint, info)
+    local: dict[str, tuple] = {}  # spec -> (Device, fingerprint, info): TVM devices
+    torch_local: dict[str, tuple] = {}  # the same of the torch devices
     for spec in dict.fromkeys(device_specs):
         runner = runner_from_spec(spec, **(runner_kwargs or {}))
-        if not isinstance(runner, LocalRunner):
+        if not isinstance(runner, (LocalRunner, TorchRunner)):
             report.notes.append(f"{spec}: overheads are measured only for local devices "
-                                "(cpu:N, cuda:N); skipped")
+                                "(cpu:N, cuda:N, torch:cpu); skipped")
             continue
         try:
             check_present(runner.device, spec)
@@ -82,10 +90,15 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
             report.notes.append(f"skipped: {e}")
             continue
         info = runner.info()
-        local[spec] = (runner.device, fingerprint(info), info)
-    if not local:
-        return report
+        (torch_local if isinstance(runner, TorchRunner) else local)[spec] = (
+            runner.device, fingerprint(info), info)
     stored = store.overheads()
+    if not local:
+        called = {f.device for f in stored if f.kind == "handoff"}
+        report.notes += [f"{t}: its hand-off is measured from a TVM device's VM: add --device "
+                         "cpu:0 (nothing the store holds of it is measured again)"
+                         for t, (_, ft, _) in torch_local.items() if ft not in called]
+        return report
     have = {(f.device, f.peer) for f in stored if f.kind == "stage"}
     have_kernel = {f.device for f in stored if f.kind == "kernel" and not f.peer}
     own, kernels, seen = [], [], set()
@@ -101,32 +114,47 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
             if a != b and (fa, fb) not in have | seen:
                 pairs.append((a, b))
                 seen.add((fa, fb))
-    if not own and not pairs and not kernels:
-        report.notes.append("already stored for " + ", ".join(local) + " (not measured again)")
+    handoffs, seen = [], {(f.device, f.peer) for f in stored if f.kind == "handoff"}
+    for t, (_, ft, _) in torch_local.items():
+        for v, (dv, fv, _) in local.items():  # the CPU devices, whose VMs call torch:cpu
+            if not dv.is_gpu and (ft, fv) not in seen:
+                handoffs.append((t, v))
+                seen.add((ft, fv))
+    if not own and not pairs and not kernels and not handoffs:
+        report.notes.append("already stored for " + ", ".join([*local, *torch_local])
+                            + " (not measured again)")
         return report
     if dry_run:
-        report.pending = [(s, None) for s in own + kernels] + pairs
+        report.pending = [(s, None) for s in own + kernels] + pairs + handoffs
         return report
-    name_of = {spec: dev.name for spec, (dev, _, _) in local.items()}
+    everything = {**local, **torch_local}
+    name_of = {spec: dev.name for spec, (dev, _, _) in everything.items()}
     spec_of = {v: k for k, v in name_of.items()}
     if len(spec_of) < len(name_of):
-        raise ValueError(f"devices {sorted(local)} share a name; give each spec once")
-    for spec, (_, fp, info) in local.items():
+        raise ValueError(f"devices {sorted(everything)} share a name; give each spec once")
+    for spec, (_, fp, info) in everything.items():
         store.add_device(fp, spec, info)
     if announce is not None:
         announce("measuring the overheads of running a plan (pipeline stages, segments, calls, "
-                 "kernels) of " + ", ".join([*own, *(f"{a} with {b}" for a, b in pairs),
-                                             *(f"{s}'s kernels" for s in kernels)]) + "...")
+                 "kernels, hand-offs to PyTorch) of "
+                 + ", ".join([*own, *(f"{a} with {b}" for a, b in pairs),
+                              *(f"{s}'s kernels" for s in kernels),
+                              *(f"{b}'s calls into {a}" for a, b in handoffs)]) + "...")
     try:
         with interrupts_kept(), contextlib.ExitStack() as stack:
-            locks = {timing_lock_name(dev): (spec, dev) for spec, (dev, _, _) in local.items()}
+            locks = {timing_lock_name(dev): (spec, dev)
+                     for spec, (dev, _, _) in everything.items()}
             for spec, dev in locks.values():  # the CPU devices share one lock
                 holder = stack.enter_context(timing_lock(dev))
                 if holder is not None:
                     report.notes.append(f"{spec}: another process (id {holder or '?'}) was "
                                         "timing it at the same time: the figures may be slowed")
             more = {"kernels": [name_of[s] for s in kernels]} if kernels else {}
-            figures = measure([d for d, _, _ in local.values()],
+            if handoffs:
+                more["handoffs"] = [(name_of[t], name_of[v]) for t, v in handoffs]
+            called = {t for t, _ in handoffs}  # a torch device has no figure of its own
+            figures = measure([d for spec, (d, _, _) in everything.items()
+                               if spec in local or spec in called],
                               own=[name_of[s] for s in own],
                               pairs=[(name_of[a], name_of[b]) for a, b in pairs], **more)
     except Exception as e:  # noqa: BLE001 - one line in the report; the ops stored are kept
@@ -134,7 +162,7 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
         log.warning("measuring the overheads failed", exc_info=True)
         report.error = f"{type(e).__name__}: {e}"
         return report
-    fp_of = {spec: fp for spec, (_, fp, _) in local.items()}
+    fp_of = {spec: fp for spec, (_, fp, _) in everything.items()}
     for f in figures:
         spec = spec_of[f.device]
         peer = None if f.peer is None else spec_of[f.peer]

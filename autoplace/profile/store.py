@@ -31,8 +31,9 @@ READABLE_VERSIONS = (1, 2, 3)
 PROFILE_FORMAT = "autoplace-profile"
 
 #: What an overhead row measures (:func:`autoplace.run.overhead.measure_overheads`): a
-#: pipeline stage's hand-off, a concurrent latency run's segment, a direct call.
-OVERHEAD_KINDS = ("stage", "segment", "call", "kernel")
+#: pipeline stage's hand-off, a concurrent latency run's segment, a direct call, the least a
+#: kernel costs, a call into PyTorch from the VM (a torch device's, with the TVM device as peer).
+OVERHEAD_KINDS = ("stage", "segment", "call", "kernel", "handoff")
 
 _OVERHEADS_TABLE = """
 CREATE TABLE overheads (

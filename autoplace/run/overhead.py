@@ -282,9 +282,12 @@ class OverheadFigure:
     - ``"call"``: one direct call of a one-add function through the pipeline's one-stage path,
       per input: the fixed cost of calling a compiled function (its add included);
     - ``"kernel"``: the least one kernel costs inside a model built for ``device`` (the slope
-      of :func:`measure_kernel_floor`).
+      of :func:`measure_kernel_floor`);
+    - ``"handoff"``: one call into PyTorch on torch device ``device`` from the VM of TVM device
+      ``peer``, beyond the op itself
+      (:func:`autoplace.predict.torch_costs.measure_handoff`).
 
-    With a ``peer``, the figure is the pair's: stages or segments alternating ``device``,
+    With a ``peer`` (but for ``"handoff"``), the figure is the pair's: stages or segments alternating ``device``,
     ``peer``, ``device``..., the slope per stage or segment (the mean of the two devices'
     figures). ``detail`` says how it was measured (JSON-able).
     """
@@ -306,8 +309,9 @@ class OverheadFigure:
 
 def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = None,
                       pairs: Iterable[tuple[str, str]] | None = None,
-                      kernels: Iterable[str] = (), rounds: int = 15,
-                      max_stages: int = 6, max_segments: int = 6) -> tuple[OverheadFigure, ...]:
+                      kernels: Iterable[str] = (), handoffs: Iterable[tuple[str, str]] = (),
+                      rounds: int = 15, max_stages: int = 6,
+                      max_segments: int = 6) -> tuple[OverheadFigure, ...]:
     """Measure each device's overheads (:class:`OverheadFigure`) and those of pairs of them.
 
     A device's own ``stage`` and ``segment`` figures are what a plan's stage or segment costs on
@@ -339,21 +343,32 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
     kernels : iterable of device names
         Devices not in ``own`` whose ``kernel`` figure alone to measure (a store that holds
         their other figures).
+    handoffs : iterable of (torch device name, TVM device name)
+        Pairs whose ``handoff`` figure to measure. A torch device (:meth:`Device.torch`) has
+        no figure of another kind: it is in ``own`` and ``pairs`` by default only through these.
     rounds, max_stages, max_segments
         Rounds per fit, and the longest chains fitted.
 
     Returns
     -------
     tuple of OverheadFigure
-        The devices' own figures (``peer`` None), then the pairs' (``peer`` set).
+        The devices' own figures (``peer`` None), then the pairs' (``peer`` set), then the
+        hand-offs.
     """
     devices = list(devices)
     by_name = {d.name: d for d in devices}
     if not devices or len(by_name) < len(devices):
         raise ValueError("measure_overheads needs one or more devices with distinct names")
-    own = [by_name[n] for n in dict.fromkeys(by_name if own is None else own)]
-    pairs = ([(a, b) for a in by_name for b in by_name if a != b] if pairs is None
+    tvm_names = [n for n, d in by_name.items() if d.runtime == "tvm"]
+    own = [by_name[n] for n in dict.fromkeys(tvm_names if own is None else own)]
+    pairs = ([(a, b) for a in tvm_names for b in tvm_names if a != b] if pairs is None
              else list(dict.fromkeys(pairs)))
+    handoffs = list(dict.fromkeys(handoffs))
+    for t, v in handoffs:
+        if t not in by_name or v not in by_name or by_name[t].runtime != "torch" \
+                or by_name[v].runtime != "tvm":
+            raise ValueError(f"hand-off ({t!r}, {v!r}): a torch device and a TVM device of "
+                             f"{sorted(by_name)}")
     for a, b in pairs:
         if a == b or a not in by_name or b not in by_name:
             raise ValueError(f"pair ({a!r}, {b!r}): two different devices of {sorted(by_name)}")
@@ -378,6 +393,14 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
                                   {**how, "fit": _fit_detail(st)}))
         out.append(OverheadFigure(a, "segment", max(seg.per_segment_s, 0.0), b,
                                   {**how, "fit": _fit_detail(seg)}))
+    if handoffs:
+        from autoplace.predict.torch_costs import measure_handoff
+
+        seconds = measure_handoff()  # the VM's call into Python: the same from any host device
+        for t, v in handoffs:
+            out.append(OverheadFigure(t, "handoff", seconds, v, {
+                "method": "a built chain of VM calls into torch.relu against the same calls "
+                          "from Python, per call (autoplace.predict.torch_costs.measure_handoff)"}))
     return tuple(out)
 
 

@@ -1,0 +1,177 @@
+"""Timing PyTorch's calls: the torch device (:meth:`autoplace.Device.torch`) as the profiler reaches it.
+
+A node placed on a torch device runs as one PyTorch call from the Relax VM
+(:mod:`autoplace.backend.torch_ops`): the ATen op the model exported where the importer lacked
+it, or the PyTorch equivalent of a Relax op. :class:`TorchRunner` times that call in eager
+PyTorch, on random inputs of the workload's shapes and on one PyTorch thread as the VM calls it,
+so that a campaign (:func:`autoplace.profile.run_campaign`) stores PyTorch's time of each workload
+beside the TVM devices' rows. A workload PyTorch has no call for is :class:`OpFailed` (stored as
+unsupported there), as a workload that does not build is on a TVM device.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.devices import Device
+from autoplace.profile.measure import (PROBE_POLICY, DeviceUnavailable, OpFailed, Timing,
+                                       TimingPolicy, _cpu_model, check_present, op_failed,
+                                       probe_module, time_adaptively)
+
+if TYPE_CHECKING:
+    import tvm
+
+    from autoplace.backend.torch_ops import TorchOp
+    from autoplace.graph import OpGraph, OpNode
+
+
+def torch_op_for(graph: OpGraph, node: OpNode) -> TorchOp | None:
+    """The PyTorch call that runs ``node``: a PyTorch call's own (registered at import), a
+    Relax op's equivalent (:func:`autoplace.backend.torch_ops.equivalent`), or None."""
+    from autoplace.backend.torch_ops import _REGISTRY, node_equivalent
+
+    if not node.is_torch:
+        return node_equivalent(node)
+    sig = dict(node.attrs)["call"]
+    for op in _REGISTRY.values():
+        if op.signature == sig and f"torch.{op.aten}" == node.op:
+            return op
+    return None
+
+
+def random_torch_inputs(node: OpNode, rng: np.random.Generator) -> list:
+    """Tensors of ``node``'s input shapes: floats uniform in [0, 1), integers zero (valid indices), bools
+    random."""
+    import torch
+
+    out = []
+    for t in node.inputs:
+        dtype = getattr(torch, t.dtype)
+        if dtype.is_floating_point:
+            out.append(torch.from_numpy(rng.random(t.shape).astype(t.dtype)))
+        elif dtype == torch.bool:
+            out.append(torch.from_numpy(rng.random(t.shape) < 0.5))
+        else:
+            out.append(torch.zeros(t.shape, dtype=dtype))
+    return out
+
+
+def call_timing(fn, policy: TimingPolicy) -> Timing:
+    """One ``fn()`` timed as a workload is (:func:`~autoplace.profile.measure.time_adaptively`),
+    after a few warm-up calls: a first call sets up PyTorch's kernels and threads."""
+    for _ in range(3):
+        fn()
+
+    def timer(number, repeat):
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            out.append((time.perf_counter() - t0) / number)
+        return out
+
+    return time_adaptively(timer, policy)
+
+
+def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
+                    rng: np.random.Generator | None = None) -> Timing:
+    """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
+    (:func:`random_torch_inputs`), on one PyTorch thread and without autograd, as the VM calls
+    it. Whatever the op raises on those inputs is raised."""
+    import torch
+
+    from autoplace.backend.torch_ops import one_thread
+
+    tensors = random_torch_inputs(node, rng or np.random.default_rng(0))
+    with one_thread(), torch.no_grad():
+        return call_timing(lambda: op.call(tensors), policy)
+
+
+class TorchRunner:
+    """A torch device of this process (``torch:cpu``): each workload's PyTorch call, timed.
+
+    The same interface as :class:`~autoplace.profile.measure.LocalRunner` (``name``, ``spec``,
+    ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
+    as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, the PyTorch version, the
+    CPU model and one thread (the VM calls PyTorch on one); no TVM target or version (its
+    timings involve neither).
+    """
+
+    def __init__(self, device: Device, spec: str | None = None):
+        if device.runtime != "torch":
+            raise ValueError(f"TorchRunner times a torch device (Device.torch()), not {device.name!r}")
+        if device.target != "cpu":
+            raise ValueError(f"device {spec or device.spec!r}: profiling PyTorch on a GPU is not "
+                             "built (nor are its calls from the VM): profile torch:cpu")
+        self.device = device
+        self.spec = spec or device.spec
+
+    @property
+    def name(self) -> str:
+        """The device's name (``torch``)."""
+        return self.device.name
+
+    def close(self) -> None:
+        """Nothing to release (the same call as a remote runner's)."""
+
+    def tvm_target(self):
+        """Raises ``ValueError``: PyTorch's kernels have no TVM target (nothing to build or tune)."""
+        return self.device.tvm_target()
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        return {"kind": "torch", "place": self.device.target, "target": None,
+                "hardware": _cpu_model(), "torch": torch.__version__, "threads": 1,
+                "host": platform.node(), "remote": None}
+
+    def check(self) -> None:
+        """Raise :class:`DeviceUnavailable` unless PyTorch is installed
+        (:func:`~autoplace.profile.measure.check_present`) and adds two vectors."""
+        check_present(self.device, self.spec)
+        try:
+            self.measure(probe_module(), PROBE_POLICY)
+        except OpFailed as e:
+            raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
+
+    def measure(self, mod: tvm.IRModule, policy: TimingPolicy = TimingPolicy(),
+                rng: np.random.Generator | None = None) -> Timing:
+        """Time the PyTorch call of the one op of ``mod`` (a one-op module,
+        :func:`~autoplace.profile.workload.single_op_modules`).
+
+        Raises
+        ------
+        OpFailed
+            PyTorch has no call for the op here (no equivalent of that Relax op, or of its
+            attributes; a PyTorch call this process has not registered), or it raised on
+            random inputs of its shapes.
+        """
+        from autoplace.graph import OpGraph
+
+        try:
+            graph = OpGraph.from_relax(mod)
+        except Exception as e:  # noqa: BLE001 - a module the op graph cannot read runs nowhere here
+            raise op_failed("not a one-op module of the op graph", e) from None
+        if len(graph.nodes) != 1:
+            raise OpFailed(f"expected a one-op module, got {len(graph.nodes)} ops")
+        node = graph.nodes[0]
+        if not self.device.can_run(node.op_type):
+            raise OpFailed(f"{self.spec} runs no {node.op_type}: no PyTorch equivalent "
+                           "(autoplace.backend.torch_ops.EQUIVALENTS)")
+        op = torch_op_for(graph, node)
+        if op is None:
+            raise OpFailed(f"no PyTorch call of {node.op_type} with these attributes and shapes "
+                           "(another layout, asymmetric padding, another output dtype; or a "
+                           "PyTorch call not registered in this process)")
+        from autoplace.backend import settle
+
+        settle(max_s=1.0, window_s=0.01)  # a TVM device timed just before leaves its pool spinning
+        try:
+            return time_torch_call(node, op, policy, rng)
+        except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
+            raise op_failed(f"{op.name} raised on random inputs", e) from None

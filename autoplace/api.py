@@ -849,32 +849,37 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
                                              (groups or {}).get(False), cost),
                    threads_all, note, profiles_note, overheads_note + call_note, outside,
                    outside_note)
-    return _with_torch_costs(graph, costs, devices, everything[len(devices):])
+    return _with_torch_costs(graph, costs, devices, everything[len(devices):], db)
 
 
 def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Device],
-                      torch_devices: Sequence[Device]) -> _Costs:
-    """Step 1b: ``costs`` with a column per torch device: its PyTorch calls timed here plus the
-    measured hand-off of a call from the VM (:class:`~autoplace.predict.torch_costs.TorchCostModel`);
-    on TVM devices, PyTorch calls cost ``inf``."""
+                      torch_devices: Sequence[Device], db=None) -> _Costs:
+    """Step 1b: ``costs`` with a column per torch device: its PyTorch calls as a profile of it
+    measured them (given to the cost model, in store ``db``, or shipped), those it lacks timed
+    here, plus the hand-off of a call from the VM
+    (:class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
+    cost ``inf``."""
     if not torch_devices:
         return costs
-    from autoplace.predict.torch_costs import TorchCostModel, WithTorch
+    from autoplace.predict.torch_costs import TorchCostModel, WithTorch, torch_profile
 
-    model = WithTorch(costs.model, TorchCostModel())
+    profile = torch_profile(torch_devices[0], db=db, cost_model=costs.model)
+    model = WithTorch(costs.model, TorchCostModel() if profile is None else
+                      TorchCostModel.from_profile(profile, _fingerprints(
+                          [d for d in tvm_devices if not d.is_gpu])))
     torch_nodes = [n.index for n in graph.nodes if n.is_torch]
     cost = costs.cost.copy()
     cost[torch_nodes] = np.inf
     cols = [model.predict(graph, d) for d in torch_devices]
-    runs = [any(d.can_run(n.op_type) for d in torch_devices) for n in graph.nodes]
-    sources = tuple("torch-timed" if n.is_torch else f"{s}+torch-timed" if r else s
+    by_torch = [model.sources(graph, d) for d in torch_devices]  # measured or timed here
+    runs = [[t[n.index] for t in by_torch if t[n.index] != "unsupported"] for n in graph.nodes]
+    sources = tuple("+".join(dict.fromkeys(r if n.is_torch else [s, *r]))
                     for n, s, r in zip(graph.nodes, costs.sources, runs))
     spread = np.column_stack([costs.spread] + [np.full(len(graph.nodes), np.nan)] * len(cols))
     overhead = costs.overhead
     if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
         overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
-    note = (f"{torch_devices[0].name}: {len(model.torch.timed_)} PyTorch call(s) timed here, "
-            f"each + {model.torch.handoff() * 1e6:.1f} us hand-off from the VM (measured here)",)
+    note = (f"{torch_devices[0].name}: {model.torch.describe(graph)}",)
     cost = np.column_stack([cost] + cols)
     _check_runnable(graph, [*tvm_devices, *torch_devices], cost, model)
     return replace(costs, model=model, cost=cost, sources=sources,
@@ -1225,7 +1230,7 @@ def _profile_notes(model, devices: Sequence[Device], here: bool,
                 lines.append(f"profile: all-threads baseline ({all_threads} threads) <- "
                              f"{label(prof)}")
     for prof in model.given():
-        if id(prof) not in used:
+        if id(prof) not in used and prof.kind != "torch":  # a torch device's: _with_torch_costs
             mine = [d.name for d in devices if d.kind == prof.kind]
             why = (f"no device is of kind {prof.kind}" if not mine else
                    f"several {prof.kind} profiles were given: pass {{device name: profile}}")

@@ -154,13 +154,14 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     if profiled and tuned:
         return None
     spec = args.model or options.default_model()
-    devs = " ".join(f"--device {d}" for d in args.device  # optimize times PyTorch's itself
+    every = " ".join(f"--device {d}" for d in args.device)
+    devs = " ".join(f"--device {d}" for d in args.device  # PyTorch's kernels are not tuned
                     if not d.strip().startswith("torch"))
     db = getattr(args, "db", None) or "prof.db"
     steps, seconds = [], 0.0
     if not profiled:
         workloads = len({n.workload_key for n in res.graph.nodes})
-        steps.append(f"autoplace profile --model {spec} {devs} --db {db}")
+        steps.append(f"autoplace profile --model {spec} {every} --db {db}")
         seconds += workloads * len(args.device) * 2.0  # --budget's default per workload
     if not tuned:
         trials = 64
@@ -244,7 +245,8 @@ def register_cli(sub) -> None:
     p.add_argument("--db", help="profile store whose tuned kernels (autoplace tune) the costs "
                                 "and the build use; kernels without a record keep TVM's default "
                                 "schedule (default: the records shipped for this machine, if "
-                                "any)")
+                                "any); a torch device's PyTorch calls profiled in it are charged "
+                                "as measured")
     p.add_argument("--run", type=int, default=0, metavar="N",
                    help="with --objective throughput: run N inputs through the pipelined plan "
                         "and report measured vs predicted inputs/s")

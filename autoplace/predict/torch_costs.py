@@ -24,6 +24,7 @@ from autoplace.profile.torch_runner import call_timing, time_torch_call, torch_o
 if TYPE_CHECKING:
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
+    from autoplace.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class TorchCostModel:
         How long to time each distinct call.
     handoff_s : float, optional
         The hand-off of one VM -> PyTorch call; measured on first use when not given.
+
+    :meth:`from_profile` makes one that charges what a profile of the torch device measured
+    (``autoplace profile --device torch:cpu``) and times only the calls it lacks.
     """
 
     source = "torch-timed"
@@ -51,6 +55,37 @@ class TorchCostModel:
         self.policy = policy
         self.handoff_s = handoff_s
         self.timed_: dict[str, float] = {}  # workload key -> seconds of the ATen call
+        self.stored_: frozenset[str] = frozenset()  # the keys of timed_ a profile measured
+        self.profile_: DeviceProfile | None = None
+        self.handoff_stored_ = False  # handoff_s is the profile's
+
+    @classmethod
+    def from_profile(cls, profile: DeviceProfile, callers: Sequence[str] = (),
+                     policy: TimingPolicy = TORCH_POLICY) -> TorchCostModel:
+        """A model charging what torch device ``profile`` measured: its workloads' times (the
+        fastest repeat, as every profile's) and its hand-off from the VM of the first of
+        ``callers`` (TVM device fingerprints) it was measured with, else from any; what the
+        profile lacks is timed here as by a new model (the hand-off too, where it has none)."""
+        handoffs = {f.peer: f.seconds for f in profile.overheads if f.kind == "handoff"}
+        handoff = next((handoffs[fp] for fp in callers if fp in handoffs),
+                       next(iter(handoffs.values()), None))
+        model = cls(policy, handoff)
+        model.timed_.update(profile.latency_s)
+        model.stored_ = frozenset(profile.latency_s)
+        model.profile_, model.handoff_stored_ = profile, handoff is not None
+        return model
+
+    def describe(self, graph: OpGraph) -> str:
+        """Where ``graph``'s PyTorch costs came from, in words (after :meth:`predict`)."""
+        keys = set(graph.workloads())
+        stored, here = len(keys & self.stored_), len(keys & (set(self.timed_) - self.stored_))
+        prof = self.profile_
+        handoff = ("from the profile" if self.handoff_stored_ else
+                   "measured here" if self.handoff_s is not None else "not measured")
+        return (f"{stored} PyTorch call(s) measured by profile {prof.name} ({prof.fingerprint}), "
+                if prof is not None else "") + (
+            f"{here} timed here, each + {(self.handoff_s or 0.0) * 1e6:.1f} us hand-off from "
+            f"the VM ({handoff})")
 
     def handoff(self) -> float:
         if self.handoff_s is None:
@@ -78,8 +113,38 @@ class TorchCostModel:
         return out
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
-        return [self.source if device.runtime == "torch" and device.can_run(n.op_type)
+        """``"measured"`` where a profile timed the node's call, ``"torch-timed"`` where it was
+        timed here, ``"unsupported"`` where the device runs no such op."""
+        return [("measured" if n.workload_key in self.stored_ else self.source)
+                if device.runtime == "torch" and device.can_run(n.op_type)
                 else "unsupported" for n in graph.nodes]
+
+
+def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile | None:
+    """The profile of torch device ``device`` (measured with its fingerprint, from
+    :class:`~autoplace.profile.torch_runner.TorchRunner`): one given to ``cost_model`` (a
+    :class:`~autoplace.predict.MeasuredCostModel`'s), else the one in profile store ``db`` (a
+    path), else a shipped one; None where there is none."""
+    from pathlib import Path
+
+    from autoplace.profile import DeviceProfile, ProfileStore, fingerprint
+    from autoplace.profile.store import shipped_profile
+    from autoplace.profile.torch_runner import TorchRunner
+
+    try:
+        fp = fingerprint(TorchRunner(device).info())
+    except (ImportError, ValueError):  # no PyTorch, or a device no profile is made of
+        return None
+    given = getattr(cost_model, "given", None)
+    for prof in given() if callable(given) else ():
+        if prof.fingerprint == fp:
+            return prof
+    if isinstance(db, (str, Path)) and Path(db).is_file():
+        with ProfileStore(db, readonly=True) as store:
+            if any(d.fingerprint == fp for d in store.devices()):
+                return DeviceProfile.from_store(store, fp)
+    found = shipped_profile(fp)
+    return found[0] if found is not None else None
 
 
 def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> float:

@@ -1,5 +1,6 @@
 """The torch device profiled like any device (issue 42): PyTorch's time of each workload in the
-store, resumable; the VM's hand-off into PyTorch per device pair, exported with the profile."""
+store, resumable; the VM's hand-off into PyTorch per device pair, exported with the profile;
+optimize charging what was stored and timing only the rest."""
 
 import json
 import sys
@@ -144,6 +145,50 @@ def test_the_handoff_is_stored_per_device_pair_and_travels_with_the_profile(tmp_
     other.import_profile(json.loads(path.read_text()))
     assert DeviceProfile.from_store(other, "torch:cpu").overhead("handoff", _fp("cpu:0")) == fit
     assert other.device(_fp("cpu:0")).name == "cpu:0"  # the peer comes along
+
+
+def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdist, monkeypatch):
+    from autoplace.predict import torch_costs
+    from autoplace.profile.overheads import record_overheads
+    from autoplace.run.overhead import measure_overheads
+
+    db = tmp_path / "p.db"
+    with ProfileStore(db) as store:
+        run_campaign([("cdist", cdist)], ["torch:cpu"], store, policy=FAST, progress=False,
+                     links=False)
+        _cpu_overheads_stored(store)
+        record_overheads(["cpu:0", "torch:cpu"], store, measure_overheads)
+        prof = DeviceProfile.from_store(store, "torch:cpu")
+    timed = []
+
+    def time_node(node, op, policy=None):
+        timed.append(node.workload_key)
+        return 1e-3
+
+    monkeypatch.setattr(torch_costs, "time_torch_node", time_node)
+    monkeypatch.setattr(torch_costs, "measure_handoff", lambda *a, **k: pytest.fail("measured"))
+    model = torch_costs.TorchCostModel.from_profile(prof, [_fp("cpu:0")])
+    g = OpGraph.from_relax(cdist)
+    cost = model.predict(g, Device.torch())
+    handoff = prof.overhead("handoff", _fp("cpu:0")).seconds
+    assert timed == []
+    np.testing.assert_allclose(cost, [prof.latency_s[n.workload_key] + handoff for n in g.nodes])
+    assert model.sources(g, Device.torch()) == ["measured"] * len(g.nodes)
+    # a model with one workload more: that one alone is timed here
+    bigger = autoplace.from_torch(Cdist(), [torch.randn(5, 8), torch.randn(3, 8)])
+    big = OpGraph.from_relax(bigger)
+    model.predict(big, Device.torch())
+    assert len(timed) == len({n.workload_key for n in big.nodes} - set(prof.latency_s)) > 0
+
+    # optimize finds the profile in its store (db=) and says so
+    res = autoplace.optimize(cdist, [Device.cpu(0), Device.torch()], db=db,
+                             cost_model=RooflineCostModel(), calibrate=False)
+    torch_node = next(n.index for n in g.nodes if n.is_torch)
+    assert res.plan.cost_sources[torch_node] == "measured"
+    k = [d.name for d in res.plan.devices].index("torch")
+    assert res.problem.cost[torch_node, k] == pytest.approx(
+        prof.latency_s[g.nodes[torch_node].workload_key] + handoff)
+    assert "measured by profile torch:cpu" in res.summary()
 
 
 def test_the_cli_profiles_the_torch_device(tmp_path, capsys, monkeypatch):

@@ -1,6 +1,7 @@
 """The torch device profiled like any device (issue 42): PyTorch's time of each workload in the
 store, resumable; the VM's hand-off into PyTorch per device pair, exported with the profile;
-optimize charging what was stored and timing only the rest."""
+optimize charging what was stored and timing only the rest; the learned model predicting
+PyTorch calls it never timed."""
 
 import json
 import sys
@@ -214,3 +215,34 @@ def test_the_cli_profiles_the_torch_device(tmp_path, capsys, monkeypatch):
                  "--db", str(tmp_path / "q.db")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "PyTorch is not installed: pip install" in err[0]
+
+
+def test_the_learned_model_predicts_pytorch_calls_it_never_timed(tmp_path):
+    """Rows of both devices in one store; a quarter of the torch device's held out. Fitted as
+    ``autoplace train`` fits it (TVM's kernel features too: a torch device has no TVM target, so
+    its rows have no code features and keep the roofline baseline), the model predicts them on
+    the torch device near what PyTorch took; the same rows predicted on the CPU device (TVM's
+    untuned kernels) are not, so the model tells the devices apart."""
+    from autoplace.predict import XGBCostModel
+    from autoplace.predict.features import workload_rows
+    from autoplace.predict.rows import profile_rows
+    from autoplace.profile.sweeps import from_specs
+
+    store = ProfileStore(tmp_path / "p.db")
+    mods = from_specs(["matmul:20:batch", "nn.conv2d:12:small", "nn.relu:6:small"])
+    rep = run_campaign(mods, ["torch:cpu"], store, policy=FAST, progress=False, links=False)
+    run_campaign(mods[::3], ["cpu:0"], store, policy=FAST, progress=False, links=False)
+    tfp = rep.devices[0].fingerprint
+    rows = profile_rows(store)
+    held = [r for r in rows if r["device"] == tfp][::4]
+    model = XGBCostModel(rounds=200).fit([r for r in rows if r not in held])
+    assert set(model.devices_) == {tfp, _fp("cpu:0")}
+    measured = np.array([r["latency_s"] for r in held])
+    error = np.abs(np.log(model.predict_workloads(held) / measured))
+    as_cpu = np.abs(np.log(model.predict_workloads(held, _fp("cpu:0")) / measured))
+    assert np.median(error) < np.log(2) and error.max() < np.log(5)
+    assert np.median(error) < np.median(as_cpu)
+    # a graph's nodes asked of Device.torch() are predicted on the fitted torch device
+    g = OpGraph.from_relax(mods[0][1])
+    assert model.predict(g, Device.torch()) == pytest.approx(
+        model.predict_workloads(workload_rows(g), tfp))

@@ -1,5 +1,6 @@
-"""TVM (default and tuned kernels) against PyTorch eager and ONNX Runtime, per model, at one
-thread count: medians, ratios, relative errors, and the kernels that hold the tuned build back.
+"""TVM (default and tuned kernels) and autoplace's mixed plans (TVM's kernels and PyTorch's, per
+op) against PyTorch eager, ``torch.compile`` and ONNX Runtime, per model, at one thread count:
+medians, ratios, relative errors, and the kernels that hold the tuned build back.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/vs_frameworks.py [--models zoo:resnet resnet18 ...]
      [--trials 64] [--minutes 20] [--db out/vs_frameworks.db] [--device cpu:0:native]
@@ -13,7 +14,8 @@ Each framework runs in its own process (TVM's idle worker threads spin, and PyTo
 TVM in one process ran up to 100x slower), one model after another, in this order:
 
 1. PyTorch eager: the reference outputs, the latency, and an ONNX export (``dynamo=False``).
-2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = ``--threads``).
+2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = ``--threads``),
+   then ``torch.compile`` (Inductor; its first call, which compiles, is reported apart).
 3. Tuning with ``autoplace.tune`` for this CPU (``-mcpu`` of the host, ``num-cores`` =
    ``--threads``), records kept beside ``--db``, to ``--trials`` per kernel with a time limit of
    ``--minutes``: the campaign times each kernel's default schedule, gives every kernel one
@@ -23,6 +25,10 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
 4. TVM: ``autoplace.compile`` of the model on one CPU (``--device``), without records (default
    schedules) and with them (tuned); latencies, relative errors against PyTorch, and, for the
    tuned build, each kernel's share of the run (timed with the VM's instrument hook).
+5. The mixed plans: ``autoplace.optimize_module`` of the PyTorch model over ``[--device,
+   torch:cpu]``, without the records and with them; the module as a user gets it (it runs the
+   model eagerly where that measured faster than its build, and the table says so), the build's
+   own latency and its measured/predicted. PyTorch calls from the build run on one thread.
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
 calls pass 30 s, never under 3); TVM's call is ``CompiledModel``'s, on numpy arrays, as a user
@@ -140,6 +146,60 @@ def _worker_ort(cfg: dict) -> dict:
             "version": ort.__version__}
 
 
+def _worker_compile(cfg: dict) -> dict:
+    """``torch.compile`` (Inductor, its default) of the model: first call (compiling) and
+    steady latency."""
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    model = _models.load(cfg["model"], cfg["seed"])
+    work = Path(cfg["work"])
+    args = tuple(torch.from_numpy(x) for x in _load_arrays(work / "inputs.npz"))
+    compiled = torch.compile(model.module)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        outs = compiled(*args)
+        first_s = time.perf_counter() - t0
+        ms, n = _median_ms(lambda: compiled(*args), cfg["repeats"])
+    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+    return {"ms": ms, "n": n, "first_s": first_s,
+            "rel_error": _rel_error([o.numpy() for o in outs], _load_arrays(work / "torch.npz"))}
+
+
+def _worker_mixed(cfg: dict) -> dict:
+    """``autoplace.optimize_module`` over ``[--device, torch:cpu]``: TVM's kernels and PyTorch's
+    chosen per op, without tuning records and with them; what the module runs (the build, or
+    the model eagerly where that measured faster), and the build's own latency and prediction."""
+    import torch
+
+    import autoplace
+
+    torch.set_num_threads(cfg["threads"])
+    model = _models.load(cfg["model"], cfg["seed"])
+    work = Path(cfg["work"])
+    args = tuple(torch.from_numpy(x) for x in _load_arrays(work / "inputs.npz"))
+    ref = _load_arrays(work / "torch.npz")
+    devices = [_device(cfg), autoplace.Device.torch()]
+    out = {}
+    for kind, db in (("default", None), ("tuned", cfg["db"])):
+        t0 = time.perf_counter()
+        m = autoplace.optimize_module(model.module, args, devices, db=db)
+        build_s = time.perf_counter() - t0
+        with torch.no_grad():
+            outs = m(*args)
+            ms, n = _median_ms(lambda: m(*args), cfg["repeats"])
+            built_ms = ms if m.runs == "build" else _median_ms(lambda: m.run_flat(args),
+                                                                 cfg["repeats"])[0]
+        outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+        res = m.result
+        out[kind] = {"ms": ms, "n": n, "runs": m.runs, "build_ms": built_ms,
+                     "predicted_ms": res.predicted_latency_s * 1e3, "optimize_s": build_s,
+                     "on_torch": sum(d == "torch" for d in res.plan.assignment),
+                     "nodes": len(res.plan.nodes), "kernels": res.kernels,
+                     "rel_error": _rel_error([o.numpy() for o in outs], ref)}
+    return out
+
+
 def _device(cfg: dict):
     import autoplace
 
@@ -251,7 +311,8 @@ def _kernel_times(run, inputs, dev, rounds: int = 7) -> dict:
             for name in per_round[0]}
 
 
-WORKERS = {"torch": _worker_torch, "ort": _worker_ort, "tune": _worker_tune, "tvm": _worker_tvm}
+WORKERS = {"torch": _worker_torch, "ort": _worker_ort, "compile": _worker_compile,
+           "tune": _worker_tune, "tvm": _worker_tvm, "mixed": _worker_mixed}
 
 
 def _summary(e: BaseException) -> str:
@@ -334,6 +395,8 @@ def bench_model(name: str, args, work: Path, say) -> dict:
         row["ort"] = _spawn("ort", cfg, log, timeout_s=WORKER_TIMEOUT_S)
         if row["torch"].get("onnx_error"):
             row["ort"]["error"] = f"ONNX export failed: {row['torch']['onnx_error']}"
+        say(f"{name}: torch.compile ...")
+        row["compile"] = _spawn("compile", cfg, log, timeout_s=WORKER_TIMEOUT_S)
         if args.minutes > 0:
             say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
             before = _records(args.db)
@@ -345,6 +408,9 @@ def bench_model(name: str, args, work: Path, say) -> dict:
             row["tune"]["trials_run"] = _records(args.db) - before
         say(f"{name}: TVM default and tuned builds ...")
         row["tvm"] = _spawn("tvm", cfg, log, timeout_s=WORKER_TIMEOUT_S, tvm_threads=args.threads)
+        say(f"{name}: mixed plans (TVM + PyTorch) ...")
+        row["mixed"] = _spawn("mixed", cfg, log, timeout_s=WORKER_TIMEOUT_S,
+                              tvm_threads=args.threads)
     return row
 
 
@@ -395,8 +461,31 @@ def summarize(row: dict) -> dict:
         "trials_run": _get(row, "tune", "trials_run"),
         "rel_error": {k: _get(row, *p) for k, p in (("default", ("tvm", "default", "rel_error")),
                                                      ("tuned", ("tvm", "tuned", "rel_error")),
-                                                     ("ort", ("ort", "rel_error")))},
+                                                     ("ort", ("ort", "rel_error")),
+                                                     ("compile", ("compile", "rel_error")),
+                                                     ("mixed", ("mixed", "default", "rel_error")),
+                                                     ("mixed tuned",
+                                                      ("mixed", "tuned", "rel_error")))},
+        "compile_ms": _get(row, "compile", "ms"),
+        **{f"mixed_{k}": _mixed(row, k) for k in ("default", "tuned")},
     }
+
+
+def _mixed(row: dict, kind: str) -> dict | None:
+    """One mixed module's figures: what it runs and its latency, the build's latency and its
+    measured/predicted, and the speed-ups the issue sets targets for (eager's time over the
+    module's; the faster of eager and TVM alone over the module's)."""
+    m = _get(row, "mixed", kind)
+    if not m or "ms" not in m:
+        return None
+    eager = _get(row, "torch", "ms")
+    tvm_alone = _get(row, "tvm", kind, "ms")
+    best = min(x for x in (eager, tvm_alone) if x) if eager or tvm_alone else None
+    return {"ms": m["ms"], "runs": m["runs"], "build_ms": m["build_ms"],
+            "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
+            "on_torch": f"{m['on_torch']}/{m['nodes']}",
+            "eager_speedup": eager / m["ms"] if eager else None,
+            "best_speedup": best / m["ms"] if best else None}
 
 
 def _tuning_note(row: dict, args) -> str:
@@ -455,7 +544,8 @@ def render(rows: list[dict], args) -> str:
             (f"{tr[1]} ({tr[0]}-{tr[2]})" if tr[0] != tr[2] else f"{tr[0]}") if tr else "-",
             (f"{s['tune_s']:.0f} s, {s['trials_run']} trials" if s["tune_s"] is not None
              else "-"),
-            " / ".join(f"{v:.0e}" if v is not None else "-" for v in err.values()),
+            " / ".join(f"{err[k]:.0e}" if err[k] is not None else "-"
+                       for k in ("default", "tuned", "ort")),
         ])
         description = _get(row, "torch", "description")
         notes.append(f"{row['model']}: {description}" if description else row["model"])
@@ -472,12 +562,51 @@ def render(rows: list[dict], args) -> str:
             notes.append(f"  slowest kernels of the tuned build (instrumented run "
                          f"{total * 1e3:.3g} ms; share, time per run, calls, rate, tuning):")
             notes += lines
-    widths = [max(len(r[c]) for r in table) for c in range(len(head))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+        for label, msg in (("torch.compile", _get(row, "compile", "error")),
+                           ("mixed", _get(row, "mixed", "error"))):
+            if msg:
+                notes.append(f"  {label}: {msg}")
     legend = (f"{args.threads} thread(s), device {args.device}; medians; a/b > 1: a is slower. "
               "kernels t/d: the tuned build's kernels with a record / with the default schedule; "
               "trials/kernel: median (min-max) over them; rel.err: against PyTorch.")
-    return "\n".join(text + [legend, ""] + notes)
+    return "\n".join(_aligned(table) + [legend, "", *_mixed_table(rows), ""] + notes)
+
+
+def _aligned(table: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+
+
+def _mixed_table(rows: list[dict]) -> list[str]:
+    """The mixed plans (TVM + PyTorch per op) beside every framework, and the issue's targets."""
+    head = ["model", "PyTorch", "torch.compile", "ORT", "TVM default", "TVM tuned",
+            "mixed default", "mixed tuned", "eager/mixed", "best/mixed tuned", "m/p def/tuned",
+            "on PyTorch def/tuned", "rel.err compile/mixed def/tuned"]
+    table = [head]
+    for row in rows:
+        s = summarize(row)
+        d, t = s["mixed_default"], s["mixed_tuned"]
+
+        def cell(m):
+            return "-" if m is None else f"{_ms(m['ms'])}{' (eager)' if m['runs'] == 'eager' else ''}"
+
+        def ratio(m, key):
+            return f"{m[key]:.2f}x" if m and m[key] else "-"
+
+        table.append([row["model"], _ms(s["eager_ms"]), _ms(s["compile_ms"]), _ms(s["ort_ms"]),
+                      _ms(s["default_ms"]), _ms(s["tuned_ms"]), cell(d), cell(t),
+                      ratio(d, "eager_speedup"), ratio(t, "best_speedup"),
+                      " / ".join(f"{m['m/p']:.2f}" if m and m["m/p"] else "-" for m in (d, t)),
+                      " / ".join(m["on_torch"] if m else "-" for m in (d, t)),
+                      " / ".join(f"{s['rel_error'][k]:.0e}" if s["rel_error"][k] is not None
+                                 else "-" for k in ("compile", "mixed", "mixed tuned"))])
+    legend = ("mixed: autoplace.optimize_module over [device, torch:cpu], per op TVM's kernel or "
+              "PyTorch's, without tuning records (default) and with them (tuned); '(eager)': the "
+              "module runs the model eagerly, which measured faster than its build. eager/mixed: "
+              "eager's time over the default mixed module's (target >= 0.97x); best/mixed tuned: "
+              "the faster of eager and TVM tuned over the tuned mixed module's (target >= 1.1x). "
+              "m/p: the build's measured over predicted latency. on PyTorch: nodes placed there.")
+    return _aligned(table) + [legend]
 
 
 def main(argv=None) -> int:

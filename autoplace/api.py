@@ -43,7 +43,8 @@ EAGER = "pytorch eager"
 
 def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
                     func_name: str = "main", progress: bool = True,
-                    graph: OpGraph | None = None) -> tuple[Any, str]:
+                    graph: OpGraph | None = None, workloads: int | None = None
+                    ) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
     Per device: the profile shipped in the package (:func:`autoplace.profile.shipped_dir`)
@@ -54,7 +55,9 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     that no profile describes, gets the shipped learned model calibrated on a few of ``mod``'s
     own workloads timed here (:func:`autoplace.predict.calibrate.calibrated`, cached per host:
     the next call times nothing). Otherwise, where no profile applies,
-    :class:`RooflineCostModel`. ``graph``: ``mod``'s op graph, where the caller has it.
+    :class:`RooflineCostModel`. ``graph``: ``mod``'s op graph, where the caller has it;
+    ``workloads``: how many a calibration times at most
+    (:data:`~autoplace.predict.calibrate.CALIBRATION_WORKLOADS` by default).
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
@@ -72,9 +75,10 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
             profiles[d.name] = found
         elif local_cpu:
             if fp not in adapted:
-                from autoplace.predict.calibrate import calibrated
+                from autoplace.predict.calibrate import CALIBRATION_WORKLOADS, calibrated
 
                 cal = calibrated(d, [("model", mod)], progress=progress,
+                                 count=workloads or CALIBRATION_WORKLOADS,
                                  overheads=_calibration_overheads)
                 adapted[fp], first[fp] = cal, d.name
                 notes.append(f"{d.name}: {cal.note}")
@@ -807,9 +811,14 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
     :class:`~autoplace.predict.torch_costs.TorchCostModel` costs: PyTorch calls timed here."""
     everything, devices = devices, [d for d in devices if d.runtime == "tvm"]
     if isinstance(cost_model, str) and cost_model == "auto":
-        cost_model, described = auto_cost_model(devices, mod if here else None,
-                                                calibrate=calibrate, func_name=func_name,
-                                                graph=graph)
+        from autoplace.backend.torch_ops import EQUIVALENTS
+        from autoplace.predict.calibrate import MIXED_CALIBRATION_WORKLOADS
+
+        mixed = any(d.runtime == "torch" and not EQUIVALENTS <= set(d.unsupported_ops)
+                    for d in everything)  # a torch device competing for Relax ops
+        cost_model, described = auto_cost_model(
+            devices, mod if here else None, calibrate=calibrate, func_name=func_name,
+            graph=graph, workloads=MIXED_CALIBRATION_WORKLOADS if mixed else None)
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)

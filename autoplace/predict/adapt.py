@@ -10,7 +10,7 @@ time to the base model's prediction (the base prediction is its starting margin)
 :class:`AdaptedCostModel` that predicts the new machine. With a handful of rows the trees cannot
 split and it learns one factor; with tens, how the ratio moves with op class and shape.
 :func:`choose_workloads` picks the workloads worth timing for a model: the one that takes most of
-the predicted time in each op class it uses, then the heaviest.
+the predicted time in each op type it uses, then the heaviest.
 
 >>> base, name = shipped_base("cpu")                                            # doctest: +SKIP
 >>> keys = choose_workloads([graph], base, count=40)                            # doctest: +SKIP
@@ -256,8 +256,10 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
                      skip: frozenset[str] = frozenset()) -> list[str]:
     """The workload keys of ``graphs`` worth timing on a new device to adapt ``base``: in order
     of predicted time (per-op prediction times the nodes that use it), the heaviest of each op
-    class first so that every class the models use gets a row; at most ``count``, none of
-    ``skip`` (the workloads whose nodes all run no kernel in the build: they cost nothing)."""
+    type first so that every op the models use gets a row (and so every class; a type the
+    adapted model mispredicts is then charged as timed where it matters most); at most
+    ``count``, none of ``skip`` (the workloads whose nodes all run no kernel in the build: they
+    cost nothing)."""
     weight: dict[str, float] = {}
     cls: dict[str, str] = {}
     rows = {}
@@ -266,7 +268,7 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
             if n.workload_key in skip:
                 continue
             rows.setdefault(n.workload_key, workload_row(n))
-            cls[n.workload_key] = op_class(n.op_type)
+            cls[n.workload_key] = n.op_type
     keys = list(rows)
     if not keys:
         return []
@@ -279,7 +281,7 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
                 weight[n.workload_key] = (weight.get(n.workload_key, 0.0)
                                           + float(pred[n.workload_key]))
     ranked = sorted(keys, key=lambda k: -weight[k])
-    # The heaviest workload of each class first (so every class gets a row), then by weight.
+    # The heaviest workload of each op type first (so every type gets a row), then by weight.
     first = list({cls[k]: k for k in reversed(ranked)}.values())
     first.sort(key=lambda k: -weight[k])
     chosen = list(dict.fromkeys([*first, *ranked]))[:count]

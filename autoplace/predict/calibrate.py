@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 #: Workloads timed at most for one model on first use (fewer where the model has fewer kernels).
 CALIBRATION_WORKLOADS = 12
+#: ... where a torch device competes for the model's ops: each op's TVM cost then decides
+#: where it goes, and an op type the adapted model mispredicts is charged as timed.
+MIXED_CALIBRATION_WORKLOADS = 48
 #: How each calibration workload is timed: a few short repeats (its build costs more).
 CALIBRATION_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=3, max_repeats=9, round_size=3,
                                   cv_target=0.05, budget_s=0.5)
@@ -239,7 +242,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     t = time.perf_counter()
     cache, entry = _entry_of(device)
     base, base_path = shipped_base(device.kind)
-    digest = _models_digest(models)
+    digest = f"{_models_digest(models)}:{count}"
     done = (cache.read(entry, "models.json") or {}).get("models", [])
     if digest in done:  # calibrated on these very models: read, time nothing
         try:

@@ -11,9 +11,9 @@ unsupported there), as a workload that does not build is on a TVM device.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,24 +80,30 @@ def call_timing(fn, policy: TimingPolicy) -> Timing:
 
 
 def cache_bytes() -> int:
-    """Bytes of one core's level-2 cache (``sysconf``; 2 MiB where the system does not say)."""
-    try:
-        size = os.sysconf("SC_LEVEL2_CACHE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        size = 0
-    return size if size and size > 0 else 2 << 20
+    """Bytes of this host's last-level cache (the largest Linux lists for CPU 0; 32 MiB where
+    it lists none)."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=32 << 20)
 
 
 def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
-                    rng: np.random.Generator | None = None, *, cold: bool = True) -> Timing:
+                    rng: np.random.Generator | None = None) -> Timing:
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
     (:func:`random_torch_inputs`), on one PyTorch thread and without autograd, as the VM calls
     it. Whatever the op raises on those inputs is raised.
 
-    ``cold``: each call reads other copies of the inputs, as many as fill twice the core's
-    cache (:func:`cache_bytes`; at most 64), so that they come from beyond it as a model's
-    weights do when it runs: one set read again and again stays in the cache, and a matmul
-    with 4 MB of weights then took a quarter of its time in a model."""
+    Each call reads another copy of the inputs, as many copies as fill twice the last-level
+    cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
+    inference ago, and one set read again and again stays in the cache, which makes an op with
+    large weights look several times faster than it runs there. (An op in a built model also
+    meets a colder cache than this; docs/results.md says by how much.)"""
     import itertools
 
     import torch
@@ -106,7 +112,7 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0))
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    copies = min(64, max(1, -(-2 * cache_bytes() // max(nbytes, 1)))) if cold else 1
+    copies = min(64, -(-2 * cache_bytes() // nbytes)) if nbytes else 1
     sets = itertools.cycle([tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)])
     with one_thread(), torch.no_grad():
         return call_timing(lambda: op.call(next(sets)), policy)

@@ -254,6 +254,16 @@ def timing_lock(device: Device, lock_dir: str | Path | None = None) -> Iterator[
         os.close(fd)  # releases the lock if this process held it
 
 
+def check_runs_probe(runner) -> None:
+    """Raise :class:`DeviceUnavailable` unless ``runner``'s device (a local one: ``device`` and
+    ``spec``) exists (:func:`check_present`) and times a vector add (:func:`probe_module`)."""
+    check_present(runner.device, runner.spec)
+    try:
+        runner.measure(probe_module(), PROBE_POLICY)
+    except OpFailed as e:
+        raise DeviceUnavailable(f"{runner.spec} cannot run a vector add: {e}") from None
+
+
 class LocalRunner:
     """A device of this process (``cpu:N`` or ``cuda:N``)."""
 
@@ -293,11 +303,7 @@ class LocalRunner:
     def check(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the device exists (:func:`check_present`) and
         runs a trivial op."""
-        check_present(self.device, self.spec)
-        try:
-            self.measure(probe_module(), PROBE_POLICY)
-        except OpFailed as e:
-            raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
+        check_runs_probe(self)
 
     def measure(self, mod: tvm.IRModule, policy: TimingPolicy = TimingPolicy(),
                 rng: np.random.Generator | None = None) -> Timing:

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.devices import Device
-from autoplace.profile.measure import (PROBE_POLICY, DeviceUnavailable, OpFailed, Timing,
-                                       TimingPolicy, _cpu_model, check_present, op_failed,
-                                       probe_module, time_adaptively)
+from autoplace.profile.measure import (OpFailed, Timing, TimingPolicy, _cpu_model,
+                                       check_runs_probe, op_failed, time_adaptively)
 
 if TYPE_CHECKING:
     import tvm
@@ -159,11 +158,7 @@ class TorchRunner:
     def check(self) -> None:
         """Raise :class:`DeviceUnavailable` unless PyTorch is installed
         (:func:`~autoplace.profile.measure.check_present`) and adds two vectors."""
-        check_present(self.device, self.spec)
-        try:
-            self.measure(probe_module(), PROBE_POLICY)
-        except OpFailed as e:
-            raise DeviceUnavailable(f"{self.spec} cannot run a vector add: {e}") from None
+        check_runs_probe(self)
 
     def measure(self, mod: tvm.IRModule, policy: TimingPolicy = TimingPolicy(),
                 rng: np.random.Generator | None = None) -> Timing:

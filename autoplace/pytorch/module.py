@@ -120,7 +120,7 @@ def _turns(module: AutoplaceModule, model: torch.nn.Module, inputs, budget_s: fl
     from autoplace.backend import settle
 
     times: tuple[list, list] = ([], [])
-    with torch.no_grad():
+    with torch.inference_mode():
         module(*inputs)
         settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
         model(*inputs)
@@ -134,7 +134,7 @@ def _turns(module: AutoplaceModule, model: torch.nn.Module, inputs, budget_s: fl
 
 
 def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 20):
-    """Median seconds of ``model(*inputs)`` in eval mode without gradients, at PyTorch's own
+    """Median seconds of ``model(*inputs)`` in eval and inference mode, at PyTorch's own
     thread count, over up to ``most`` calls or ``budget_s`` (after one warm-up), and how it
     was timed; (None, "") where the call raises or inputs are not on the CPU."""
     import statistics
@@ -144,7 +144,7 @@ def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 
         return None, ""
     training = model.training
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             model.eval()(*inputs)
             times, start = [], time.perf_counter()
             while len(times) < most and (len(times) < 3 or time.perf_counter() - start < budget_s):
@@ -228,8 +228,9 @@ class AutoplaceModule(torch.nn.Module):
         return "build" if self._eager is None else "eager"
 
     def run_eagerly(self, model: torch.nn.Module, eager_s: float, built_s: float) -> None:
-        """From now on, calls run ``model`` in PyTorch (without gradients) rather than the build,
-        which measured ``built_s`` against the model's ``eager_s`` seconds a call."""
+        """From now on, calls run ``model`` in PyTorch (under ``torch.inference_mode``, as it
+        was timed: its outputs are inference tensors) rather than the build, which measured
+        ``built_s`` against the model's ``eager_s`` seconds a call."""
         self._eager = model
         self._eager_note = (f"runs PyTorch eager: the model measured {eager_s * 1e3:.4g} ms a "
                             f"call here against the build's {built_s * 1e3:.4g} ms (timed turn "
@@ -239,7 +240,7 @@ class AutoplaceModule(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         if self._eager is not None:
-            with torch.no_grad():
+            with torch.inference_mode():
                 return self._eager(*inputs)
         outs = self.run_flat(inputs)
         kind = self._tree

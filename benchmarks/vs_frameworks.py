@@ -28,9 +28,10 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
 5. The mixed plans: ``autoplace.optimize_module`` of the PyTorch model over ``[--device,
    torch:cpu]``, without the records and with them; the module as a user gets it (it runs the
    model eagerly where that measured faster than its build, and the table says so), the build's
-   own latency and its measured/predicted, and eager PyTorch in the same process; these three
-   are timed turn by turn (one call of each, then again), and the targets are judged against
-   this eager. PyTorch calls from the build run on one thread.
+   own latency and its measured/predicted, eager PyTorch in the same process and, with the
+   records, TVM alone as a module; these are timed turn by turn (one call of each, then again,
+   each round starting one further along), and the targets are judged against them. PyTorch
+   calls from the build run on one thread.
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
 calls pass 30 s, never under 3); TVM's call is ``CompiledModel``'s, on numpy arrays, as a user
@@ -80,18 +81,21 @@ def _median_ms(fn, repeats: int) -> tuple[float, int]:
 
 def _turns_ms(fns, repeats: int) -> list[float]:
     """Median latency in ms of each of ``fns``, called turn by turn (one call of each, then
-    again), so that all see the machine alike; after two warm-up calls each."""
+    again), so that all see the machine alike; after two warm-up calls each. Each round starts
+    one further along, so that each follows every other as often (one that runs after
+    another meets the cache that one left)."""
     for fn in fns:
         for _ in range(WARMUP):
             fn()
     times: list[list[float]] = [[] for _ in fns]
-    start = time.perf_counter()
+    start, k = time.perf_counter(), 0
     while len(times[0]) < repeats and (len(times[0]) < 3
                                        or time.perf_counter() - start < TIME_CAP_S):
-        for fn, out in zip(fns, times):
+        for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
             t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
+            fns[i]()
+            times[i].append(time.perf_counter() - t)
+        k += 1
     return [statistics.median(t) * 1e3 for t in times]
 
 
@@ -204,15 +208,19 @@ def _worker_mixed(cfg: dict) -> dict:
         t0 = time.perf_counter()
         m = autoplace.optimize_module(model.module, args, devices, db=db)
         build_s = time.perf_counter() - t0
+        # Beside it, turn by turn: its build, eager, and (tuned) TVM alone as a module too.
+        contenders = [lambda: m(*args), lambda: m.run_flat(args), lambda: model.module(*args)]
+        if kind == "tuned":
+            alone = autoplace.optimize_module(model.module, args, devices[:1], db=db,
+                                              eager_fallback=False)
+            contenders.append(lambda: alone(*args))
         with torch.inference_mode():
             outs = m(*args)
-            # The module as a user gets it, its build, and eager in this process, turn by turn.
-            ms, built_ms, eager_ms = _turns_ms(
-                [lambda: m(*args), lambda: m.run_flat(args), lambda: model.module(*args)],
-                cfg["repeats"])
+            ms, built_ms, eager_ms, *tvm_ms = _turns_ms(contenders, cfg["repeats"])
         outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
         res = m.result
         out[kind] = {"ms": ms, "runs": m.runs, "build_ms": built_ms, "eager_here_ms": eager_ms,
+                     "tvm_here_ms": tvm_ms[0] if tvm_ms else None,
                      "predicted_ms": res.predicted_latency_s * 1e3, "optimize_s": build_s,
                      "on_torch": sum(d == "torch" for d in res.plan.assignment),
                      "nodes": len(res.plan.nodes), "kernels": res.kernels,
@@ -499,9 +507,10 @@ def _mixed(row: dict, kind: str) -> dict | None:
     if not m or "ms" not in m:
         return None
     eager = m["eager_here_ms"]  # timed beside the module, turn by turn
-    tvm_alone = _get(row, "tvm", kind, "ms")
+    tvm_alone = m.get("tvm_here_ms") or _get(row, "tvm", kind, "ms")
     best = min(x for x in (eager, tvm_alone) if x)
     return {"ms": m["ms"], "runs": m["runs"], "build_ms": m["build_ms"], "eager_ms": eager,
+            "tvm_ms": tvm_alone,
             "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
             "on_torch": f"{m['on_torch']}/{m['nodes']}",
             "eager_speedup": eager / m["ms"], "best_speedup": best / m["ms"]}
@@ -600,6 +609,7 @@ def _mixed_table(rows: list[dict]) -> list[str]:
     """The mixed plans (TVM + PyTorch per op) beside every framework, and the issue's targets."""
     head = ["model", "PyTorch", "torch.compile", "ORT", "TVM default", "TVM tuned",
             "mixed default", "build", "eager here", "mixed tuned", "build", "eager here",
+            "TVM tuned here",
             "eager/mixed", "best/mixed tuned", "m/p def/tuned", "on PyTorch def/tuned",
             "rel.err compile/mixed def/tuned"]
     table = [head]
@@ -617,6 +627,7 @@ def _mixed_table(rows: list[dict]) -> list[str]:
                       _ms(s["default_ms"]), _ms(s["tuned_ms"]),
                       cell(d), _ms(d and d["build_ms"]), _ms(d and d["eager_ms"]),
                       cell(t), _ms(t and t["build_ms"]), _ms(t and t["eager_ms"]),
+                      _ms(t and t["tvm_ms"]),
                       ratio(d, "eager_speedup"), ratio(t, "best_speedup"),
                       " / ".join(f"{m['m/p']:.2f}" if m and m["m/p"] else "-" for m in (d, t)),
                       " / ".join(m["on_torch"] if m else "-" for m in (d, t)),
@@ -628,7 +639,8 @@ def _mixed_table(rows: list[dict]) -> list[str]:
               "build's own latency; eager here: the model in eager PyTorch in the same process, "
               "timed turn by turn with the module and its build. eager/mixed: eager here over the "
               "default mixed module (target >= 0.97x); best/mixed tuned: the faster of eager here "
-              "and TVM tuned over the tuned mixed module (target >= 1.1x). m/p: the build's "
+              "and TVM tuned here (TVM alone with the records, as a module, timed with them) "
+              "over the tuned mixed module (target >= 1.1x). m/p: the build's "
               "measured over predicted latency. on PyTorch: nodes placed there.")
     return _aligned(table) + [legend]
 

@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 #: What ``OptimizeResult.cost_model`` calls roofline costs, whether asked for or fallen back on.
 ROOFLINE = "roofline estimates"
-#: The baseline of a model that came from PyTorch: its eager call, measured (not predicted).
+#: The baselines of a model that came from PyTorch, measured (not predicted): its eager call,
+#: and the model compiled by ``torch.compile`` (Inductor) where it was asked for.
 EAGER = "pytorch eager"
+COMPILED = "torch.compile"
 
 
 def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
@@ -396,7 +398,7 @@ class OptimizeResult:
                      else float("nan"))
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
             if self.delivery is not None and name not in self.baseline_plans \
-                    and name != EAGER:
+                    and name not in (EAGER, COMPILED):
                 note += "; a schedule: over several devices its build would also pay segments"
             lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
                          f"({ratio:.2f}x the plan{note})")
@@ -412,12 +414,13 @@ class OptimizeResult:
         return "\n".join(lines)
 
 
-def with_eager_baseline(res: OptimizeResult, seconds: float, note: str) -> OptimizeResult:
-    """``res`` with PyTorch eager's measured ``seconds`` per call among its baselines (named
-    :data:`EAGER`, ``note`` saying how it was timed); the guard has decided already: a baseline
-    measured here is shown beside the predictions, never chosen for them."""
-    return replace(res, baselines={**res.baselines, EAGER: seconds},
-                   baseline_notes={**res.baseline_notes, EAGER: note})
+def with_measured_baseline(res: OptimizeResult, name: str, seconds: float,
+                           note: str) -> OptimizeResult:
+    """``res`` with a framework's measured ``seconds`` per call among its baselines (``name``:
+    :data:`EAGER`, :data:`COMPILED`; ``note`` saying how it was timed); the guard has decided
+    already: a baseline measured here is shown beside the predictions, never chosen for them."""
+    return replace(res, baselines={**res.baselines, name: seconds},
+                   baseline_notes={**res.baseline_notes, name: note})
 
 
 @dataclass(frozen=True)

@@ -227,13 +227,22 @@ def test_the_string_backend_needs_no_import_of_autoplace_and_runs_with_the_defau
 # ----------------------------------------------------------------------------- optimize_module
 
 
+def _timed(**ms):
+    """A stand-in for optimize_module's turn-by-turn timing: these milliseconds per contender
+    (``build``, ``eager``, ``compiled``) of those it was given."""
+    names = {"build": "build", "eager": "pytorch eager", "compiled": "torch.compile"}
+    return lambda contenders, *a, **k: {names[n]: v * 1e-3 for n, v in ms.items()
+                                        if names[n] in contenders}
+
+
 def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch, tmp_path, caplog):
     from autoplace.pytorch import module as module_mod
 
     model, x = small_cnn(), torch.randn(1, 3, 8, 8)
-    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (2e-3, 1e-3))  # build, eager
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=2.0, eager=1.0))
     m = optimize_module(model, (x,), CPU, **FAST)
-    assert m.runs == "eager" and "runs PyTorch eager" in m.summary() and "2 ms" in m.summary()
+    assert m.runs == "eager"
+    assert "runs pytorch eager: it measured 1 ms a call here against build 2 ms" in m.summary()
     with torch.no_grad():
         torch.testing.assert_close(m(x), model(x))
     with caplog.at_level("WARNING"):
@@ -244,13 +253,52 @@ def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=1e-5)
     # Within the margin, or asked not to, or a model in training mode: the build runs.
-    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (1.0e-3, 0.99e-3))
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=1.0, eager=0.99))
     assert optimize_module(model, (x,), CPU, **FAST).runs == "build"
-    monkeypatch.setattr(module_mod, "_turns", lambda *a, **k: (2e-3, 1e-3))
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=2.0, eager=1.0))
     assert optimize_module(model, (x,), CPU, **FAST, eager_fallback=False).runs == "build"
     assert optimize_module(model.train(), (x,), CPU, **FAST).runs == "build"
     model.eval()
 
+
+def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, caplog):
+    from autoplace.pytorch import module as module_mod
+
+    model, x = small_cnn(), torch.randn(1, 3, 8, 8)
+    compiled = []
+    monkeypatch.setattr(module_mod, "_compiled",
+                        lambda m, inputs: compiled.append(m) or (lambda *a: m(*a)))
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=2.0, eager=1.5, compiled=1.0))
+    m = optimize_module(model, (x,), CPU, **FAST, torch_compile=True)
+    assert compiled == [model] and m.runs == "torch.compile"
+    assert m.result.baselines["torch.compile"] == pytest.approx(1e-3)
+    assert "baseline torch.compile" in m.summary() and "runs torch.compile" in m.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x))
+    # Not asked for: not compiled, not among the baselines.
+    compiled.clear()
+    m = optimize_module(model, (x,), CPU, **FAST)
+    assert compiled == [] and "torch.compile" not in m.result.baselines and m.runs == "eager"
+    # Where Inductor fails, a warning says why and the module runs what measured fastest.
+    monkeypatch.undo()
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=1.0, eager=2.0, compiled=0.1))
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no C++ compiler")))
+    with caplog.at_level("WARNING"):
+        m = optimize_module(model, (x,), CPU, **FAST, torch_compile=True)
+    assert "torch.compile of the model failed" in caplog.text and "no C++ compiler" in caplog.text
+    assert m.runs == "build" and "torch.compile" not in m.result.baselines
+
+
+@pytest.mark.slow
+def test_torch_compile_really_compiles_the_model():
+    from autoplace.pytorch.module import _compiled
+
+    model, x = small_cnn(), torch.randn(1, 3, 8, 8)
+    compiled = _compiled(model, (x,))
+    assert compiled is not None
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import tvm
 from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
 from autoplace.annotate import vm_devices
-from autoplace.api import OptimizeResult, optimize, with_eager_baseline
+from autoplace.api import COMPILED, EAGER, OptimizeResult, optimize, with_measured_baseline
 from autoplace.backend import own_pool
 from autoplace.backend.torch_ops import called, missing
 from autoplace.devices import Device
@@ -68,12 +68,13 @@ def default_devices() -> list[Device]:
     return devices
 
 
-#: The build is kept unless the model's own eager call measured faster than this fraction of it.
+#: The build is kept unless the model in PyTorch measured faster than this fraction of it.
 EAGER_MARGIN = 0.97
 
 
 def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[Device] | None = None,
-                    *, eager_fallback: bool = True, **optimize_kwargs) -> AutoplaceModule:
+                    *, eager_fallback: bool = True, torch_compile: bool = False,
+                    **optimize_kwargs) -> AutoplaceModule:
     """Export ``model``, place and build it with :func:`autoplace.optimize`, and return a module
     that runs the build on torch tensors.
 
@@ -86,8 +87,12 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     The model's own eager call is the baseline a PyTorch user has: it is timed here (before
     anything is built, and again beside the build, turn by turn), and where a model in eval mode
     ran faster eagerly than the build by more than 3 %, the module runs the model eagerly instead
-    (``module.runs == "eager"``; ``summary()`` gives both times). ``eager_fallback=False`` keeps
-    the build whatever it measured.
+    (``module.runs == "eager"``; ``summary()`` gives the times). With ``torch_compile``, the
+    model compiled by ``torch.compile`` (Inductor: tens of seconds for its first call) is timed
+    in the same turns and is among the baselines, and the module runs it where it measured the
+    fastest of the three (``module.runs == "torch.compile"``); where it fails to compile, a
+    warning says why. ``eager_fallback=False`` keeps the build whatever it measured, and times
+    neither.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -100,37 +105,64 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     res = optimize(from_exported(exported),
                    list(devices) if devices is not None else default_devices(), **optimize_kwargs)
     if eager_s is not None:
-        res = with_eager_baseline(res, eager_s, note)
+        res = with_measured_baseline(res, EAGER, eager_s, note)
     module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                              exported.call_spec.out_spec, result=res)
     if eager_fallback and eager_s is not None and not model.training:
-        built_s, eager_s = _turns(module, model, inputs)
-        if eager_s < EAGER_MARGIN * built_s:
-            module.run_eagerly(model, eager_s, built_s)
+        rivals = {EAGER: model}
+        if torch_compile:
+            compiled = _compiled(model, inputs)
+            if compiled is not None:
+                rivals[COMPILED] = compiled
+        times = _turns({"build": module, **rivals}, inputs)
+        if COMPILED in times:
+            module.result = with_measured_baseline(
+                module.result, COMPILED, times[COMPILED],
+                "measured here, turn by turn with the build and eager, not predicted")
+        best = min(rivals, key=times.get)
+        if times[best] < EAGER_MARGIN * times["build"]:
+            module.run_eagerly(rivals[best], times, best)
     return module
 
 
-def _turns(module: AutoplaceModule, model: torch.nn.Module, inputs, budget_s: float = 1.0,
-           most: int = 30) -> tuple[float, float]:
-    """Median seconds of a call of ``module`` and of ``model`` on ``inputs``, timed turn by
-    turn (one of each, then again) so that both see the same machine, after a warm-up each."""
+def _compiled(model: torch.nn.Module, inputs):
+    """``torch.compile(model)`` after its first call (which compiles it), or None where it
+    fails (a warning says why)."""
+    try:
+        compiled = torch.compile(model)
+        with torch.inference_mode():
+            compiled(*inputs)
+    except Exception as e:  # noqa: BLE001 - Inductor fails in many ways (no C++ compiler...)
+        log.warning("torch.compile of the model failed, so it is not among the baselines: %s",
+                    str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
+        return None
+    return compiled
+
+
+def _turns(contenders: dict, inputs, budget_s: float = 1.0, most: int = 30) -> dict[str, float]:
+    """Median seconds of a call of each of ``contenders`` (name -> callable) on ``inputs``,
+    timed turn by turn (one call of each, then again; each round starting one further along)
+    so that all see the same machine and follow one another alike, after a warm-up each."""
     import statistics
     import time
 
     from autoplace.backend import settle
 
-    times: tuple[list, list] = ([], [])
+    fns = list(contenders.values())
+    times: list[list[float]] = [[] for _ in fns]
     with torch.inference_mode():
-        module(*inputs)
+        fns[0](*inputs)
         settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
-        model(*inputs)
-        start = time.perf_counter()
+        for fn in fns[1:]:
+            fn(*inputs)
+        start, k = time.perf_counter(), 0
         while len(times[0]) < most and (len(times[0]) < 5 or time.perf_counter() - start < budget_s):
-            for fn, out in ((module, times[0]), (model, times[1])):
+            for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
                 t0 = time.perf_counter()
-                fn(*inputs)
-                out.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+                fns[i](*inputs)
+                times[i].append(time.perf_counter() - t0)
+            k += 1
+    return {name: statistics.median(t) for name, t in zip(contenders, times)}
 
 
 def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 20):
@@ -218,23 +250,26 @@ class AutoplaceModule(torch.nn.Module):
         self._tree = _tree_kind(out_spec)
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
-        self._eager = None  # the model, where it runs eagerly instead (run_eagerly)
-        self._eager_note = ""
+        self._eager = None  # the model, where it runs in PyTorch instead (run_eagerly)
+        self._runs, self._eager_note = "build", ""
 
     @property
     def runs(self) -> str:
-        """``"build"``: calls run the plan's build; ``"eager"``: they run the model in PyTorch,
-        which measured faster here (:func:`optimize_module`)."""
-        return "build" if self._eager is None else "eager"
+        """``"build"``: calls run the plan's build; ``"eager"`` or ``"torch.compile"``: they run
+        the model in PyTorch, eagerly or compiled, which measured faster here
+        (:func:`optimize_module`)."""
+        return "build" if self._eager is None else self._runs
 
-    def run_eagerly(self, model: torch.nn.Module, eager_s: float, built_s: float) -> None:
-        """From now on, calls run ``model`` in PyTorch (under ``torch.inference_mode``, as it
-        was timed: its outputs are inference tensors) rather than the build, which measured
-        ``built_s`` against the model's ``eager_s`` seconds a call."""
-        self._eager = model
-        self._eager_note = (f"runs PyTorch eager: the model measured {eager_s * 1e3:.4g} ms a "
-                            f"call here against the build's {built_s * 1e3:.4g} ms (timed turn "
-                            "by turn); the build is kept for save()")
+    def run_eagerly(self, model, times: dict[str, float], name: str = EAGER) -> None:
+        """From now on, calls run ``model`` (the model, eager or compiled: ``name``) in PyTorch
+        under ``torch.inference_mode``, as it was timed (its outputs are inference tensors),
+        rather than the build; ``times``: seconds a call each contender measured (``"build"``
+        among them)."""
+        self._eager, self._runs = model, "eager" if name == EAGER else name
+        others = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in times.items() if k != name)
+        self._eager_note = (f"runs {name}: it measured {times[name] * 1e3:.4g} ms a call here "
+                            f"against {others} (timed turn by turn); the build is kept for "
+                            "save()")
 
     # ------------------------------------------------------------------------------ calling
 
@@ -318,7 +353,7 @@ class AutoplaceModule(torch.nn.Module):
         runs the build."""
         if self._eager is not None:
             log.warning("this module %s: the file holds the build, which a loaded module runs",
-                        self._eager_note.removeprefix("runs PyTorch eager: "))
+                        self._eager_note)
         if self._saved is not None:
             lib, consts, positions = (self._saved["lib"], self._saved["consts"],
                                       self._saved["meta"]["input_devices"])

@@ -164,10 +164,12 @@ def _median_call(fn, policy: TimingPolicy) -> float:
     return call_timing(fn, policy).median_s
 
 
-def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float:
+def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
+                    strict: bool = False) -> float:
     """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
     calls into ``torch.relu`` against the same ops called from Python, per
-    call (at least 0; :data:`DEFAULT_HANDOFF_S` where the build fails)."""
+    call (at least 0). Where it cannot be measured: :data:`DEFAULT_HANDOFF_S` with a warning,
+    or, ``strict`` (a figure to be stored as measured), the error raised."""
     import torch
     import tvm
     from tvm import relax
@@ -203,6 +205,8 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8)) -> float
             eager_s = _median_call(eager, policy)
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
+        if strict:
+            raise
         log.warning("could not measure the PyTorch hand-off (%s): charged %.1f us", e,
                     DEFAULT_HANDOFF_S * 1e6)
         return DEFAULT_HANDOFF_S

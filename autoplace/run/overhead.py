@@ -396,7 +396,9 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
     if handoffs:
         from autoplace.predict.torch_costs import measure_handoff
 
-        seconds = measure_handoff()  # the VM's call into Python: the same from any host device
+        # The VM's call into Python, the same from any host device; a failure is the
+        # measurement's error, never a default stored as if measured.
+        seconds = measure_handoff(strict=True)
         for t, v in handoffs:
             out.append(OverheadFigure(t, "handoff", seconds, v, {
                 "method": "a built chain of VM calls into torch.relu against the same calls "

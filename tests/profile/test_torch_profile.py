@@ -148,6 +148,25 @@ def test_the_handoff_is_stored_per_device_pair_and_travels_with_the_profile(tmp_
     assert other.device(_fp("cpu:0")).name == "cpu:0"  # the peer comes along
 
 
+def test_a_handoff_that_cannot_be_measured_is_an_error_not_a_stored_default(tmp_path,
+                                                                            monkeypatch):
+    from autoplace.predict import torch_costs
+    from autoplace.profile.overheads import record_overheads
+    from autoplace.run.overhead import measure_overheads
+
+    def broken(*a, **k):
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setattr("autoplace.backend.torch_ops.register", broken)  # the probe's op
+    store = ProfileStore(tmp_path / "p.db")
+    _cpu_overheads_stored(store)
+    rep = record_overheads(["cpu:0", "torch:cpu"], store, measure_overheads)
+    assert "no LLVM here" in rep.error and rep.stored == []
+    assert not [f for f in store.overheads() if f.kind == "handoff"]
+    # optimize's own use still gets a default, with a warning, rather than no plan
+    assert torch_costs.measure_handoff() == torch_costs.DEFAULT_HANDOFF_S
+
+
 def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdist, monkeypatch):
     from autoplace.predict import torch_costs
     from autoplace.profile.overheads import record_overheads

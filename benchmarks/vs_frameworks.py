@@ -68,22 +68,17 @@ COMPARED = (*_models.ZOO, "resnet18", "mobilenet_v3_small", "bert")  # the defau
 
 def _median_ms(fn, repeats: int) -> tuple[float, int]:
     """Median latency of ``fn()`` in ms, and how many calls it is the median of."""
-    for _ in range(WARMUP):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < TIME_CAP_S):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3, len(times)
+    (ms,), n = _turns_ms([fn], repeats)
+    return ms, n
 
 
-def _turns_ms(fns, repeats: int) -> list[float]:
+def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
     """Median latency in ms of each of ``fns``, called turn by turn (one call of each, then
-    again), so that all see the machine alike; after two warm-up calls each. Each round starts
-    one further along, so that each follows every other as often (one that runs after
-    another meets the cache that one left)."""
+    again), so that all see the machine alike, and how many calls each is the median of: up to
+    ``repeats``, fewer once the calls pass 30 s, never under 3; after two warm-up calls each.
+    Each round starts one further along, so that each follows every other as often (one that
+    runs after another meets the cache that one left). autoplace.run.overhead.turns_s's rule,
+    written here again: the PyTorch and ONNX Runtime workers import neither autoplace nor TVM."""
     for fn in fns:
         for _ in range(WARMUP):
             fn()
@@ -96,7 +91,7 @@ def _turns_ms(fns, repeats: int) -> list[float]:
             fns[i]()
             times[i].append(time.perf_counter() - t)
         k += 1
-    return [statistics.median(t) * 1e3 for t in times]
+    return [statistics.median(t) * 1e3 for t in times], len(times[0])
 
 
 def _rel_error(outs, ref) -> float:
@@ -216,7 +211,7 @@ def _worker_mixed(cfg: dict) -> dict:
             contenders.append(lambda: alone(*args))
         with torch.inference_mode():
             outs = m(*args)
-            ms, built_ms, eager_ms, *tvm_ms = _turns_ms(contenders, cfg["repeats"])
+            (ms, built_ms, eager_ms, *tvm_ms), _ = _turns_ms(contenders, cfg["repeats"])
         outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
         res = m.result
         out[kind] = {"ms": ms, "runs": m.runs, "build_ms": built_ms, "eager_here_ms": eager_ms,

@@ -133,3 +133,12 @@ def test_the_kernel_floor_of_this_cpu_is_a_slope_over_real_builds():
     assert fit.fixed_s > 0 and fit.per_kernel_s == robust_line(fit.kernels, fit.seconds)[0]
     with pytest.raises(ValueError, match="three or more chain lengths"):
         measure_kernel_floor(Device.cpu(0), kernels=(1, 2))
+
+
+def test_turns_times_each_function_once_a_round_each_round_starting_one_further_along():
+    order = []
+    fns = [lambda k=k: order.append(k) for k in range(3)]
+    medians, rounds = overhead.turns_s(fns, most=4, budget_s=60.0, least=1)
+    assert rounds == 4 and len(medians) == 3 and all(m >= 0 for m in medians)
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]
+    assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2  # the budget spent: the least

@@ -3,6 +3,7 @@ plan it runs beside it, and a file that loads without tuning or building again."
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -29,6 +30,7 @@ from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
 from autoplace.run.compile import flat_tensors
+from autoplace.run.overhead import turns_s
 
 log = logging.getLogger(__name__)
 
@@ -141,54 +143,38 @@ def _compiled(model: torch.nn.Module, inputs):
 
 def _turns(contenders: dict, inputs, budget_s: float = 1.0, most: int = 30) -> dict[str, float]:
     """Median seconds of a call of each of ``contenders`` (name -> callable) on ``inputs``,
-    timed turn by turn (one call of each, then again; each round starting one further along)
-    so that all see the same machine and follow one another alike, after a warm-up each."""
-    import statistics
-    import time
-
+    timed turn by turn (:func:`~autoplace.run.overhead.turns_s`, at least 5 rounds) so that all
+    see the same machine and follow one another alike, after a warm-up each."""
     from autoplace.backend import settle
 
-    fns = list(contenders.values())
-    times: list[list[float]] = [[] for _ in fns]
+    fns = [functools.partial(fn, *inputs) for fn in contenders.values()]
     with torch.inference_mode():
-        fns[0](*inputs)
+        fns[0]()
         settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
         for fn in fns[1:]:
-            fn(*inputs)
-        start, k = time.perf_counter(), 0
-        while len(times[0]) < most and (len(times[0]) < 5 or time.perf_counter() - start < budget_s):
-            for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
-                t0 = time.perf_counter()
-                fns[i](*inputs)
-                times[i].append(time.perf_counter() - t0)
-            k += 1
-    return {name: statistics.median(t) for name, t in zip(contenders, times)}
+            fn()
+        medians, _ = turns_s(fns, most=most, budget_s=budget_s, least=5)
+    return dict(zip(contenders, medians))
 
 
 def _eager_s(model: torch.nn.Module, inputs, budget_s: float = 0.5, most: int = 20):
     """Median seconds of ``model(*inputs)`` in eval and inference mode, at PyTorch's own
     thread count, over up to ``most`` calls or ``budget_s`` (after one warm-up), and how it
     was timed; (None, "") where the call raises or inputs are not on the CPU."""
-    import statistics
-    import time
-
     if any(x.device.type != "cpu" for x in inputs):
         return None, ""
     training = model.training
     try:
         with torch.inference_mode():
             model.eval()(*inputs)
-            times, start = [], time.perf_counter()
-            while len(times) < most and (len(times) < 3 or time.perf_counter() - start < budget_s):
-                t0 = time.perf_counter()
-                model(*inputs)
-                times.append(time.perf_counter() - t0)
+            (median,), n = turns_s([functools.partial(model, *inputs)], most=most,
+                                   budget_s=budget_s, least=3)
     except Exception:  # noqa: BLE001 - no baseline rather than no module
         return None, ""
     finally:
         model.train(training)
-    return statistics.median(times), (f"measured here: median of {len(times)} eager calls at "
-                                      f"{torch.get_num_threads()} PyTorch threads, not predicted")
+    return median, (f"measured here: median of {n} eager calls at {torch.get_num_threads()} "
+                    "PyTorch threads, not predicted")
 
 
 def build_of(res: OptimizeResult) -> CompiledModel:

@@ -269,6 +269,23 @@ def median_call_s(fn, xs, repeat: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def turns_s(fns, *, most: int, budget_s: float, least: int) -> tuple[list[float], int]:
+    """Median seconds of a call of each of ``fns`` (callables of no argument), called turn by
+    turn (one call of each, then again) so that all see the machine alike, and how many rounds
+    that took: at most ``most``, at least ``least``, none begun once ``budget_s`` has passed.
+    Each round starts one further along, so that each follows every other as often (one that
+    runs after another meets the cache that one left). Warm-up calls are the caller's."""
+    times: list[list[float]] = [[] for _ in fns]
+    start, k = time.perf_counter(), 0
+    while k < most and (k < least or time.perf_counter() - start < budget_s):
+        for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
+            t = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - t)
+        k += 1
+    return [statistics.median(t) for t in times], k
+
+
 @dataclass(frozen=True)
 class OverheadFigure:
     """One measured overhead, in seconds.

@@ -187,8 +187,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 else:
                     args = [placed(a, k, out) for a in value.args]
                     ty_args = value.ty_args
-                    if value.op.name in ("relax.call_tir", "relax.call_dps_packed",
-                                         "relax.call_pure_packed"):  # output type given
+                    if value.op.name in ("relax.call_tir", "relax.call_pure_packed"):
+                        # its output type is given, not inferred
                         ty_args = [with_vdevice(t, k) for t in ty_args]
                     call = relax.Call(value.op, args, value.attrs, ty_args)
                 nv = fresh(var, with_vdevice(var.ty, k))

@@ -817,7 +817,7 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
         from autoplace.backend.torch_ops import EQUIVALENTS
         from autoplace.predict.calibrate import MIXED_CALIBRATION_WORKLOADS
 
-        mixed = any(d.runtime == "torch" and not EQUIVALENTS <= set(d.unsupported_ops)
+        mixed = any(d.runtime == "torch" and any(map(d.can_run, EQUIVALENTS))
                     for d in everything)  # a torch device competing for Relax ops
         cost_model, described = auto_cost_model(
             devices, mod if here else None, calibrate=calibrate, func_name=func_name,

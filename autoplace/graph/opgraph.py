@@ -219,7 +219,7 @@ def torch_op_of(call):
 
     from autoplace.backend.torch_ops import PREFIX, lookup
 
-    if call.op.name not in ("relax.call_dps_packed", "relax.call_pure_packed") or not call.args \
+    if call.op.name != "relax.call_pure_packed" or not call.args \
             or not isinstance(call.args[0], relax.ExternFunc) \
             or not call.args[0].global_symbol.startswith(PREFIX):
         return None

@@ -106,7 +106,7 @@ class TorchCostModel:
             if not device.can_run(node.op_type):
                 continue
             if key not in self.timed_:
-                op = torch_op_for(graph, node)
+                op = torch_op_for(node)
                 self.timed_[key] = (np.inf if op is None
                                     else time_torch_node(node, op, self.policy))
             out[idx] = self.timed_[key] + self.handoff()
@@ -159,11 +159,6 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> f
         return DEFAULT_HANDOFF_S
 
 
-def _median_call(fn, policy: TimingPolicy) -> float:
-    """Median seconds of one ``fn()`` (:func:`~autoplace.profile.torch_runner.call_timing`)."""
-    return call_timing(fn, policy).median_s
-
-
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                     strict: bool = False) -> float:
     """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
@@ -201,8 +196,8 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                 v = torch.relu(v)
 
         with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
-            vm_s = _median_call(lambda: vm["main"](data), policy)
-            eager_s = _median_call(eager, policy)
+            vm_s = call_timing(lambda: vm["main"](data), policy).median_s
+            eager_s = call_timing(eager, policy).median_s
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         if strict:

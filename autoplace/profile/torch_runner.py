@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     import tvm
 
     from autoplace.backend.torch_ops import TorchOp
-    from autoplace.graph import OpGraph, OpNode
+    from autoplace.graph import OpNode
 
 
-def torch_op_for(graph: OpGraph, node: OpNode) -> TorchOp | None:
+def torch_op_for(node: OpNode) -> TorchOp | None:
     """The PyTorch call that runs ``node``: a PyTorch call's own (registered at import), a
     Relax op's equivalent (:func:`autoplace.backend.torch_ops.equivalent`), or None."""
     from autoplace.backend.torch_ops import _REGISTRY, node_equivalent
@@ -184,7 +184,7 @@ class TorchRunner:
         if not self.device.can_run(node.op_type):
             raise OpFailed(f"{self.spec} runs no {node.op_type}: no PyTorch equivalent "
                            "(autoplace.backend.torch_ops.EQUIVALENTS)")
-        op = torch_op_for(graph, node)
+        op = torch_op_for(node)
         if op is None:
             raise OpFailed(f"no PyTorch call of {node.op_type} with these attributes and shapes "
                            "(another layout, asymmetric padding, another output dtype; or a "

@@ -237,14 +237,14 @@ class AutoplaceModule(torch.nn.Module):
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
         self._eager = None  # the model, where it runs in PyTorch instead (run_eagerly)
-        self._runs, self._eager_note = "build", ""
+        self._runs, self._eager_note = "build", ""  # what calls run (runs), and why
 
     @property
     def runs(self) -> str:
         """``"build"``: calls run the plan's build; ``"eager"`` or ``"torch.compile"``: they run
         the model in PyTorch, eagerly or compiled, which measured faster here
         (:func:`optimize_module`)."""
-        return "build" if self._eager is None else self._runs
+        return self._runs
 
     def run_eagerly(self, model, times: dict[str, float], name: str = EAGER) -> None:
         """From now on, calls run ``model`` (the model, eager or compiled: ``name``) in PyTorch

@@ -272,6 +272,21 @@ def test_the_solver_puts_ops_on_pytorch_where_they_cost_less(convnet):
                                    rtol=1e-4, atol=1e-6)
 
 
+def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkeypatch):
+    # A model without importer fallbacks: its torch-device costs are all equivalent Relax ops.
+    import autoplace.backend as backend
+
+    waits = []
+    monkeypatch.setattr(backend, "settle", lambda **kw: waits.append(kw) or 0.0)
+    g = OpGraph.from_relax(convnet[2])
+    assert not any(n.is_torch for n in g.nodes)
+    model = TorchCostModel(handoff_s=5e-6)
+    model.predict(g, Device.torch())
+    assert len(waits) == 1 and model.timed_
+    model.predict(g, Device.torch())  # all timed: nothing to wait for
+    assert len(waits) == 1
+
+
 def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device():
     from autoplace.backend.torch_ops import equivalent
 

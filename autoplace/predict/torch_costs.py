@@ -96,7 +96,7 @@ class TorchCostModel:
         out = np.full(len(graph.nodes), np.inf)
         if device.runtime != "torch":
             return out
-        if any(graph.nodes[i[0]].is_torch and k not in self.timed_
+        if any(device.can_run(graph.nodes[i[0]].op_type) and k not in self.timed_
                for k, i in graph.workloads().items()):
             from autoplace.backend import settle
 

@@ -170,10 +170,9 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         for _ in block.bindings:
             b = next(binding_iter)
             var, value = b.var, b.value
-            if is_op_call(value) and lift_constants \
-                    and (folded := _folded(value, consts)) is not None:
-                # An op of constants only (a weight's transpose): computed now, as the
-                # unlifted build's FoldConstant would, not run on every call.
+            if is_op_call(value) and (folded := _folded(value, consts)) is not None:
+                # An op of constants only (a weight's transpose): computed now, as the build's
+                # FoldConstant would, not run on every call (a torch call can then hold it).
                 node_index += 1
                 consts[var] = folded
                 continue
@@ -182,8 +181,10 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 node = graph.nodes[node_index]
                 node_index += 1
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
-                    call = _torch_call(value, node, [placed(a, k, out) for a in value.args
-                                                     if _is_tensor(a)], with_vdevice(var.ty, k))
+                    tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
+                    weight = _constant_weight(node, tensors)
+                    call = _torch_call(node, [placed(a, k, out) for a in tensors], weight,
+                                       with_vdevice(var.ty, k))
                 else:
                     args = [placed(a, k, out) for a in value.args]
                     ty_args = value.ty_args
@@ -236,16 +237,32 @@ def _is_tensor(expr) -> bool:
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
 
-def _torch_call(call, node, args, out_ty):
-    """Relax op ``call`` (op-graph node ``node``) as a call of its PyTorch equivalent
-    (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed."""
-    from autoplace.backend.torch_ops import node_equivalent, register, relax_call
+def _constant_weight(node, tensors):
+    """The value of the weight of ``node`` (a Relax op, on ``tensors``, constants resolved)
+    where the torch device holds it (:data:`~autoplace.backend.torch_ops.PACKABLE`: a conv's or
+    matmul's second tensor, a constant), else None."""
+    from autoplace.backend.torch_ops import PACKABLE
+
+    if node.op_type in PACKABLE and len(tensors) == 2 and _is_tensor_const(tensors[1]):
+        return tensors[1].value.numpy()
+    return None
+
+
+def _torch_call(node, args, weight, out_ty):
+    """Op-graph node ``node`` (a Relax op) as a call of its PyTorch equivalent
+    (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed; where
+    ``weight`` (its constant second tensor's value) is given, the call holds it
+    (:func:`~autoplace.backend.torch_ops.with_constant_weight`) and takes the first alone."""
+    from autoplace.backend.torch_ops import (node_equivalent, register, relax_call,
+                                             with_constant_weight)
 
     op = node_equivalent(node)
     if op is None or len(args) != len(node.inputs):
         raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
                          "no equivalent for it here (its layout, padding or dtype): place it on "
                          "a TVM device")
+    if weight is not None:
+        op, args = with_constant_weight(op, node.op_type, weight, node.inputs[0].shape), args[:1]
     return relax_call(register(op), args, out_ty)
 
 

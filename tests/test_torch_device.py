@@ -382,3 +382,96 @@ def test_a_clip_whose_bounds_are_not_numbers_has_no_equivalent():
     assert equivalent("clip", {}, shape, shape, "c", ("T.int64(0)", "T.float64(6)")) is not None
     assert equivalent("clip", {}, shape, shape, "c", ("lv3", "T.float64(6)")) is None
     assert equivalent("clip", {}, shape, shape, "c") is None
+
+
+class Weighted(torch.nn.Module):
+    """A strided conv, a grouped conv and a linear on a 3-D input: weights the torch device
+    can hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4)
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.fc(y.flatten(2).transpose(1, 2))
+
+
+def test_constant_weights_are_held_by_the_pytorch_call_and_the_faster_variant_runs():
+    from autoplace.backend.torch_ops import Fastest, lookup
+
+    torch.manual_seed(0)
+    model, x = Weighted().eval(), torch.randn(1, 8, 12, 12)
+    mod = autoplace.from_torch(model, [x])
+    g = OpGraph.from_relax(mod)
+    plan = autoplace.place(g, [Device.cpu(0), Device.torch()],
+                           [("op:nn.conv2d", "torch"), ("op:matmul", "torch"), ("*", "cpu0")])
+    built = autoplace.compile(mod, plan)
+    with torch.no_grad():
+        want = model(x).numpy()
+    for _ in range(10):  # the first calls try each variant in turn; every one must match
+        np.testing.assert_allclose(built(x.numpy())[0], want, rtol=1e-4, atol=1e-5)
+    ops = [lookup(n) for n in torch_ops.called(autoplace.annotate(mod, plan))]
+    assert sorted(op.name.split("[")[0] for op in ops) == ["torch.conv2d"] * 2 + ["torch.matmul"]
+    # each call takes the activation alone: its weight is the call's, packed for oneDNN too
+    text = str(autoplace.annotate(mod, plan))
+    import re
+
+    for op in ops:
+        assert re.search(re.escape(f'"{op.global_name}"') + r", \w+, ty_args=", text), op.name
+    for op in ops:
+        assert isinstance(op.target, Fastest) and len(op.target.variants) == 2
+        assert op.target.chosen is not None
+
+
+def test_the_same_op_with_other_weights_is_another_call():
+    from autoplace.backend.torch_ops import equivalent, with_constant_weight
+
+    op = equivalent("matmul", {"out_dtype": "float32"}, [((4, 8), "float32"), ((8, 3), "float32")],
+                    [((4, 3), "float32")], "mm")
+    w = np.random.default_rng(0).random((8, 3)).astype("float32")
+    one, other = with_constant_weight(op, "matmul", w, (4, 8)), \
+        with_constant_weight(op, "matmul", w + 1, (4, 8))
+    assert one.id != other.id and one.id == with_constant_weight(op, "matmul", w, (4, 8)).id
+    x = torch.randn(4, 8)
+    for _ in range(10):
+        np.testing.assert_allclose(other.call([x]).numpy(), (x @ torch.from_numpy(w + 1)).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_fastest_settles_on_the_variant_of_least_time():
+    import time
+
+    from autoplace.backend.torch_ops import Fastest
+
+    slow = lambda x: time.sleep(0.004) or x + 1  # noqa: E731
+    fast = lambda x: x + 1  # noqa: E731
+    f = Fastest([slow, fast], trials=2)
+    assert [f(1) for _ in range(6)] == [2] * 6 and f.chosen == 1
+    assert Fastest([slow]).chosen == 0
+
+
+def test_a_conv_is_charged_the_faster_of_plain_and_packed(monkeypatch):
+    from autoplace.backend import torch_ops as ops
+    from autoplace.profile import torch_runner
+    from autoplace.profile.measure import TimingPolicy
+
+    torch.manual_seed(0)
+    mod = autoplace.from_torch(torch.nn.Conv2d(4, 8, 3).eval(), [torch.randn(1, 4, 10, 10)])
+    node = OpGraph.from_relax(mod).nodes[0]
+    packed, real = [], ops.packed_call
+
+    def slow_packed(op, op_type, w, x_shape):  # a packed call 5 ms slower than any plain one
+        import time
+
+        call = real(op, op_type, w, x_shape)
+        packed.append(call)
+        return lambda x: time.sleep(0.005) or call(x)
+
+    monkeypatch.setattr(ops, "packed_call", slow_packed)
+    policy = TimingPolicy(min_repeat_ms=1.0, min_repeats=3, max_repeats=3)
+    op = torch_runner.torch_op_for(node)
+    t = torch_runner.time_torch_call(node, op, policy)
+    assert packed and t.median_s < 0.005  # the plain call was faster, and is charged

@@ -24,6 +24,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+#: What the torch device's calls run, in its profiles' fingerprint: a new number where a call
+#: runs another kernel for the same op (2: conv and matmul weights packed once).
+CALLS = 2
+
 #: Prefix of the global function names of PyTorch ops.
 PREFIX = "autoplace.torch_op."
 
@@ -323,3 +329,92 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
         return make(F.adaptive_avg_pool2d, "torch.adaptive_avg_pool2d",
                     [x, tuple(out_shape[-2:])])
     return None
+
+
+# ------------------------------------------------------------------- weights packed once
+
+#: Relax op types whose second tensor, a constant weight, the torch device packs once for
+#: oneDNN (:func:`with_constant_weight`).
+PACKABLE = frozenset({"nn.conv2d", "matmul"})
+
+
+def packed_call(op: TorchOp, op_type: str, weight, x_shape):
+    """Of ``op`` (the plain call of a Relax ``nn.conv2d`` or 2-D ``matmul``, :func:`equivalent`),
+    the call on its first input alone (of ``x_shape``) with ``weight`` (a float32 torch tensor)
+    packed now into
+    oneDNN's blocked layout: a plain call reorders a weight on every call, which takes longer
+    than the op itself for a large weight and a small activation. None where it does not apply
+    (another op, another dtype, a batch of matmul weights, PyTorch without oneDNN). The
+    packed call computes in channels-last and gives its result back contiguous, a copy the
+    plain call does not make: which of the two is faster depends on the shapes."""
+    import torch
+
+    if op_type not in PACKABLE or weight.dtype != torch.float32 \
+            or not torch.backends.mkldnn.is_available():
+        return None
+    mkldnn = torch.ops.mkldnn
+    if op_type == "nn.conv2d":
+        stride, pad, dilation, groups = op.args[3:7]
+        packed = mkldnn._reorder_convolution_weight(weight, list(pad), list(stride),
+                                                    list(dilation), groups, list(x_shape))
+        return lambda x: mkldnn._convolution_pointwise(
+            x, packed, None, list(pad), list(stride), list(dilation), groups, "none", [],
+            "").contiguous()
+    if weight.dim() < 2 or any(d != 1 for d in weight.shape[:-2]):
+        return None  # a batch of weights (one of ones is a weight broadcast)
+    rows, out_shape = int(np.prod(x_shape[:-1])), op.outputs[0][0]
+    packed = mkldnn._reorder_linear_weight(weight.reshape(weight.shape[-2:]).t().contiguous(),
+                                           rows)
+    return lambda x: mkldnn._linear_pointwise(x, packed, None, "none", [], "").reshape(out_shape)
+
+
+def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape) -> TorchOp:
+    """``op`` (a Relax op's plain PyTorch call, its weight the second tensor) as a call on its
+    first tensor alone (of ``x_shape``), ``weight`` held by the call: packed once for oneDNN
+    where that applies (:func:`packed_call`), the faster of packed and plain chosen by timing
+    both on the first calls (:class:`Fastest`), as the cost model charges the faster of the two
+    (:func:`autoplace.profile.torch_runner.time_torch_call`). The call's id names a digest of
+    the weight: the same op with other weights is another call."""
+    import torch
+
+    w = torch.from_numpy(np.ascontiguousarray(weight))
+    digest = hashlib.sha1(w.numpy().tobytes()).hexdigest()[:12]
+
+    def fill(v):
+        if isinstance(v, Slot):
+            return w if v.index == 1 else Slot(0) if v.index == 0 else v
+        return type(v)(fill(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+    args, kwargs = fill(op.args), tuple((k, fill(v)) for k, v in op.kwargs)
+    plain = TorchOp(op.target, op.name, args, kwargs, op.outputs, op.dynamic, op.node)
+    packed = packed_call(op, op_type, w, x_shape)
+    variants = [lambda x: plain.call([x])] + ([packed] if packed is not None else [])
+    return TorchOp(Fastest(variants), f"{op.name}[weight {digest}]", (Slot(0),), (),
+                   op.outputs, op.dynamic, op.node, why=op.why)
+
+
+class Fastest:
+    """A call that runs the fastest of several equivalent ``variants`` (each a function of the
+    same tensors): the first calls run each in turn (one warm-up, then ``trials`` timed calls
+    each), later calls the one of least time, as ``torch.backends.cudnn.benchmark`` picks a
+    convolution algorithm."""
+
+    def __init__(self, variants, trials: int = 3):
+        self.variants, self.trials = list(variants), trials
+        self.best_s = [float("inf")] * len(self.variants)
+        self.calls, self.chosen = 0, (0 if len(self.variants) == 1 else None)
+
+    def __call__(self, *tensors):
+        import time
+
+        if self.chosen is not None:
+            return self.variants[self.chosen](*tensors)
+        k = self.calls % len(self.variants)
+        t0 = time.perf_counter()
+        out = self.variants[k](*tensors)
+        if self.calls >= len(self.variants):  # each one's first call is its warm-up
+            self.best_s[k] = min(self.best_s[k], time.perf_counter() - t0)
+        self.calls += 1
+        if self.calls == len(self.variants) * (self.trials + 1):
+            self.chosen = int(np.argmin(self.best_s))
+        return out

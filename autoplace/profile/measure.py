@@ -170,10 +170,11 @@ def kernel_timer(rt_mod, dev, args):
 
 def fingerprint(info: dict[str, Any]) -> str:
     """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads;
-    for a torch device, also the PyTorch version and where its tensors live)."""
+    for a torch device, also the PyTorch version, where its tensors live and which calls it
+    makes, :data:`autoplace.backend.torch_ops.CALLS`)."""
     keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
     fields = {k: info.get(k) for k in keys}
-    fields.update({k: info[k] for k in ("torch", "place") if k in info})  # TVM devices' unchanged
+    fields.update({k: info[k] for k in ("torch", "place", "calls") if k in info})  # TVM's unchanged
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

@@ -96,7 +96,12 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
                     rng: np.random.Generator | None = None) -> Timing:
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
     (:func:`random_torch_inputs`), on one PyTorch thread and without autograd, as the VM calls
-    it. Whatever the op raises on those inputs is raised.
+    it. Whatever the op raises on those inputs is raised. A conv or 2-D matmul is timed both
+    plain and with its weight packed once (each copy's own,
+    :func:`~autoplace.backend.torch_ops.packed_call`), and the faster counts: a build runs the
+    faster where the weight is a constant, as in a model for inference
+    (:func:`~autoplace.backend.torch_ops.with_constant_weight`; a weight computed at run time
+    runs plain, and may cost more than charged).
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
     cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
@@ -107,14 +112,27 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     import torch
 
-    from autoplace.backend.torch_ops import one_thread
+    from autoplace.backend.torch_ops import PACKABLE, one_thread, packed_call
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0))
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     copies = min(64, -(-2 * cache_bytes() // nbytes)) if nbytes else 1
-    sets = itertools.cycle([tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)])
+    sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
     with one_thread(), torch.no_grad():
-        return call_timing(lambda: op.call(next(sets)), policy)
+        plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy)
+        if node.op_type not in PACKABLE or len(tensors) != 2:
+            return plain
+        calls = [packed_call(op, node.op_type, w, x.shape) for x, w in sets]
+        if calls[0] is None:
+            return plain
+        turns = itertools.cycle(list(zip(calls, sets)))
+
+        def packed_turn():
+            call, (x, _) = next(turns)
+            return call(x)
+
+        packed = call_timing(packed_turn, policy)
+    return packed if packed.median_s < plain.median_s else plain
 
 
 class TorchRunner:
@@ -123,7 +141,7 @@ class TorchRunner:
     The same interface as :class:`~autoplace.profile.measure.LocalRunner` (``name``, ``spec``,
     ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
     as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, the PyTorch version, the
-    CPU model and one thread (the VM calls PyTorch on one); no TVM target or version (its
+    calls it makes (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model and one thread (the VM calls PyTorch on one); no TVM target or version (its
     timings involve neither).
     """
 
@@ -151,7 +169,9 @@ class TorchRunner:
     def info(self) -> dict[str, Any]:
         import torch
 
-        return {"kind": "torch", "place": self.device.target, "target": None,
+        from autoplace.backend.torch_ops import CALLS
+
+        return {"kind": "torch", "place": self.device.target, "target": None, "calls": CALLS,
                 "hardware": _cpu_model(), "torch": torch.__version__, "threads": 1,
                 "host": platform.node(), "remote": None}
 

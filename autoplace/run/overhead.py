@@ -273,17 +273,35 @@ def turns_s(fns, *, most: int, budget_s: float, least: int) -> tuple[list[float]
     """Median seconds of a call of each of ``fns`` (callables of no argument), called turn by
     turn (one call of each, then again) so that all see the machine alike, and how many rounds
     that took: at most ``most``, at least ``least``, none begun once ``budget_s`` has passed.
-    Each round starts one further along, so that each follows every other as often (one that
-    runs after another meets the cache that one left). Warm-up calls are the caller's."""
+    Each round calls them in another order (:func:`round_orders`), so that each follows every
+    other as often (one that runs after another meets the cache that one left). Warm-up calls
+    are the caller's."""
     times: list[list[float]] = [[] for _ in fns]
     start, k = time.perf_counter(), 0
+    orders = round_orders(len(fns))
     while k < most and (k < least or time.perf_counter() - start < budget_s):
-        for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
+        for i in orders[k % len(orders)]:
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
         k += 1
     return [statistics.median(t) for t in times], k
+
+
+def round_orders(n: int) -> list[tuple[int, ...]]:
+    """Orders for rounds of calls of ``n`` functions, to be used in turn: every order, shuffled
+    (the same each time), so that any ``n!`` rounds in a row have each function follow each other
+    as often. (Rotating one order does not: each function would always follow the same one.)
+    Past 6 functions, 720 random orders."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    if n > 6:
+        return [tuple(rng.sample(range(n), n)) for _ in range(720)]
+    orders = list(itertools.permutations(range(n)))
+    rng.shuffle(orders)
+    return orders
 
 
 @dataclass(frozen=True)

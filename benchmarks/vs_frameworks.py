@@ -15,7 +15,9 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
 
 1. PyTorch eager: the reference outputs, the latency, and an ONNX export (``dynamo=False``).
 2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = ``--threads``),
-   then ``torch.compile`` (Inductor; its first call, which compiles, is reported apart).
+   then ``torch.compile`` (Inductor; its first call, which compiles, is reported apart), by
+   default and with Inductor's ``freezing`` (weights folded and packed once for oneDNN, as
+   PyTorch advises for inference on a CPU, and as the mixed plans' PyTorch calls hold them).
 3. Tuning with ``autoplace.tune`` for this CPU (``-mcpu`` of the host, ``num-cores`` =
    ``--threads``), records kept beside ``--db``, to ``--trials`` per kernel with a time limit of
    ``--minutes``: the campaign times each kernel's default schedule, gives every kernel one
@@ -30,7 +32,7 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
    model eagerly where that measured faster than its build, and the table says so), the build's
    own latency and its measured/predicted, eager PyTorch in the same process and, with the
    records, TVM alone as a module; these are timed turn by turn (one call of each, then again,
-   each round starting one further along), and the targets are judged against them. PyTorch
+   each round in another order), and the targets are judged against them. PyTorch
    calls from the build run on one thread.
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
@@ -76,17 +78,23 @@ def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
     """Median latency in ms of each of ``fns``, called turn by turn (one call of each, then
     again), so that all see the machine alike, and how many calls each is the median of: up to
     ``repeats``, fewer once the calls pass 30 s, never under 3; after two warm-up calls each.
-    Each round starts one further along, so that each follows every other as often (one that
-    runs after another meets the cache that one left). autoplace.run.overhead.turns_s's rule,
-    written here again: the PyTorch and ONNX Runtime workers import neither autoplace nor TVM."""
+    Each round calls them in another order, every order in turn (shuffled), so that each
+    follows every other as often (one that runs after another meets the cache that one left).
+    autoplace.run.overhead.turns_s's rule, written here again: the PyTorch and ONNX Runtime
+    workers import neither autoplace nor TVM."""
+    import itertools
+    import random
+
     for fn in fns:
         for _ in range(WARMUP):
             fn()
     times: list[list[float]] = [[] for _ in fns]
     start, k = time.perf_counter(), 0
+    orders = list(itertools.permutations(range(len(fns))))
+    random.Random(0).shuffle(orders)
     while len(times[0]) < repeats and (len(times[0]) < 3
                                        or time.perf_counter() - start < TIME_CAP_S):
-        for i in [*range(k % len(fns), len(fns)), *range(k % len(fns))]:
+        for i in orders[k % len(orders)]:
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
@@ -165,11 +173,16 @@ def _worker_ort(cfg: dict) -> dict:
 
 
 def _worker_compile(cfg: dict) -> dict:
-    """``torch.compile`` (Inductor, its default) of the model: first call (compiling) and
-    steady latency."""
+    """``torch.compile`` (Inductor, its default; with ``cfg["freezing"]``, Inductor's
+    ``freezing``, which PyTorch advises for inference on a CPU: weights folded as constants and
+    packed once for oneDNN) of the model: first call (compiling) and steady latency."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
+    if cfg.get("freezing"):
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True
     model = _models.load(cfg["model"], cfg["seed"])
     work = Path(cfg["work"])
     args = tuple(torch.from_numpy(x) for x in _load_arrays(work / "inputs.npz"))
@@ -335,6 +348,7 @@ def _kernel_times(run, inputs, dev, rounds: int = 7) -> dict:
 
 
 WORKERS = {"torch": _worker_torch, "ort": _worker_ort, "compile": _worker_compile,
+           "frozen": lambda cfg: _worker_compile({**cfg, "freezing": True}),
            "tune": _worker_tune, "tvm": _worker_tvm, "mixed": _worker_mixed}
 
 
@@ -420,6 +434,8 @@ def bench_model(name: str, args, work: Path, say) -> dict:
             row["ort"]["error"] = f"ONNX export failed: {row['torch']['onnx_error']}"
         say(f"{name}: torch.compile ...")
         row["compile"] = _spawn("compile", cfg, log, timeout_s=WORKER_TIMEOUT_S)
+        say(f"{name}: torch.compile with freezing ...")
+        row["frozen"] = _spawn("frozen", cfg, log, timeout_s=WORKER_TIMEOUT_S)
         if args.minutes > 0:
             say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
             before = _records(args.db)
@@ -486,10 +502,11 @@ def summarize(row: dict) -> dict:
                                                      ("tuned", ("tvm", "tuned", "rel_error")),
                                                      ("ort", ("ort", "rel_error")),
                                                      ("compile", ("compile", "rel_error")),
+                                                     ("frozen", ("frozen", "rel_error")),
                                                      ("mixed", ("mixed", "default", "rel_error")),
                                                      ("mixed tuned",
                                                       ("mixed", "tuned", "rel_error")))},
-        "compile_ms": _get(row, "compile", "ms"),
+        "compile_ms": _get(row, "compile", "ms"), "frozen_ms": _get(row, "frozen", "ms"),
         **{f"mixed_{k}": _mixed(row, k) for k in ("default", "tuned")},
     }
 
@@ -586,6 +603,7 @@ def render(rows: list[dict], args) -> str:
                          f"{total * 1e3:.3g} ms; share, time per run, calls, rate, tuning):")
             notes += lines
         for label, msg in (("torch.compile", _get(row, "compile", "error")),
+                           ("torch.compile (freezing)", _get(row, "frozen", "error")),
                            ("mixed", _get(row, "mixed", "error"))):
             if msg:
                 notes.append(f"  {label}: {msg}")
@@ -602,11 +620,11 @@ def _aligned(table: list[list[str]]) -> list[str]:
 
 def _mixed_table(rows: list[dict]) -> list[str]:
     """The mixed plans (TVM + PyTorch per op) beside every framework, and the issue's targets."""
-    head = ["model", "PyTorch", "torch.compile", "ORT", "TVM default", "TVM tuned",
+    head = ["model", "PyTorch", "torch.compile", "frozen", "ORT", "TVM default", "TVM tuned",
             "mixed default", "build", "eager here", "mixed tuned", "build", "eager here",
             "TVM tuned here",
             "eager/mixed", "best/mixed tuned", "m/p def/tuned", "on PyTorch def/tuned",
-            "rel.err compile/mixed def/tuned"]
+            "rel.err compile/frozen/mixed def/tuned"]
     table = [head]
     for row in rows:
         s = summarize(row)
@@ -618,7 +636,8 @@ def _mixed_table(rows: list[dict]) -> list[str]:
         def ratio(m, key):
             return f"{m[key]:.2f}x" if m and m[key] else "-"
 
-        table.append([row["model"], _ms(s["eager_ms"]), _ms(s["compile_ms"]), _ms(s["ort_ms"]),
+        table.append([row["model"], _ms(s["eager_ms"]), _ms(s["compile_ms"]),
+                      _ms(s["frozen_ms"]), _ms(s["ort_ms"]),
                       _ms(s["default_ms"]), _ms(s["tuned_ms"]),
                       cell(d), _ms(d and d["build_ms"]), _ms(d and d["eager_ms"]),
                       cell(t), _ms(t and t["build_ms"]), _ms(t and t["eager_ms"]),
@@ -627,8 +646,11 @@ def _mixed_table(rows: list[dict]) -> list[str]:
                       " / ".join(f"{m['m/p']:.2f}" if m and m["m/p"] else "-" for m in (d, t)),
                       " / ".join(m["on_torch"] if m else "-" for m in (d, t)),
                       " / ".join(f"{s['rel_error'][k]:.0e}" if s["rel_error"][k] is not None
-                                 else "-" for k in ("compile", "mixed", "mixed tuned"))])
-    legend = ("mixed: autoplace.optimize_module over [device, torch:cpu], per op TVM's kernel or "
+                                 else "-" for k in ("compile", "frozen", "mixed",
+                                                    "mixed tuned"))])
+    legend = ("frozen: torch.compile with Inductor's freezing (weights constant and packed "
+              "once, as PyTorch advises for CPU inference). "
+              "mixed: autoplace.optimize_module over [device, torch:cpu], per op TVM's kernel or "
               "PyTorch's, without tuning records (default) and with them (tuned); '(eager)': the "
               "module runs the model eagerly, which measured faster than its build; build: the "
               "build's own latency; eager here: the model in eager PyTorch in the same process, "

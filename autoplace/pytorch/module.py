@@ -261,6 +261,8 @@ class AutoplaceModule(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         if self._eager is not None:
+            if torch.is_inference_mode_enabled():  # entering it again costs a few us a call
+                return self._eager(*inputs)
             with torch.inference_mode():
                 return self._eager(*inputs)
         outs = self.run_flat(inputs)

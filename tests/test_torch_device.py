@@ -161,7 +161,7 @@ def test_torch_costs_are_timed_and_charged(lacking):
     # a torch device that takes ordinary ops too: those with an equivalent (conv, add, relu)
     every = model.predict(g, Device.torch())
     kinds = {n.op_type: np.isfinite(every[n.index]) for n in g.nodes}
-    assert kinds["nn.conv2d"] and kinds["nn.relu"] and not kinds["greater"]
+    assert kinds["nn.conv2d"] and kinds["nn.relu"] and kinds["greater"] and not kinds["take"]
     # the plan charges them: the torch column of the solver's costs, hand-off included
     k = [d.name for d in res.plan.devices].index("torch")
     assert np.isfinite(res.problem.cost[torch_nodes, k]).all()
@@ -475,3 +475,40 @@ def test_a_conv_is_charged_the_faster_of_plain_and_packed(monkeypatch):
     op = torch_runner.torch_op_for(node)
     t = torch_runner.time_torch_call(node, op, policy)
     assert packed and t.median_s < 0.005  # the plain call was faster, and is charged
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention over a padding mask built as encoders build it: the mask's ops (equal,
+    logical_not, casts, where, full_like, broadcast_to, expand_dims and squeeze) beside the
+    attention's."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x, ids):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, -1)
+        keep = torch.logical_not(ids == 0).unsqueeze(1).unsqueeze(1)
+        scores = (q @ k.transpose(-1, -2)) * 0.25
+        scores = torch.where(keep.expand_as(scores), scores, torch.full_like(scores, -1e4))
+        out = torch.softmax(scores, -1) @ v
+        return out.squeeze(1) * (ids > 0).float().unsqueeze(-1), torch.maximum(x, x.mean())
+
+
+def test_mask_ops_run_on_pytorch_and_match():
+    torch.manual_seed(0)
+    model = MaskedAttention().eval()
+    x, ids = torch.randn(1, 6, 16), torch.tensor([[5, 3, 0, 2, 0, 1]])
+    mod = autoplace.from_torch(model, (x, ids))
+    g = OpGraph.from_relax(mod)
+    devs = [Device.cpu(0), Device.torch()]
+    on_torch = {n.op_type for n in g.nodes if devs[1].can_run(n.op_type)}
+    assert {"equal", "logical_not", "astype", "where", "full_like", "greater", "maximum",
+            "broadcast_to", "expand_dims", "squeeze"} <= on_torch
+    plan = autoplace.place(g, devs, [*((f"op:{t}", "torch") for t in on_torch), ("*", "cpu0")])
+    text = str(autoplace.annotate(mod, plan))
+    assert "R.where" not in text and "R.logical_not" not in text and "R.equal" not in text
+    got = autoplace.compile(mod, plan)(x.numpy(), ids.numpy())
+    with torch.no_grad():
+        for a, b in zip(got, model(x, ids)):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-5)

@@ -198,7 +198,11 @@ EQUIVALENTS = frozenset({
     "nn.conv2d", "matmul", "add", "subtract", "multiply", "divide", "nn.relu", "sigmoid", "tanh",
     "exp", "sqrt", "rsqrt", "erf", "negative", "nn.silu", "nn.gelu", "nn.gelu_tanh", "clip",
     "nn.softmax", "nn.layer_norm", "nn.batch_norm", "mean", "sum", "max", "min", "permute_dims",
-    "reshape", "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"})
+    "reshape", "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d",
+    # masks and shapes, as attention builds its mask
+    "astype", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+    "logical_not", "logical_and", "logical_or", "maximum", "minimum", "where", "full_like",
+    "broadcast_to", "squeeze", "expand_dims"})
 
 
 def _batch_norm(x, gamma, beta, mean, var, epsilon: float):
@@ -207,6 +211,14 @@ def _batch_norm(x, gamma, beta, mean, var, epsilon: float):
     import torch.nn.functional as F
 
     return F.batch_norm(x, mean, var, gamma, beta, False, 0.0, epsilon), mean, var
+
+
+def _full(like, fill, dtype: str):
+    """Relax's ``full_like``: a tensor of ``like``'s shape and ``dtype``, every element ``fill``
+    (a 0-d tensor)."""
+    import torch
+
+    return fill.to(getattr(torch, dtype)).expand(like.shape)
 
 
 def _scalar(text: str) -> float | None:
@@ -258,7 +270,11 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
              "negative": torch.neg, "nn.silu": F.silu, "nn.gelu": F.gelu}
     reductions = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}
     binary = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
-              "divide": torch.div, "matmul": torch.matmul}
+              "divide": torch.div, "matmul": torch.matmul, "equal": torch.eq,
+              "not_equal": torch.ne, "greater": torch.gt, "greater_equal": torch.ge,
+              "less": torch.lt, "less_equal": torch.le, "logical_and": torch.logical_and,
+              "logical_or": torch.logical_or, "maximum": torch.maximum,
+              "minimum": torch.minimum}
 
     def make(target, name, args):
         return TorchOp(target, name, tuple(args), (), ((tuple(out_shape), out_dtype),), False,
@@ -272,6 +288,18 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
         return make(unary[op_type], f"torch.{op_type.split('.')[-1]}", [x])
     if op_type in binary:
         return make(binary[op_type], f"torch.{binary[op_type].__name__}", [x, Slot(1)])
+    if op_type == "logical_not":
+        return make(torch.logical_not, "torch.logical_not", [x])
+    if op_type == "astype":
+        return make(torch.Tensor.to, "torch.Tensor.to", [x, getattr(torch, out_dtype)])
+    if op_type == "where":
+        return make(torch.where, "torch.where", [x, Slot(1), Slot(2)])
+    if op_type == "full_like":
+        return make(_full, "torch.full_like", [x, Slot(1), out_dtype])
+    if op_type in ("broadcast_to", "squeeze", "expand_dims"):  # the same elements, reshaped
+        name, target = (("torch.expand", torch.Tensor.expand) if op_type == "broadcast_to"
+                        else ("torch.reshape", torch.reshape))
+        return make(target, name, [x, tuple(out_shape)])
     if op_type == "nn.gelu_tanh":
         return TorchOp(F.gelu, "torch.gelu", (x,), (("approximate", "tanh"),),
                        ((tuple(out_shape), out_dtype),), False, node,

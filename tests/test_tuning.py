@@ -107,7 +107,7 @@ def _build_rows(store):
     return store.measurements(schedule=BUILD)
 
 
-def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tuned):
+def test_optimize_with_a_store_charges_each_tuned_kernel_once_over_its_ops(tuned):
     db, _ = tuned
     mod = _model(False)
     with ProfileStore(db) as store:
@@ -120,13 +120,26 @@ def test_optimize_with_a_store_charges_each_tuned_kernel_once_at_its_anchor(tune
     # The build's one kernel, scaled to what the build ran whole: the build's time.
     assert build.latency_s != pytest.approx(row.latency_s, rel=1e-6)
     for k in range(2):  # both devices have this machine's fingerprint: the same records
-        assert res.problem.cost[matmul, k] == pytest.approx(build.latency_s)
-        assert res.problem.cost[relu, k] == 0.0
+        # the kernel's time once, the relu part of it (what it would cost as its own kernel)
+        cost = res.problem.cost[[matmul, relu], k]
+        assert cost.sum() == pytest.approx(build.latency_s) and cost[1] > 0
     assert res.plan.cost_sources[matmul] == res.plan.cost_sources[relu] == "tuned"
-    assert any("2 of 2 ops in tuned kernels" in line for line in res.records_note)
     plain = autoplace.optimize(mod, [CPU], cost_model=autoplace.RooflineCostModel())
     assert plain.plan.cost_sources[matmul] == "roofline"
-    assert plain.problem.cost[relu, 0] > 0
+    assert any("2 of 2 ops in tuned kernels" in line for line in res.records_note)
+
+
+def test_a_tuned_kernel_leaves_its_other_ops_what_they_cost_alone():
+    from types import SimpleNamespace
+
+    from autoplace.tuning.costs import split_kernel
+
+    graph = SimpleNamespace(nodes=[SimpleNamespace(flops=f) for f in (10.0, 1e6, 5.0)])
+    alone = np.array([2.0, 9.0, 1.0])  # the matmul (node 1) is the anchor: the most FLOPs
+    np.testing.assert_allclose(split_kernel([0, 1, 2], graph, alone, 6.0), [2.0, 3.0, 1.0])
+    # ops that alone would pass the kernel's time share it, the anchor keeps nothing
+    np.testing.assert_allclose(split_kernel([0, 1, 2], graph, alone, 1.5), [1.0, 0.0, 0.5])
+    np.testing.assert_allclose(split_kernel([1], graph, alone, 4.0), [4.0])
 
 
 def test_a_kernel_with_no_more_schedules_to_try_is_not_pending(tmp_path):

@@ -2,9 +2,11 @@
 costs that charge each tuned fused kernel once.
 
 A tuned kernel is a fused kernel (several ops after ``FuseOps``/``FuseTIR``), so its time cannot be
-split over its ops honestly; it is charged to the group's anchor (the op with the most FLOPs,
-:func:`autoplace.graph.fusion.anchor`) and the other ops of the group cost nothing on that device,
-as fused GPU kernels are (:mod:`autoplace.predict.fusion`). The store keeps a tuned kernel's time
+split over its ops by measurement. Each op of the group but its anchor (the op with the most FLOPs,
+:func:`autoplace.graph.fusion.anchor`) is charged what it costs as its own kernel, and the anchor
+the rest (:func:`split_kernel`): the group costs the kernel's time, and a plan that moves the
+anchor elsewhere (onto a torch device) still pays for the ops it leaves behind, which become
+kernels of their own. The store keeps a tuned kernel's time
 under workload ``kernel:<hash of its TIR>`` and schedule ``tuned:<record id>``: a record replaced
 by a better one later is timed again, and per-op rows (``schedule = "default"``) are untouched.
 
@@ -274,7 +276,8 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
                 db: str | Path, records: KernelRecords, fingerprints: Sequence[str],
                 func_name: str = "main", cpu_groups=None) -> TunedCosts:
     """``cost`` (nodes x devices) with each fused kernel that has a timed tuned record in store
-    ``db`` charged its tuned time, at its anchor, on each CPU device; other entries unchanged.
+    ``db`` charged its tuned time on each CPU device, over its ops as :func:`split_kernel`
+    shares it; other entries unchanged.
     ``records`` are those the build applies (:func:`autoplace.tuning.open_records` of ``devices``
     with these ``fingerprints``). ``cpu_groups``: the model's ``fused_groups`` built for a CPU,
     if the caller has them."""
@@ -298,12 +301,28 @@ def tuned_costs(mod: tvm.IRModule, graph: OpGraph, devices: Sequence[Device], co
             for nodes, seconds, is_tuned, sp in t.found:
                 if not is_tuned or not np.isfinite(out[list(nodes), k]).all():
                     continue  # untuned: its ops keep their costs; or the device cannot run one
-                keep = anchor(nodes, graph, out[:, k])
-                out[list(nodes), k] = 0.0
-                out[keep, k] = seconds * t.factor
+                out[list(nodes), k] = split_kernel(nodes, graph, out[:, k], seconds * t.factor)
                 tuned[list(nodes), k] = True
                 spread[list(nodes), k] = kernel_spread(sp, t.build_spread)
     return TunedCosts(out, tuned, spread, sum(t.untimed_tuned for t in timed.values()))
+
+
+def split_kernel(nodes: Sequence[int], graph: OpGraph, alone: np.ndarray,
+                 seconds: float) -> np.ndarray:
+    """What each of ``nodes`` (one fused kernel's ops) is charged of the kernel's ``seconds``:
+    each op but the anchor (:func:`autoplace.graph.fusion.anchor`) what it costs as its own
+    kernel (``alone``, per node of ``graph``), all of them scaled down alike where together they
+    would pass the kernel's time, and the anchor the rest. Together they cost the kernel's time;
+    and a plan that moves the anchor to another device is charged, for the ops it leaves here,
+    the kernels they then are (charging the anchor everything would have them cost nothing)."""
+    nodes = list(nodes)
+    keep = anchor(nodes, graph, alone)
+    out = np.where(np.isfinite(alone[nodes]), alone[nodes], 0.0).astype(float)
+    out[nodes.index(keep)] = 0.0
+    if out.sum() > seconds:
+        out *= seconds / out.sum()
+    out[nodes.index(keep)] = max(seconds - out.sum(), 0.0)  # not below 0 by rounding
+    return out
 
 
 def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int,

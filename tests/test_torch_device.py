@@ -512,3 +512,40 @@ def test_mask_ops_run_on_pytorch_and_match():
     with torch.no_grad():
         for a, b in zip(got, model(x, ids)):
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+class Split(torch.nn.Module):
+    """A fused projection split three ways (strided slices, then squeezes), as encoders split
+    q, k and v."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(1, 8, 3, 16).permute(2, 0, 1, 3).unbind(0)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def test_a_pytorch_call_whose_result_is_a_view_of_its_input_hands_back_a_copy():
+    # A squeeze in PyTorch is a view of the slice TVM wrote; the VM reuses a dead slice's memory
+    # for the next one, so a view handed back as is read the wrong slice (error ~6 here).
+    torch.manual_seed(0)
+    model, x = Split().eval(), torch.randn(1, 8, 16)
+    mod = autoplace.from_torch(model, [x])
+    g = OpGraph.from_relax(mod)
+    plan = autoplace.place(g, [Device.cpu(0), Device.torch()],
+                           [("op:squeeze", "torch"), ("*", "cpu0")])
+    assert plan.assignment.count("torch") == 3
+    with torch.no_grad():
+        np.testing.assert_allclose(autoplace.compile(mod, plan)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    # any call's view, an importer fallback's too, comes back as a copy
+    import tvm
+
+    op = torch_ops.TorchOp(lambda t: t[0], "view", (torch_ops.Slot(0),), (), (((4,), "float32"),),
+                           False, "v")
+    a = tvm.runtime.tensor(np.arange(8, dtype="float32").reshape(2, 4))
+    out = tvm.get_global_func(torch_ops.register(op))(a)
+    a.copyfrom(np.zeros((2, 4), "float32"))
+    np.testing.assert_array_equal(out.numpy(), [0, 1, 2, 3])

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 #: What the torch device's calls run, in its profiles' fingerprint: a new number where a call
-#: runs another kernel for the same op (2: conv and matmul weights packed once).
+#: runs another kernel for the same op (2: conv and matmul weights packed once, views copied).
 CALLS = 2
 
 #: Prefix of the global function names of PyTorch ops.
@@ -162,9 +162,18 @@ def one_thread():
             torch.set_num_threads(before)
 
 
+def _shares_memory(result, inputs) -> bool:
+    """Whether torch tensor ``result`` is a view of one of ``inputs`` (a reshape's or squeeze's
+    result is): the VM takes a call's results as new tensors, and may write another tensor into
+    an input's memory once the input is dead, under a view it does not know of."""
+    ptr = result.untyped_storage().data_ptr()
+    return any(t.untyped_storage().data_ptr() == ptr for t in inputs)
+
+
 def _function(op: TorchOp):
     """The packed function: it returns the op's results as new tensors, shared with PyTorch
-    through DLPack (no copy; a non-contiguous result is made contiguous). Where the output
+    through DLPack (no copy; a non-contiguous result is made contiguous, a view of an input
+    copied: :func:`_shares_memory`). Where the output
     shape is static, a result of another shape or dtype is an error naming the op, never a
     tensor the build would misread."""
     import torch
@@ -175,11 +184,13 @@ def _function(op: TorchOp):
     def call(*args):
         try:
             with one_thread(), torch.no_grad():
-                result = op.call([torch.from_dlpack(t) for t in args])
+                tensors = [torch.from_dlpack(t) for t in args]
+                result = op.call(tensors)
         except Exception as e:  # noqa: BLE001 - any error of the op, named for the caller
             raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
                                f"raised {type(e).__name__}: {e}") from e
-        results = result if isinstance(result, (tuple, list)) else (result,)
+        results = [r.clone() if _shares_memory(r, tensors) else r
+                   for r in (result if isinstance(result, (tuple, list)) else (result,))]
         if expected is not None and [(tuple(r.shape), r.dtype) for r in results] != expected:
             raise TorchOpError(
                 f"PyTorch op {op.name} (node {op.node!r}) gave "
@@ -219,6 +230,24 @@ def _full(like, fill, dtype: str):
     import torch
 
     return fill.to(getattr(torch, dtype)).expand(like.shape)
+
+
+# Ops whose PyTorch call gives a view, here with its elements copied: a call's result must not
+# share an input's memory (:func:`_shares_memory`), and the copy is then part of what is timed.
+def _reshaped(x, shape):
+    return x.reshape(shape).clone()
+
+
+def _expanded(x, shape):
+    import torch
+
+    return x.expand(shape).clone(memory_format=torch.contiguous_format)
+
+
+def _permuted(x, axes):
+    import torch
+
+    return x.permute(axes).clone(memory_format=torch.contiguous_format)
 
 
 def _scalar(text: str) -> float | None:
@@ -291,14 +320,16 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
     if op_type == "logical_not":
         return make(torch.logical_not, "torch.logical_not", [x])
     if op_type == "astype":
-        return make(torch.Tensor.to, "torch.Tensor.to", [x, getattr(torch, out_dtype)])
+        return TorchOp(torch.Tensor.to, "torch.Tensor.to", (x, getattr(torch, out_dtype)),
+                       (("copy", True),), ((tuple(out_shape), out_dtype),), False, node,
+                       why=f"placed on PyTorch: {op_type} as torch.Tensor.to")
     if op_type == "where":
         return make(torch.where, "torch.where", [x, Slot(1), Slot(2)])
     if op_type == "full_like":
         return make(_full, "torch.full_like", [x, Slot(1), out_dtype])
-    if op_type in ("broadcast_to", "squeeze", "expand_dims"):  # the same elements, reshaped
-        name, target = (("torch.expand", torch.Tensor.expand) if op_type == "broadcast_to"
-                        else ("torch.reshape", torch.reshape))
+    if op_type in ("broadcast_to", "squeeze", "expand_dims", "reshape"):
+        name, target = (("torch.expand", _expanded) if op_type == "broadcast_to"
+                        else ("torch.reshape", _reshaped))
         return make(target, name, [x, tuple(out_shape)])
     if op_type == "nn.gelu_tanh":
         return TorchOp(F.gelu, "torch.gelu", (x,), (("approximate", "tanh"),),
@@ -317,12 +348,10 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
                     [x, dims, bool(attrs.get("keepdims", False))])
     if op_type == "nn.softmax":
         return make(torch.softmax, "torch.softmax", [x, int(attrs["axis"])])
-    if op_type == "reshape":
-        return make(torch.reshape, "torch.reshape", [x, tuple(out_shape)])
     if op_type == "permute_dims":
         axes = attrs.get("axes")
         axes = tuple(range(len(inputs[0][0])))[::-1] if axes is None else tuple(axes)
-        return make(torch.permute, "torch.permute", [x, axes])
+        return make(_permuted, "torch.permute", [x, axes])
     if op_type == "nn.layer_norm":
         ndim, axes = len(inputs[0][0]), sorted(a % len(inputs[0][0]) for a in attrs["axes"])
         if axes != list(range(ndim - len(axes), ndim)) or not (attrs["center"] and attrs["scale"]):

@@ -261,6 +261,28 @@ def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch
     model.eval()
 
 
+def test_a_build_whose_outputs_differ_from_eager_is_not_run(monkeypatch, caplog):
+    from autoplace.pytorch import module as module_mod
+
+    model, x = small_cnn(), torch.randn(1, 3, 8, 8)
+    monkeypatch.setattr(module_mod, "_turns", _timed(build=1.0, eager=2.0))
+    right = module_mod.AutoplaceModule.run_flat
+    monkeypatch.setattr(module_mod.AutoplaceModule, "run_flat",  # a build that is 10 % off
+                        lambda self, inputs: [o * 1.1 for o in right(self, inputs)])
+    with caplog.at_level("WARNING"):
+        m = optimize_module(model, (x,), CPU, **FAST)
+    assert "outputs differ from the model's eager outputs" in caplog.text
+    assert m.runs == "eager" and "outputs differed from eager's (relative error 0.1)" in m.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x))
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # kept where asked, with the warning
+        assert optimize_module(model, (x,), CPU, **FAST, eager_fallback=False).runs == "build"
+    assert "relative error 0.1" in caplog.text
+    monkeypatch.setattr(module_mod.AutoplaceModule, "run_flat", right)
+    assert optimize_module(model, (x,), CPU, **FAST).runs == "build"  # right: it runs
+
+
 def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, caplog):
     from autoplace.pytorch import module as module_mod
 

@@ -94,7 +94,9 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     in the same turns and is among the baselines, and the module runs it where it measured the
     fastest of the three (``module.runs == "torch.compile"``); where it fails to compile, a
     warning says why. ``eager_fallback=False`` keeps the build whatever it measured, and times
-    neither.
+    neither. The build's outputs are checked against eager's on the example inputs first: where
+    they differ (relative error above :data:`MISMATCH`), a warning says so, and the module runs
+    the model eagerly unless ``eager_fallback=False`` or the model is in training mode.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -110,6 +112,16 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
         res = with_measured_baseline(res, EAGER, eager_s, note)
     module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                              exported.call_spec.out_spec, result=res)
+    error = _output_error(module, model, inputs) if eager_s is not None else None
+    if error is not None and error > MISMATCH:
+        fallback = eager_fallback and not model.training
+        log.warning("the build's outputs differ from the model's eager outputs on the example "
+                    "inputs (relative error %.2g)%s", error,
+                    ": running the model eagerly" if fallback else "")
+        if fallback:
+            module.run_eagerly(model, {}, reason=f"the build's outputs differed from eager's "
+                                                 f"(relative error {error:.2g})")
+            return module
     if eager_fallback and eager_s is not None and not model.training:
         rivals = {EAGER: model}
         if torch_compile:
@@ -125,6 +137,32 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
         if times[best] < EAGER_MARGIN * times["build"]:
             module.run_eagerly(rivals[best], times, best)
     return module
+
+
+#: Relative error of a build's floating outputs against eager PyTorch's above which the build
+#: is taken as wrong (float32 builds differ by 1e-7 to 1e-5 on this project's models).
+MISMATCH = 1e-2
+
+
+def _output_error(module: AutoplaceModule, model: torch.nn.Module, inputs) -> float | None:
+    """The largest relative L2 error of ``module``'s build against ``model`` run eagerly, over
+    their floating outputs on ``inputs``; None where either raises or they do not pair up (a
+    model that draws random numbers differs too: the caller only warns)."""
+    training = model.training
+    try:
+        with torch.inference_mode():
+            got = module.run_flat(inputs)
+            want = pytree.tree_leaves(model.eval()(*inputs))  # as it was exported
+    except Exception:  # noqa: BLE001 - a model the check cannot run is not checked
+        return None
+    finally:
+        model.train(training)
+    pairs = [(g, w) for g, w in zip(got, want) if isinstance(w, torch.Tensor)
+             and w.dtype.is_floating_point and g.shape == w.shape]
+    if len(got) != len(want) or not pairs:
+        return None
+    return max(float(torch.linalg.vector_norm((g - w).double())
+                     / max(torch.linalg.vector_norm(w.double()), 1e-30)) for g, w in pairs)
 
 
 def _compiled(model: torch.nn.Module, inputs):
@@ -246,16 +284,17 @@ class AutoplaceModule(torch.nn.Module):
         (:func:`optimize_module`)."""
         return self._runs
 
-    def run_eagerly(self, model, times: dict[str, float], name: str = EAGER) -> None:
+    def run_eagerly(self, model, times: dict[str, float], name: str = EAGER,
+                    reason: str = "") -> None:
         """From now on, calls run ``model`` (the model, eager or compiled: ``name``) in PyTorch
         under ``torch.inference_mode``, as it was timed (its outputs are inference tensors),
         rather than the build; ``times``: seconds a call each contender measured (``"build"``
-        among them)."""
+        among them), or ``reason``, why, in words."""
         self._eager, self._runs = model, "eager" if name == EAGER else name
         others = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in times.items() if k != name)
-        self._eager_note = (f"runs {name}: it measured {times[name] * 1e3:.4g} ms a call here "
-                            f"against {others} (timed turn by turn); the build is kept for "
-                            "save()")
+        why = reason or (f"it measured {times[name] * 1e3:.4g} ms a call here against {others} "
+                         "(timed turn by turn)")
+        self._eager_note = f"runs {name}: {why}; the build is kept for save()"
 
     # ------------------------------------------------------------------------------ calling
 

@@ -31,8 +31,8 @@ TVM in one process ran up to 100x slower), one model after another, in this orde
    torch:cpu]``, without the records and with them; the module as a user gets it (it runs the
    model eagerly where that measured faster than its build, and the table says so), the build's
    own latency and its measured/predicted, eager PyTorch in the same process and, with the
-   records, TVM alone as a module; these are timed turn by turn (one call of each, then again,
-   each round in another order), and the targets are judged against them. PyTorch
+   records, TVM alone as a module; these are timed turn by turn (each call following every
+   other as often), and the targets are judged against them. PyTorch
    calls from the build run on one thread.
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
@@ -75,30 +75,30 @@ def _median_ms(fn, repeats: int) -> tuple[float, int]:
 
 
 def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
-    """Median latency in ms of each of ``fns``, called turn by turn (one call of each, then
-    again), so that all see the machine alike, and how many calls each is the median of: up to
-    ``repeats``, fewer once the calls pass 30 s, never under 3; after two warm-up calls each.
-    Each round calls them in another order, every order in turn (shuffled), so that each
-    follows every other as often (one that runs after another meets the cache that one left).
-    autoplace.run.overhead.turns_s's rule, written here again: the PyTorch and ONNX Runtime
-    workers import neither autoplace nor TVM."""
-    import itertools
-    import random
+    """Median latency in ms of each of ``fns``, called turn by turn so that all see the machine
+    alike, and how many calls each is the median of: up to ``repeats`` (or the few more a pass
+    needs), fewer once the calls pass 30 s, never under 3; after two warm-up calls each. The calls
+    follow an Eulerian circuit of the complete directed graph on them, pass after pass, so that
+    each follows every other exactly as often (one that runs after another meets the cache that
+    one left). autoplace.run.overhead.turns_s's rule, written here again: the PyTorch and ONNX
+    Runtime workers import neither autoplace nor TVM."""
+    import networkx as nx
 
     for fn in fns:
         for _ in range(WARMUP):
             fn()
     times: list[list[float]] = [[] for _ in fns]
-    start, k = time.perf_counter(), 0
-    orders = list(itertools.permutations(range(len(fns))))
-    random.Random(0).shuffle(orders)
+    n = len(fns)
+    order = (list(range(n)) if n < 2 else
+             [u for u, _ in nx.eulerian_circuit(nx.complete_graph(n, create_using=nx.DiGraph),
+                                                source=0)])
+    start = time.perf_counter()
     while len(times[0]) < repeats and (len(times[0]) < 3
                                        or time.perf_counter() - start < TIME_CAP_S):
-        for i in orders[k % len(orders)]:
+        for i in order:
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
-        k += 1
     return [statistics.median(t) * 1e3 for t in times], len(times[0])
 
 

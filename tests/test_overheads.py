@@ -135,15 +135,15 @@ def test_the_kernel_floor_of_this_cpu_is_a_slope_over_real_builds():
         measure_kernel_floor(Device.cpu(0), kernels=(1, 2))
 
 
-def test_turns_times_each_function_once_a_round_each_following_every_other_as_often():
+def test_turns_have_each_function_follow_each_other_as_often():
     from collections import Counter
 
     order = []
     fns = [lambda k=k: order.append(k) for k in range(3)]
-    medians, rounds = overhead.turns_s(fns, most=6, budget_s=60.0, least=1)
-    assert rounds == 6 and len(medians) == 3 and all(m >= 0 for m in medians)
-    rounds_seen = [order[i:i + 3] for i in range(0, 18, 3)]
-    assert all(sorted(r) == [0, 1, 2] for r in rounds_seen)
-    follows = Counter((a, b) for r in rounds_seen for a, b in zip(r, r[1:]))
-    assert len(follows) == 6 and set(follows.values()) == {2}  # each after each other, twice
+    medians, calls = overhead.turns_s(fns, most=4, budget_s=60.0, least=1)
+    assert calls == 4 and len(medians) == 3 and all(m >= 0 for m in medians)  # two passes
+    assert Counter(order) == {0: 4, 1: 4, 2: 4}
+    follows = Counter(zip(order, order[1:] + order[:1]))  # the passes repeat: order is cyclic
+    assert len(follows) == 6 and set(follows.values()) == {2}
+    assert overhead.call_order(1) == [0] and overhead.call_order(2) == [0, 1]
     assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2  # the budget spent: the least

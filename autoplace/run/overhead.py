@@ -271,37 +271,35 @@ def median_call_s(fn, xs, repeat: int, warmup: int = 1) -> float:
 
 def turns_s(fns, *, most: int, budget_s: float, least: int) -> tuple[list[float], int]:
     """Median seconds of a call of each of ``fns`` (callables of no argument), called turn by
-    turn (one call of each, then again) so that all see the machine alike, and how many rounds
-    that took: at most ``most``, at least ``least``, none begun once ``budget_s`` has passed.
-    Each round calls them in another order (:func:`round_orders`), so that each follows every
+    turn so that all see the machine alike, and how many calls of each that took: at most
+    ``most`` (or the few more a pass needs), at least ``least``, no pass begun once ``budget_s``
+    has passed. The calls follow :func:`call_order`, pass after pass, so that each follows every
     other as often (one that runs after another meets the cache that one left). Warm-up calls
     are the caller's."""
     times: list[list[float]] = [[] for _ in fns]
-    start, k = time.perf_counter(), 0
-    orders = round_orders(len(fns))
-    while k < most and (k < least or time.perf_counter() - start < budget_s):
-        for i in orders[k % len(orders)]:
+    start, order = time.perf_counter(), call_order(len(fns))
+    while len(times[0]) < most and (len(times[0]) < least
+                                    or time.perf_counter() - start < budget_s):
+        for i in order:
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
-        k += 1
-    return [statistics.median(t) for t in times], k
+    return [statistics.median(t) for t in times], len(times[0])
 
 
-def round_orders(n: int) -> list[tuple[int, ...]]:
-    """Orders for rounds of calls of ``n`` functions, to be used in turn: every order, shuffled
-    (the same each time), so that any ``n!`` rounds in a row have each function follow each other
-    as often. (Rotating one order does not: each function would always follow the same one.)
-    Past 6 functions, 720 random orders."""
-    import itertools
-    import random
+def call_order(n: int) -> list[int]:
+    """One pass of calls of ``n`` functions (by index) in which, repeated pass after pass, each
+    follows each other exactly once: an Eulerian circuit of the complete directed graph on them,
+    each called ``n - 1`` times (once where ``n`` is 1). Rounds of one call each in turn do not
+    do this, even rounds in every order: the last of one round goes before the first of the
+    next, and a function after a heavy one (a build) measured up to 10 % slower than the same
+    function elsewhere."""
+    import networkx as nx
 
-    rng = random.Random(0)
-    if n > 6:
-        return [tuple(rng.sample(range(n), n)) for _ in range(720)]
-    orders = list(itertools.permutations(range(n)))
-    rng.shuffle(orders)
-    return orders
+    if n < 2:
+        return list(range(n))
+    return [u for u, _ in nx.eulerian_circuit(nx.complete_graph(n, create_using=nx.DiGraph),
+                                              source=0)]
 
 
 @dataclass(frozen=True)

@@ -887,7 +887,8 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
     runs = [[t[n.index] for t in by_torch if t[n.index] != "unsupported"] for n in graph.nodes]
     sources = tuple("+".join(dict.fromkeys(r if n.is_torch else [s, *r]))
                     for n, s, r in zip(graph.nodes, costs.sources, runs))
-    spread = np.column_stack([costs.spread] + [np.full(len(graph.nodes), np.nan)] * len(cols))
+    spread = np.column_stack([costs.spread] + [np.where(np.isfinite(c), TorchCostModel.spread,
+                                                         np.nan) for c in cols])
     overhead = costs.overhead
     if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
         overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}

@@ -287,6 +287,16 @@ def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkey
     assert len(waits) == 1
 
 
+def test_pytorch_costs_carry_a_spread(convnet):
+    # A PyTorch call timed alone runs slower in a build: its cost is uncertain, not exact, so
+    # a plan whose PyTorch side all but ties TVM alone is a close call that the build runs.
+    model, x, mod = convnet
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None, baseline_guard=False)
+    assert "torch" in res.plan.assignment
+    assert "no known spread" not in res.expected_error  # roofline's and PyTorch's both known
+
+
 def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device():
     from autoplace.backend.torch_ops import equivalent
 

@@ -173,9 +173,8 @@ def _shares_memory(result, inputs) -> bool:
 def _function(op: TorchOp):
     """The packed function: it returns the op's results as new tensors, shared with PyTorch
     through DLPack (no copy; a non-contiguous result is made contiguous, a view of an input
-    copied: :func:`_shares_memory`). Where the output
-    shape is static, a result of another shape or dtype is an error naming the op, never a
-    tensor the build would misread."""
+    copied: :func:`_shares_memory`). Where the output shape is static, a result of another
+    shape or dtype is an error naming the op, never a tensor the build would misread."""
     import torch
     import tvm
 
@@ -229,7 +228,7 @@ def _full(like, fill, dtype: str):
     (a 0-d tensor)."""
     import torch
 
-    return fill.to(getattr(torch, dtype)).expand(like.shape)
+    return fill.to(getattr(torch, dtype)).expand(like.shape).contiguous()
 
 
 # Ops whose PyTorch call gives a view, here with its elements copied: a call's result must not
@@ -398,12 +397,11 @@ PACKABLE = frozenset({"nn.conv2d", "matmul"})
 def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     """Of ``op`` (the plain call of a Relax ``nn.conv2d`` or 2-D ``matmul``, :func:`equivalent`),
     the call on its first input alone (of ``x_shape``) with ``weight`` (a float32 torch tensor)
-    packed now into
-    oneDNN's blocked layout: a plain call reorders a weight on every call, which takes longer
-    than the op itself for a large weight and a small activation. None where it does not apply
-    (another op, another dtype, a batch of matmul weights, PyTorch without oneDNN). The
-    packed call computes in channels-last and gives its result back contiguous, a copy the
-    plain call does not make: which of the two is faster depends on the shapes."""
+    packed now into oneDNN's blocked layout: a plain call reorders a weight on every call, which
+    takes longer than the op itself for a large weight and a small activation. None where it
+    does not apply (another op, another dtype, a batch of matmul weights, PyTorch without
+    oneDNN). The packed call computes in channels-last and gives its result back contiguous, a
+    copy the plain call does not make: which of the two is faster depends on the shapes."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \

@@ -141,8 +141,8 @@ class TorchRunner:
     The same interface as :class:`~autoplace.profile.measure.LocalRunner` (``name``, ``spec``,
     ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
     as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, the PyTorch version, the
-    calls it makes (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model and one thread (the VM calls PyTorch on one); no TVM target or version (its
-    timings involve neither).
+    calls it makes (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model and one thread
+    (the VM calls PyTorch on one); no TVM target or version (its timings involve neither).
     """
 
     def __init__(self, device: Device, spec: str | None = None):

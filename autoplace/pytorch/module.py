@@ -146,8 +146,8 @@ MISMATCH = 1e-2
 
 def _output_error(module: AutoplaceModule, model: torch.nn.Module, inputs) -> float | None:
     """The largest relative L2 error of ``module``'s build against ``model`` run eagerly, over
-    their floating outputs on ``inputs``; None where either raises or they do not pair up (a
-    model that draws random numbers differs too: the caller only warns)."""
+    their floating outputs on ``inputs``; None where either raises or they do not pair up. (A
+    model that draws random numbers differs too, and so runs eagerly.)"""
     training = model.training
     try:
         with torch.inference_mode():

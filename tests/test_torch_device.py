@@ -559,3 +559,25 @@ def test_a_pytorch_call_whose_result_is_a_view_of_its_input_hands_back_a_copy():
     out = tvm.get_global_func(torch_ops.register(op))(a)
     a.copyfrom(np.zeros((2, 4), "float32"))
     np.testing.assert_array_equal(out.numpy(), [0, 1, 2, 3])
+
+
+def test_a_weight_onednn_cannot_pack_runs_plain(monkeypatch):
+    from autoplace.backend.torch_ops import Fastest, equivalent, packed_call, with_constant_weight
+
+    attrs = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="",
+                 strides=[1, 1], dilation=[1, 1], groups=1, padding=[1, 1, 1, 1])
+    op = equivalent("nn.conv2d", attrs, [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")],
+                    [((1, 4, 8, 8), "float32")], "c")
+    w = np.random.default_rng(0).random((4, 3, 3, 3)).astype("float32")
+    assert packed_call(op, "nn.conv2d", torch.from_numpy(w), (1, 3, 8, 8)) is not None
+
+    def refuse(*a, **k):
+        raise RuntimeError("oneDNN: unsupported")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_convolution_weight", refuse)
+    assert packed_call(op, "nn.conv2d", torch.from_numpy(w), (1, 3, 8, 8)) is None
+    held = with_constant_weight(op, "nn.conv2d", w, (1, 3, 8, 8))
+    assert isinstance(held.target, Fastest) and len(held.target.variants) == 1
+    x = torch.randn(1, 3, 8, 8)
+    np.testing.assert_allclose(held.call([x]).numpy(), torch.nn.functional.conv2d(
+        x, torch.from_numpy(w), padding=1).numpy(), rtol=1e-5, atol=1e-5)

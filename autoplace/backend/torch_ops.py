@@ -400,13 +400,29 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     packed now into oneDNN's blocked layout: a plain call reorders a weight on every call, which
     takes longer than the op itself for a large weight and a small activation. None where it
     does not apply (another op, another dtype, a batch of matmul weights, PyTorch without
-    oneDNN). The packed call computes in channels-last and gives its result back contiguous, a
-    copy the plain call does not make: which of the two is faster depends on the shapes."""
+    oneDNN, a shape oneDNN refuses: the call is tried once on zeros). The packed call computes
+    in channels-last and gives its result back contiguous, a copy the plain call does not make:
+    which of the two is faster depends on the shapes."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \
             or not torch.backends.mkldnn.is_available():
         return None
+    if op_type == "matmul" and (weight.dim() < 2 or any(d != 1 for d in weight.shape[:-2])):
+        return None  # a batch of weights (one of ones is a weight broadcast)
+    try:  # oneDNN may refuse a shape: then the plain call is the only one
+        call = _packed(op, op_type, weight, x_shape)
+        with torch.no_grad():
+            out = call(torch.zeros(tuple(x_shape), dtype=torch.float32))
+    except Exception:  # noqa: BLE001 - whatever oneDNN raises, the plain call stands
+        return None
+    return call if tuple(out.shape) == tuple(op.outputs[0][0]) else None
+
+
+def _packed(op: TorchOp, op_type: str, weight, x_shape):
+    """:func:`packed_call`'s call, unchecked."""
+    import torch
+
     mkldnn = torch.ops.mkldnn
     if op_type == "nn.conv2d":
         stride, pad, dilation, groups = op.args[3:7]
@@ -415,8 +431,6 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
         return lambda x: mkldnn._convolution_pointwise(
             x, packed, None, list(pad), list(stride), list(dilation), groups, "none", [],
             "").contiguous()
-    if weight.dim() < 2 or any(d != 1 for d in weight.shape[:-2]):
-        return None  # a batch of weights (one of ones is a weight broadcast)
     rows, out_shape = int(np.prod(x_shape[:-1])), op.outputs[0][0]
     packed = mkldnn._reorder_linear_weight(weight.reshape(weight.shape[-2:]).t().contiguous(),
                                            rows)

@@ -6,7 +6,7 @@ a build runs the faster where the weight is a constant, as every such weight of 
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/torch_packed.py [--models resnet18 bert ...]
 
-Each call is timed as the cost model times it (``autoplace.profile.torch_runner``): one PyTorch
+Each call is timed as the cost model times it (``torch_runner.time_plain_and_packed``): one PyTorch
 thread, no autograd, each call reading another copy of its inputs (as many as fill twice the
 last-level cache), median of adaptive repeats. Packed timings include the copy back to a
 contiguous result. Needs the ``bench`` extra for torchvision models.
@@ -15,20 +15,8 @@ contiguous result. Needs the ``bench`` extra for torchvision models.
 from __future__ import annotations
 
 import argparse
-import itertools
-import platform
-
-import numpy as np
 
 import _models
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def bench(name: str) -> list[tuple]:
@@ -37,32 +25,23 @@ def bench(name: str) -> list[tuple]:
     import torch
 
     import autoplace
-    from autoplace.backend.torch_ops import PACKABLE, one_thread, packed_call
+    from autoplace.backend.torch_ops import PACKABLE
     from autoplace.graph import OpGraph
     from autoplace.profile.measure import TimingPolicy
-    from autoplace.profile.torch_runner import (cache_bytes, call_timing, random_torch_inputs,
-                                                torch_op_for)
+    from autoplace.profile.torch_runner import time_plain_and_packed, torch_op_for
 
     model = _models.load(name)
     mod = autoplace.from_torch(model.module, [torch.from_numpy(x) for x in model.inputs])
     graph = OpGraph.from_relax(mod)
-    policy, rows = TimingPolicy(), []
-    for key, idx in graph.workloads().items():
+    rows = []
+    for idx in graph.workloads().values():
         node = graph.nodes[idx[0]]
         op = torch_op_for(node) if node.op_type in PACKABLE else None
-        if op is None or len(node.inputs) != 2:
+        if op is None:
             continue
-        tensors = random_torch_inputs(node, np.random.default_rng(0))
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        copies = min(64, -(-2 * cache_bytes() // nbytes))
-        sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
-        calls = [packed_call(op, node.op_type, w, x.shape) for x, w in sets]
-        if calls[0] is None:
+        plain, packed = time_plain_and_packed(node, op, TimingPolicy())
+        if packed is None:
             continue  # a batch of weights (attention's matmuls)
-        with one_thread(), torch.no_grad():
-            plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy)
-            turns = itertools.cycle(list(zip(calls, sets)))
-            packed = call_timing(lambda: (lambda c, s: c(s[0]))(*next(turns)), policy)
         shapes = " x ".join("x".join(map(str, t.shape)) for t in node.inputs)
         rows.append((f"{node.op_type} {shapes}", len(idx), plain.median_s, packed.median_s))
     return rows
@@ -72,7 +51,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["resnet18", "bert"])
     args = ap.parse_args(argv)
-    print(f"CPU: {_cpu()}; one PyTorch thread; times in us per call")
+    from autoplace.profile.measure import _cpu_model
+
+    print(f"CPU: {_cpu_model()}; one PyTorch thread; times in us per call")
     for name in args.models:
         rows = bench(name)
         print(f"\n{name}: {len(rows)} distinct conv or 2-D-weight matmul workloads")

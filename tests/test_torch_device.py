@@ -297,11 +297,15 @@ def test_pytorch_costs_carry_a_spread(convnet):
     assert "no known spread" not in res.expected_error  # roofline's and PyTorch's both known
 
 
+#: A stride-1 NCHW conv2d's Relax attributes, its padding aside.
+CONV_ATTRS = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="",
+                  strides=[1, 1], dilation=[1, 1], groups=1)
+
+
 def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device():
     from autoplace.backend.torch_ops import equivalent
 
-    attrs = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="",
-                 strides=[1, 1], dilation=[1, 1], groups=1)
+    attrs = CONV_ATTRS
     shapes = [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")]
     assert equivalent("nn.conv2d", {**attrs, "padding": [1, 1, 1, 1]}, shapes,
                       [((1, 4, 8, 8), "float32")], "c") is not None
@@ -564,8 +568,7 @@ def test_a_pytorch_call_whose_result_is_a_view_of_its_input_hands_back_a_copy():
 def test_a_weight_onednn_cannot_pack_runs_plain(monkeypatch):
     from autoplace.backend.torch_ops import Fastest, equivalent, packed_call, with_constant_weight
 
-    attrs = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="",
-                 strides=[1, 1], dilation=[1, 1], groups=1, padding=[1, 1, 1, 1])
+    attrs = {**CONV_ATTRS, "padding": [1, 1, 1, 1]}
     op = equivalent("nn.conv2d", attrs, [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")],
                     [((1, 4, 8, 8), "float32")], "c")
     w = np.random.default_rng(0).random((4, 3, 3, 3)).astype("float32")

@@ -451,7 +451,7 @@ def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape)
 
     def fill(v):
         if isinstance(v, Slot):
-            return w if v.index == 1 else Slot(0) if v.index == 0 else v
+            return w if v.index == 1 else v
         return type(v)(fill(x) for x in v) if isinstance(v, (list, tuple)) else v
 
     args, kwargs = fill(op.args), tuple((k, fill(v)) for k, v in op.kwargs)

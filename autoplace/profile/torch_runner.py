@@ -94,14 +94,22 @@ def cache_bytes() -> int:
 
 def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
                     rng: np.random.Generator | None = None) -> Timing:
+    """``node``'s PyTorch call ``op`` timed as :func:`time_plain_and_packed` times it, the faster
+    of plain and packed where both were timed: a build runs the faster where the weight is a
+    constant, as in a model for inference
+    (:func:`~autoplace.backend.torch_ops.with_constant_weight`; a weight computed at run time
+    runs plain, and may cost more than charged)."""
+    plain, packed = time_plain_and_packed(node, op, policy, rng)
+    return packed if packed is not None and packed.median_s < plain.median_s else plain
+
+
+def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
+                          rng: np.random.Generator | None = None) -> tuple[Timing, Timing | None]:
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
     (:func:`random_torch_inputs`), on one PyTorch thread and without autograd, as the VM calls
-    it. Whatever the op raises on those inputs is raised. A conv or 2-D matmul is timed both
-    plain and with its weight packed once (each copy's own,
-    :func:`~autoplace.backend.torch_ops.packed_call`), and the faster counts: a build runs the
-    faster where the weight is a constant, as in a model for inference
-    (:func:`~autoplace.backend.torch_ops.with_constant_weight`; a weight computed at run time
-    runs plain, and may cost more than charged).
+    it; and, for a conv or 2-D matmul, the same with its weight packed once (each copy's own,
+    :func:`~autoplace.backend.torch_ops.packed_call`), else None. Whatever the op raises on
+    those inputs is raised.
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
     cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
@@ -112,7 +120,7 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     import torch
 
-    from autoplace.backend.torch_ops import PACKABLE, one_thread, packed_call
+    from autoplace.backend.torch_ops import one_thread, packed_call
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0))
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -120,19 +128,18 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
     sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
     with one_thread(), torch.no_grad():
         plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy)
-        if node.op_type not in PACKABLE or len(tensors) != 2:
-            return plain
-        calls = [packed_call(op, node.op_type, w, x.shape) for x, w in sets]
-        if calls[0] is None:
-            return plain
-        turns = itertools.cycle(list(zip(calls, sets)))
+        first = packed_call(op, node.op_type, tensors[1], tensors[0].shape) \
+            if len(tensors) == 2 else None
+        if first is None:
+            return plain, None
+        turns = itertools.cycle([(first, tensors[0])] + [
+            (packed_call(op, node.op_type, w, x.shape), x) for x, w in sets[1:]])
 
         def packed_turn():
-            call, (x, _) = next(turns)
+            call, x = next(turns)
             return call(x)
 
-        packed = call_timing(packed_turn, policy)
-    return packed if packed.median_s < plain.median_s else plain
+        return plain, call_timing(packed_turn, policy)
 
 
 class TorchRunner:

@@ -168,12 +168,16 @@ def build_problem(
     max_stages: int | None = None,
     segment_overhead_s: Mapping[str, float] | None = None,
     call_s: Mapping[str, float] | None = None,
+    serial: bool = False,
 ) -> Problem:
     """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
     the seconds a pipeline stage costs per input (one figure, or one per device name).
 
     ``call_s`` (throughput plans): seconds per input a call of a stage or replica costs its
     device, by device name (a device it leaves out: 0).
+
+    ``serial`` (latency plans): one thread runs every device's ops and copies, one after
+    another (:attr:`Problem.serial <autoplace.solve.Problem.serial>`).
 
     ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
     every copy also costs the figures of both its devices: the result ends its segment on the
@@ -212,6 +216,7 @@ def build_problem(
         stage_overhead_s=stage_overhead_s,
         call_s=[(call_s or {}).get(dev.name, 0.0) for dev in devices],
         max_stages=max_stages,
+        serial=serial,
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
     )
@@ -904,10 +909,10 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
 
 def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective: str, links,
              pins, max_stages: int | None) -> tuple[Problem, Problem | None, dict[int, str]]:
-    """Step 2: the solver's problem (links: the given ones, else the profiles' measured ones);
-    for a latency plan, the same without the segment overhead on its copies (what
-    :func:`_delivery` adds per segment instead), else None; and the pins as node index -> device
-    name."""
+    """Step 2: the solver's problem (links: the given ones, else the profiles' measured ones;
+    ``serial`` where a torch device runs its PyTorch calls inside the one VM); for a latency
+    plan, the same without the segment overhead on its copies (what :func:`_delivery` adds per
+    segment instead), else None; and the pins as node index -> device name."""
     if links is None and isinstance(costs.model, ProfiledCostModel):
         links = costs.model.links(devices)
     pin_rules = rule_assignment(graph, devices, pins)
@@ -916,12 +921,15 @@ def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective
         if n.is_torch and runtime is not None:
             pin_rules[n.index] = runtime
     rate = objective == "throughput"
+    # A latency plan with PyTorch calls runs on one VM, one op after another: no segments.
+    serial = not rate and runtime is not None
     problem = build_problem(graph, devices, costs.cost, links, pin_rules,
                             stage_overhead_s=(costs.overhead or 0.0) if rate else 0.0,
                             max_stages=max_stages,
-                            segment_overhead_s=None if rate else costs.overhead,
-                            call_s=costs.calls if rate else None)
-    plain = None if rate else build_problem(graph, devices, costs.cost, links, pin_rules)
+                            segment_overhead_s=None if rate or serial else costs.overhead,
+                            call_s=costs.calls if rate else None, serial=serial)
+    plain = None if rate else build_problem(graph, devices, costs.cost, links, pin_rules,
+                                            serial=serial)
     return problem, plain, pin_rules
 
 

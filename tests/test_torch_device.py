@@ -272,6 +272,23 @@ def test_the_solver_puts_ops_on_pytorch_where_they_cost_less(convnet):
                                    rtol=1e-4, atol=1e-6)
 
 
+def test_a_plan_with_pytorch_calls_is_solved_as_one_thread_runs_it(convnet):
+    # The VM runs TVM's kernels and PyTorch's calls one after another, so the solver sums them:
+    # nothing overlaps, and where the hand-offs between the two are free (shared memory: the
+    # call's own hand-off is in its cost), each op goes where it costs least.
+    model, x, mod = convnet
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None, baseline_guard=False)
+    p = res.problem
+    assert p.serial and res.delivery.runner == "vm"
+    a = np.array([p.device_names.index(d) for d in res.plan.assignment])
+    chosen = p.cost[np.arange(len(a)), a]
+    assert not np.isinf(p.cost).all(axis=1).any()
+    np.testing.assert_allclose(chosen, p.cost.min(axis=1), rtol=1e-5, atol=1e-9)
+    assert res.solution.value == pytest.approx(chosen.sum(), rel=1e-9)
+    assert res.predicted_latency_s == pytest.approx(res.delivery.serial_s, rel=1e-9)
+
+
 def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkeypatch):
     # A model without importer fallbacks: its torch-device costs are all equivalent Relax ops.
     import autoplace.backend as backend

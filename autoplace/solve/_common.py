@@ -72,7 +72,8 @@ def trivial_bound(problem: Problem, objective: str) -> float:
       allowed device, over the number of devices;
     * work that must share one device: the nodes allowed only on device ``k``, and each
       colocation group at its cheapest common device (this covers the costliest node);
-    * (latency) the critical path with every node at its cheapest allowed device and free copies.
+    * (latency) the critical path with every node at its cheapest allowed device and free copies;
+      for a ``serial`` problem, the sum of every node at its cheapest allowed device.
 
     Both objectives are at least the busiest device's load: a makespan covers every device's
     work, and a period is at least each device's summed compute. "Allowed" honours support,
@@ -95,6 +96,8 @@ def trivial_bound(problem: Problem, objective: str) -> float:
         lb = max(lb, float(items[-1].min()))
     if d > 1:
         lb = max(lb, load_relaxation(np.concatenate(items))[0])
+    if objective == "latency" and problem.serial:  # one thread runs every node
+        lb = max(lb, float(best.sum()))
     if objective == "latency":
         path = best.copy()
         edges = problem.edges[np.argsort(problem.edges[:, 1], kind="stable")]

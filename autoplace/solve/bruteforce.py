@@ -60,6 +60,8 @@ def _best_schedule(problem: Problem, a: np.ndarray, upper: float):
     dur = [float(problem.cost[i, a[i]]) for i in range(n)]
     dur += [problem.transfer_time(u, int(a[u]), k) for u, k in copies]
     res = [int(a[i]) for i in range(n)] + [d + int(a[u]) * d + k for u, k in copies]
+    if problem.serial:  # one thread runs every task
+        res = [0] * tasks
     preds: list[list[int]] = [[] for _ in range(tasks)]
     for u, v in problem.edges.tolist():
         preds[v].append(u if a[u] == a[v] else cid[(u, int(a[v]))])

@@ -105,9 +105,42 @@ def _run(model, time_limit: float, workers: int, cp_model):
     return solver, code
 
 
+def _serial(problem: Problem, warm: Solution | None, time_limit: float, workers: int) -> Solution:
+    """A ``serial`` problem's latency: one thread runs every node and copy, so the makespan is
+    their sum, a linear objective over the placement alone (no schedule to choose)."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    n, d = problem.num_nodes, problem.num_devices
+    upper = warm.value if warm else _serial_time(problem)
+    scale = RESOLUTION / max(upper, 1e-12)
+    model = cp_model.CpModel()
+    x, need, z = _placement_vars(model, problem, allowed_devices(problem))
+    model.Minimize(sum(int(problem.cost[i, k] * scale) * v for (i, k), v in x.items())
+                   + sum(int(problem.transfer_time(u, j, k) * scale) * v
+                         for (u, j, k), v in z.items()))
+    if warm:
+        for (i, k), var in x.items():
+            model.AddHint(var, int(warm.assignment[i] == k))
+    solver, code = _run(model, time_limit, workers, cp_model)
+    status = _status(solver, code, cp_model)
+    if status is None:
+        raise InfeasibleError("CP-SAT proved the latency model infeasible (support, pins, "
+                              "groups and memory admit no placement)")
+    if status == "UNKNOWN":
+        return _fallback(warm, time_limit)
+    a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
+                  for i in range(n)], dtype=np.int64)
+    sol = make_solution(problem, "latency", a, "cpsat", status=status,
+                        bound=solver.BestObjectiveBound() / scale, started=t0)
+    return _no_worse(sol, warm)
+
+
 def _latency(problem: Problem, warm: Solution | None, time_limit: float, workers: int) -> Solution:
     from ortools.sat.python import cp_model
 
+    if problem.serial:
+        return _serial(problem, warm, time_limit, workers)
     t0 = time.perf_counter()
     n, d = problem.num_nodes, problem.num_devices
     allowed = allowed_devices(problem)

@@ -64,6 +64,10 @@ class Problem:
         Used only in error messages and reports.
     max_stages : int or None
         Throughput only: most stages a plan may have (``None``: no limit).
+    serial : bool
+        Latency only: one thread runs every device's nodes and copies, one after another (one
+        Relax VM calling PyTorch beside TVM's kernels), so a plan's latency is their sum and
+        devices never overlap; ``False`` (the default): each device runs side by side.
     """
 
     cost: np.ndarray
@@ -80,6 +84,7 @@ class Problem:
     node_names: tuple[str, ...] = field(default=())
     device_names: tuple[str, ...] = field(default=())
     max_stages: int | None = None
+    serial: bool = False
 
     @classmethod
     def build(
@@ -99,6 +104,7 @@ class Problem:
         max_stages=None,
         node_names=(),
         device_names=(),
+        serial=False,
     ) -> Problem:
         """Build a problem with defaults for everything but ``cost``, and validate it."""
         cost = np.asarray(cost, dtype=float)
@@ -126,6 +132,7 @@ class Problem:
             node_names=tuple(node_names) or tuple(f"n{i}" for i in range(n)),
             device_names=tuple(device_names) or tuple(f"d{k}" for k in range(d)),
             max_stages=None if max_stages is None else int(max_stages),
+            serial=bool(serial),
         )
         p.validate()
         return p

@@ -79,7 +79,7 @@ def _charged(problem: Problem, a: np.ndarray, seg: np.ndarray, overhead) -> Prob
     _, first = np.unique(seg, return_index=True)
     cost = problem.cost.copy()
     cost[first, a[first]] += over[a[first]]
-    return replace(problem, cost=cost)
+    return replace(problem, cost=cost, serial=False)  # workers side by side, whatever problem says
 
 
 def segment_order(seg: np.ndarray, order: Sequence[int] | None = None) -> np.ndarray:
@@ -92,8 +92,9 @@ def segment_order(seg: np.ndarray, order: Sequence[int] | None = None) -> np.nda
 
 def concurrent_latency(problem: Problem, assignment, overhead=0.0,
                        order: Sequence[int] | None = None) -> Schedule:
-    """The schedule of the plan run as :func:`segments` (of ``order``), one worker per device:
-    each segment first costs its device ``overhead`` seconds (one figure, or one per device)."""
+    """The schedule of the plan run as :func:`segments` (of ``order``), one worker per device,
+    side by side (a ``serial`` problem too): each segment first costs its device ``overhead``
+    seconds (one figure, or one per device)."""
     a = np.asarray(assignment, dtype=np.int64)
     seg = segments(problem, a, order)
     return simulate_latency(_charged(problem, a, seg, overhead), a, segment_order(seg, order))

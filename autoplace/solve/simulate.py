@@ -10,7 +10,9 @@ Latency model (:func:`simulate_latency`)
     which each link sends its copies comes from ``transfer_order`` (default: in the order of each
     copy's first consumer in ``order``, ties by producer). Given those sequences the schedule is
     the earliest one (semi-active), so replaying the sequences of any valid schedule gives a
-    makespan no larger than it.
+    makespan no larger than it. A ``serial`` problem's tasks run on one thread: the nodes in the
+    topological order closest to ``order``, each followed by its copies; the makespan is their
+    sum.
 
 Throughput model (:func:`simulate_throughput`)
     Time per input of the pipeline: the maximum over devices of their load and over directed
@@ -166,6 +168,14 @@ def simulate_latency(problem: Problem, assignment, order: Sequence[int] | None =
     transfer_order = [(int(u), int(k)) for u, k in transfer_order]
     if sorted(transfer_order) != needed:
         raise ValueError(f"transfer_order must list exactly the needed copies {needed}")
+    if problem.serial:  # one thread: the nodes in the topological order closest to ``order``,
+        # each node's copies right after it
+        dag = nx.DiGraph(problem.edges.tolist())
+        dag.add_nodes_from(range(n))
+        order = np.array(list(nx.lexicographical_topological_sort(dag, key=lambda v: pos[v])),
+                         dtype=np.int64)
+        pos[order] = np.arange(n)
+        transfer_order = sorted(transfer_order, key=lambda c: (pos[c[0]], c[1]))
 
     # Task graph: nodes 0..n-1, copies n..n+c-1; arcs are data dependencies and resource sequences.
     cid = {c: n + j for j, c in enumerate(transfer_order)}
@@ -189,6 +199,12 @@ def simulate_latency(problem: Problem, assignment, order: Sequence[int] | None =
         if link in last_link:
             g.add_edge(last_link[link], cid[(u, k)])
         last_link[link] = cid[(u, k)]
+    if problem.serial:  # one thread: each node, then its copies, after the previous task
+        copies_of: dict[int, list[int]] = {}
+        for u, k in transfer_order:
+            copies_of.setdefault(u, []).append(cid[(u, k)])
+        seq = [t for v in order.tolist() for t in (v, *copies_of.get(v, ()))]
+        g.add_edges_from(zip(seq, seq[1:]))
     try:
         topo = list(nx.topological_sort(g))
     except nx.NetworkXUnfeasible:

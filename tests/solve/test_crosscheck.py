@@ -1,6 +1,8 @@
 """Random small problems: exact solvers agree, the simulator agrees with every claim, baselines
 never beat the optimum, infeasible inputs name their cause."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from autoplace.solve import InfeasibleError, Problem, simulate_latency, simulate_throughput, solve
 from autoplace.solve._common import trivial_bound
 from autoplace.solve.bruteforce import best_staging, brute_force
+from autoplace.solve.segments import serial_latency
 
 HEURISTICS = ("single", "priority", "greedy", "heft")
 
@@ -65,6 +68,34 @@ def test_latency_exact_solvers_agree_and_bound_baselines(problem):
                 simulate_latency(problem, sol.assignment, sol.order, sol.transfer_order).makespan)
 
 
+@settings(max_examples=30, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_serial_latency_is_every_task_summed_and_cpsat_finds_the_least(problem):
+    """On one thread (a VM calling PyTorch beside TVM's kernels) nothing overlaps: every
+    solver's value is its nodes' and copies' sum, and CP-SAT's is the least over every
+    assignment."""
+    problem = replace(problem, serial=True)
+    brute = _solve_or_none(problem, "latency", "brute")
+    if brute is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, "latency", "cpsat")
+        return
+    cp = solve(problem, "latency", "cpsat", time_limit=20.0)
+    assert cp.value == pytest.approx(brute.value, rel=1e-4)
+    assert cp.gap < 1e-4  # OPTIMAL, or its integer times' floors leave a sliver of a gap
+    assert cp.bound <= brute.value * (1 + 1e-9)
+    for name in (*HEURISTICS, "cpsat", "coarse"):
+        sol = _solve_or_none(problem, "latency", name)
+        if sol is None:
+            continue
+        assert sol.value == pytest.approx(serial_latency(problem, sol.assignment), rel=1e-12)
+        assert sol.value >= cp.value * (1 - 1e-4), name
+        replay = simulate_latency(problem, sol.assignment, sol.order, sol.transfer_order)
+        assert replay.makespan == pytest.approx(sol.value, rel=1e-12)
+        assert replay.busy.sum() <= replay.makespan * (1 + 1e-12)  # nothing overlapped
+
+
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=8))
@@ -86,8 +117,10 @@ def test_throughput_exact_solvers_agree_and_bound_baselines(problem):
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(problems(), st.sampled_from(["latency", "throughput"]))
+@given(problems(), st.sampled_from(["latency", "throughput", "serial"]))
 def test_trivial_bound_never_exceeds_the_optimum(problem, objective):
+    if objective == "serial":
+        problem, objective = replace(problem, serial=True), "latency"
     brute = _solve_or_none(problem, objective, "brute")
     assume(brute is not None)
     assert trivial_bound(problem, objective) <= brute.value * (1 + 1e-9)

@@ -183,8 +183,20 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
                     tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
                     weight = _constant_weight(node, tensors)
-                    call = _torch_call(node, [placed(a, k, out) for a in tensors], weight,
-                                       with_vdevice(var.ty, k))
+                    if _constant_statistics(node, tensors):
+                        # the call gives the data; the mean and variance are the constants
+                        ty = with_vdevice(var.ty, k)
+                        data = (relax.DataflowVar if in_dataflow else relax.Var)(
+                            f"{var.name}_data", ty.fields[0])
+                        out.append(relax.VarBinding(data, _torch_call(
+                            node, [placed(tensors[0], k, out)], ty.fields[0],
+                            statistics=tensors[1:])))
+                        call = relax.Tuple([data, placed(tensors[3], k, out),
+                                            placed(tensors[4], k, out)])
+                    else:  # a weight the call holds is not placed (nor lifted) for TVM
+                        args = tensors[:1] if weight is not None else tensors
+                        call = _torch_call(node, [placed(a, k, out) for a in args],
+                                           with_vdevice(var.ty, k), weight=weight)
                 else:
                     args = [placed(a, k, out) for a in value.args]
                     ty_args = value.ty_args
@@ -248,21 +260,34 @@ def _constant_weight(node, tensors):
     return None
 
 
-def _torch_call(node, args, weight, out_ty):
+def _constant_statistics(node, tensors) -> bool:
+    """Whether ``node`` is a batch norm whose scale, shift, mean and variance (``tensors``
+    after the data, constants resolved) are all constants, which its PyTorch call holds."""
+    return node.op_type == "nn.batch_norm" and len(tensors) == 5 \
+        and all(_is_tensor_const(t) for t in tensors[1:])
+
+
+def _torch_call(node, args, out_ty, *, weight=None, statistics=None):
     """Op-graph node ``node`` (a Relax op) as a call of its PyTorch equivalent
     (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed; where
     ``weight`` (its constant second tensor's value) is given, the call holds it
-    (:func:`~autoplace.backend.torch_ops.with_constant_weight`) and takes the first alone."""
+    (:func:`~autoplace.backend.torch_ops.with_constant_weight`) and ``args`` is the first
+    tensor alone; where ``statistics`` (a batch norm's four constants) are, the call holds them,
+    takes the data alone and gives the normalized data
+    (:func:`~autoplace.backend.torch_ops.with_constant_statistics`)."""
     from autoplace.backend.torch_ops import (node_equivalent, register, relax_call,
-                                             with_constant_weight)
+                                             with_constant_statistics, with_constant_weight)
 
     op = node_equivalent(node)
-    if op is None or len(args) != len(node.inputs):
+    held = 1 if weight is not None else 4 if statistics is not None else 0
+    if op is None or len(args) + held != len(node.inputs):
         raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
                          "no equivalent for it here (its layout, padding or dtype): place it on "
                          "a TVM device")
     if weight is not None:
-        op, args = with_constant_weight(op, node.op_type, weight, node.inputs[0].shape), args[:1]
+        op = with_constant_weight(op, node.op_type, weight, node.inputs[0].shape)
+    if statistics is not None:
+        op = with_constant_statistics(op, [t.value.numpy() for t in statistics])
     return relax_call(register(op), args, out_ty)
 
 

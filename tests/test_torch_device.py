@@ -1,6 +1,8 @@
 """PyTorch as a placement target: ops the Relax importer lacks run as PyTorch calls from the VM,
 on a torch device (issue 42)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import autoplace  # noqa: E402
 from autoplace import Device, RooflineCostModel  # noqa: E402
+from autoplace.annotate import annotate_lifted  # noqa: E402
 from autoplace.backend import torch_ops  # noqa: E402
 from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
@@ -448,13 +451,36 @@ def test_constant_weights_are_held_by_the_pytorch_call_and_the_faster_variant_ru
     assert sorted(op.name.split("[")[0] for op in ops) == ["torch.conv2d"] * 2 + ["torch.matmul"]
     # each call takes the activation alone: its weight is the call's, packed for oneDNN too
     text = str(autoplace.annotate(mod, plan))
-    import re
-
     for op in ops:
         assert re.search(re.escape(f'"{op.global_name}"') + r", \w+, ty_args=", text), op.name
     for op in ops:
         assert isinstance(op.target, Fastest) and len(op.target.variants) == 2
         assert op.target.chosen is not None
+    # nor does TVM hold them too: the build's constants are the biases alone
+    lifted = annotate_lifted(mod, plan)[1]
+    assert sorted(v.shape for v, _ in lifted) == [(1, 16, 1, 1), (1, 16, 1, 1), (8,)]
+
+
+def test_a_batch_norm_on_pytorch_holds_its_statistics_and_hands_back_its_data_alone():
+    # Its other two outputs are the constants as they were: handed back by the call, they would
+    # be copies (a result must not share an input's memory) and hand-offs on every call.
+    torch.manual_seed(0)
+    model = _EveryEquivalent().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 8, 8)
+    mod = autoplace.from_torch(model, (x,))
+    plan = autoplace.place(OpGraph.from_relax(mod), [Device.cpu(0), Device.torch()],
+                           [("op:nn.batch_norm", "torch"), ("op:torch.*", "torch"),
+                            ("*", "cpu0")])
+    text = str(autoplace.annotate(mod, plan))
+    (name,) = [n for n in torch_ops.called(text) if "batch_norm" in torch_ops.lookup(n).name]
+    assert torch_ops.lookup(name).outputs == (((1, 8, 8, 8), "float32"),)
+    assert re.search(re.escape(f'"{name}"') + r", \w+, ty_args=", text)
+    with torch.no_grad():
+        np.testing.assert_allclose(autoplace.compile(mod, plan)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def test_the_same_op_with_other_weights_is_another_call():

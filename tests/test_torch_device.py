@@ -307,6 +307,42 @@ def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkey
     assert len(waits) == 1
 
 
+def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeypatch):
+    # Timed alone, a call runs the same code again and again; in the model the next call is
+    # another op's. Each is charged its share of what the calls took one after another beyond
+    # their times alone.
+    import autoplace.predict.torch_costs as tc
+
+    g = OpGraph.from_relax(convnet[2])
+    dev = Device.torch()
+    model = TorchCostModel(handoff_s=5e-6)
+    cost = model.predict(g, dev)
+    runs = [n for n in g.nodes if np.isfinite(cost[n.index])]
+    (extra,) = model.sequence_.values()
+    assert extra >= 0.0 and "in the model's sequence" in model.describe(g)
+    for n in runs:
+        assert cost[n.index] == pytest.approx(model.timed_[n.workload_key] + 5e-6 + extra)
+
+    # the sequence itself: every node with a call, in order, on inputs of its own
+    from autoplace.profile import torch_runner
+
+    seconds, ran = torch_runner.time_in_sequence(runs)
+    assert seconds > 0 and ran == [n.index for n in runs]
+    monkeypatch.setattr(torch_runner, "SEQUENCE_MAX_BYTES", 16)
+    assert torch_runner.time_in_sequence(runs) is None  # inputs past the limit: not timed
+
+    alone = sum(model.timed_[n.workload_key] for n in runs[:2])
+    for found, want in (((alone + 4e-5, [n.index for n in runs[:2]]), 2e-5),
+                        ((alone / 2, [n.index for n in runs[:2]]), 0.0),  # never below alone
+                        (None, 0.0)):  # not measured: nothing charged
+        monkeypatch.setattr(tc, "time_in_sequence", lambda nodes, found=found: found)
+        fresh = TorchCostModel(handoff_s=5e-6)
+        fresh.timed_ = dict(model.timed_)
+        got = fresh.predict(g, dev)
+        assert got[runs[0].index] == pytest.approx(model.timed_[runs[0].workload_key] + 5e-6
+                                                   + want)
+
+
 def test_pytorch_costs_carry_a_spread(convnet):
     # A PyTorch call timed alone runs slower in a build: its cost is uncertain, not exact, so
     # a plan whose PyTorch side all but ties TVM alone is a close call that the build runs.

@@ -142,6 +142,62 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
         return plain, call_timing(packed_turn, policy)
 
 
+#: Most bytes of inputs :func:`time_in_sequence` makes for one model's calls.
+SEQUENCE_MAX_BYTES = 1 << 30
+
+#: How long :func:`time_in_sequence` times a model's calls in sequence.
+SEQUENCE_POLICY = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=15, round_size=5,
+                               cv_target=0.03, budget_s=1.0)
+
+
+def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
+                     rng: np.random.Generator | None = None) -> tuple[float, list[int]] | None:
+    """Median seconds of ``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one
+    after another, each on random inputs of its own shapes, as a build runs them where all are
+    placed on PyTorch (a conv's or matmul's weight held by the call, the faster of packed and
+    plain kept: :func:`~autoplace.backend.torch_ops.with_constant_weight`); and the indices of
+    the nodes it ran: one that has no call or raises on its inputs is left out. None where none
+    runs, or their inputs would take more than :data:`SEQUENCE_MAX_BYTES`.
+
+    Each call timed alone (:func:`time_torch_call`) runs the same code again and again; in a
+    model the next call is another op's, its code and data no longer in the caches."""
+    import torch
+
+    from autoplace.backend.torch_ops import PACKABLE, one_thread, with_constant_weight
+
+    rng = rng or np.random.default_rng(0)
+    calls, ran, nbytes = [], [], 0
+    with one_thread(), torch.no_grad():
+        for node in nodes:
+            op = torch_op_for(node)
+            if op is None:
+                continue
+            tensors = random_torch_inputs(node, rng)
+            nbytes += sum(t.numel() * t.element_size() for t in tensors)
+            if nbytes > SEQUENCE_MAX_BYTES:
+                return None
+            try:
+                if node.op_type in PACKABLE and len(tensors) == 2 and not node.is_torch:
+                    op = with_constant_weight(op, node.op_type, tensors[1].numpy(),
+                                              tensors[0].shape)
+                    tensors = tensors[:1]
+                    for _ in range(8):  # its first calls choose packed or plain
+                        op.call(tensors)
+                op.call(tensors)
+            except Exception:  # noqa: BLE001 - random inputs may be invalid for the op
+                continue
+            calls.append((op, tensors))
+            ran.append(node.index)
+        if not calls:
+            return None
+
+        def sequence():
+            for op, tensors in calls:
+                op.call(tensors)
+
+        return call_timing(sequence, policy).median_s, ran
+
+
 class TorchRunner:
     """A torch device of this process (``torch:cpu``): each workload's PyTorch call, timed.
 

@@ -111,29 +111,41 @@ def _serial(problem: Problem, warm: Solution | None, time_limit: float, workers:
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
-    n, d = problem.num_nodes, problem.num_devices
     upper = warm.value if warm else _serial_time(problem)
     scale = RESOLUTION / max(upper, 1e-12)
     model = cp_model.CpModel()
-    x, need, z = _placement_vars(model, problem, allowed_devices(problem))
+    x, _, z = _placement_vars(model, problem, allowed_devices(problem))
     model.Minimize(sum(int(problem.cost[i, k] * scale) * v for (i, k), v in x.items())
                    + sum(int(problem.transfer_time(u, j, k) * scale) * v
                          for (u, j, k), v in z.items()))
     if warm:
         for (i, k), var in x.items():
             model.AddHint(var, int(warm.assignment[i] == k))
+    found = _solve_latency(model, problem, x, time_limit, workers)
+    if found is None:
+        return _fallback(warm, time_limit)
+    solver, status, a = found
+    sol = make_solution(problem, "latency", a, "cpsat", status=status,
+                        bound=solver.BestObjectiveBound() / scale, started=t0)
+    return _no_worse(sol, warm)
+
+
+def _solve_latency(model, problem: Problem, x, time_limit: float, workers: int):
+    """Run a latency model: ``(solver, status, assignment)``, or None where CP-SAT found no
+    placement in time; raises where it proved there is none."""
+    from ortools.sat.python import cp_model
+
     solver, code = _run(model, time_limit, workers, cp_model)
     status = _status(solver, code, cp_model)
     if status is None:
         raise InfeasibleError("CP-SAT proved the latency model infeasible (support, pins, "
                               "groups and memory admit no placement)")
     if status == "UNKNOWN":
-        return _fallback(warm, time_limit)
+        return None
+    n, d = problem.num_nodes, problem.num_devices
     a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
                   for i in range(n)], dtype=np.int64)
-    sol = make_solution(problem, "latency", a, "cpsat", status=status,
-                        bound=solver.BestObjectiveBound() / scale, started=t0)
-    return _no_worse(sol, warm)
+    return solver, status, a
 
 
 def _latency(problem: Problem, warm: Solution | None, time_limit: float, workers: int) -> Solution:
@@ -200,15 +212,10 @@ def _latency(problem: Problem, warm: Solution | None, time_limit: float, workers
         _hint_latency(model, problem, warm, scale, x, need, z, start, cstart)
 
     # --- Solve -----------------------------------------------------------------------------
-    solver, code = _run(model, time_limit, workers, cp_model)
-    status = _status(solver, code, cp_model)
-    if status is None:
-        raise InfeasibleError("CP-SAT proved the latency model infeasible (support, pins, "
-                              "groups and memory admit no placement)")
-    if status == "UNKNOWN":
+    found = _solve_latency(model, problem, x, time_limit, workers)
+    if found is None:
         return _fallback(warm, time_limit)
-    a = np.array([next(k for k in range(d) if (i, k) in x and solver.Value(x[i, k]))
-                  for i in range(n)], dtype=np.int64)
+    solver, status, a = found
     s = np.array([solver.Value(v) for v in start], dtype=float)
     e = np.array([solver.Value(v) for v in end], dtype=float)
     copies = {c: (solver.Value(cstart[c]), solver.Value(cend[c]))

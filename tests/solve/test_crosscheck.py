@@ -43,16 +43,25 @@ def _solve_or_none(problem, objective, solver):
         return None
 
 
+def _brute_and_cpsat(problem, objective):
+    """Brute force's and CP-SAT's solutions, or None where brute force finds none (and
+    CP-SAT then raises too)."""
+    brute = _solve_or_none(problem, objective, "brute")
+    if brute is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem, objective, "cpsat")
+        return None
+    return brute, solve(problem, objective, "cpsat", time_limit=20.0)
+
+
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_latency_exact_solvers_agree_and_bound_baselines(problem):
-    brute = _solve_or_none(problem, "latency", "brute")
-    if brute is None:
-        with pytest.raises(InfeasibleError):
-            solve(problem, "latency", "cpsat")
+    solved = _brute_and_cpsat(problem, "latency")
+    if solved is None:
         return
-    cp = solve(problem, "latency", "cpsat", time_limit=20.0)
+    brute, cp = solved
     assert cp.status == "OPTIMAL"
     assert cp.value == pytest.approx(brute.value, rel=1e-4)
     for sol in (brute, cp):
@@ -76,12 +85,10 @@ def test_serial_latency_is_every_task_summed_and_cpsat_finds_the_least(problem):
     solver's value is its nodes' and copies' sum, and CP-SAT's is the least over every
     assignment."""
     problem = replace(problem, serial=True)
-    brute = _solve_or_none(problem, "latency", "brute")
-    if brute is None:
-        with pytest.raises(InfeasibleError):
-            solve(problem, "latency", "cpsat")
+    solved = _brute_and_cpsat(problem, "latency")
+    if solved is None:
         return
-    cp = solve(problem, "latency", "cpsat", time_limit=20.0)
+    brute, cp = solved
     assert cp.value == pytest.approx(brute.value, rel=1e-4)
     assert cp.gap < 1e-4  # OPTIMAL, or its integer times' floors leave a sliver of a gap
     assert cp.bound <= brute.value * (1 + 1e-9)
@@ -100,12 +107,10 @@ def test_serial_latency_is_every_task_summed_and_cpsat_finds_the_least(problem):
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=8))
 def test_throughput_exact_solvers_agree_and_bound_baselines(problem):
-    brute = _solve_or_none(problem, "throughput", "brute")
-    if brute is None:
-        with pytest.raises(InfeasibleError):
-            solve(problem, "throughput", "cpsat")
+    solved = _brute_and_cpsat(problem, "throughput")
+    if solved is None:
         return
-    cp = solve(problem, "throughput", "cpsat", time_limit=20.0)
+    brute, cp = solved
     assert cp.status == "OPTIMAL"
     assert cp.value == pytest.approx(brute.value, rel=1e-4)
     assert simulate_throughput(problem, cp.assignment) == pytest.approx(cp.value, rel=1e-12)

@@ -208,9 +208,11 @@ def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdis
     torch_node = next(n.index for n in g.nodes if n.is_torch)
     assert res.plan.cost_sources[torch_node] == "measured"
     k = [d.name for d in res.plan.devices].index("torch")
+    (extra,) = res.predictor.torch.sequence_.values()
     assert res.problem.cost[torch_node, k] == pytest.approx(
-        prof.latency_s[g.nodes[torch_node].workload_key] + handoff)
+        prof.latency_s[g.nodes[torch_node].workload_key] + handoff + extra)
     assert "measured by profile torch:cpu" in res.summary()
+    assert "in the model's sequence" in res.summary()
 
 
 def test_the_cli_profiles_the_torch_device(tmp_path, capsys, monkeypatch):

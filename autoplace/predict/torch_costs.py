@@ -66,6 +66,7 @@ class TorchCostModel:
         self.profile_: DeviceProfile | None = None
         self.handoff_stored_ = False  # handoff_s is the profile's
         self.sequence_: dict[tuple, float] = {}  # a model's calls -> seconds more a call
+        self.last_sequence_: float | None = None  # what the last predict charged so
 
     @classmethod
     def from_profile(cls, profile: DeviceProfile, callers: Sequence[str] = (),
@@ -90,7 +91,7 @@ class TorchCostModel:
         prof = self.profile_
         handoff = ("from the profile" if self.handoff_stored_ else
                    "measured here" if self.handoff_s is not None else "not measured")
-        extra = self.sequence_.get(self._calls(graph))
+        extra = self.last_sequence_
         extra = ("" if extra is None else
                  f" + {extra * 1e6:.1f} us in the model's sequence (its calls timed one after "
                  "another, against alone)")
@@ -124,16 +125,15 @@ class TorchCostModel:
                 self.timed_[key] = (np.inf if op is None
                                     else time_torch_node(node, op, self.policy))
             runs[key] = idx
-        extra = self.in_sequence(graph, device)
+        extra = self.last_sequence_ = self.in_sequence(graph, device)
         for key, idx in runs.items():
             out[idx] = self.timed_[key] + self.handoff() + extra
         return out
 
-    def _calls(self, graph: OpGraph, device: Device | None = None) -> tuple:
-        """The workloads of ``graph``'s nodes a torch device runs (``device``; else the last
-        one :meth:`in_sequence` measured), in the model's order."""
-        can = device.can_run if device is not None else (lambda _: True)
-        return tuple(n.workload_key for n in graph.nodes if can(n.op_type)
+    def _calls(self, graph: OpGraph, device: Device) -> tuple:
+        """The workloads of ``graph``'s nodes that torch device ``device`` runs, in the
+        model's order."""
+        return tuple(n.workload_key for n in graph.nodes if device.can_run(n.op_type)
                      and np.isfinite(self.timed_.get(n.workload_key, np.inf)))
 
     def in_sequence(self, graph: OpGraph, device: Device) -> float:
@@ -146,7 +146,7 @@ class TorchCostModel:
 
         A call timed alone runs the same code on the same shapes again and again; in a model
         the next call is another op's, and each pays for code and data the last one evicted
-        (on mobilenet_v3_small, 7 us a call over its 299 ops: docs/results.md)."""
+        (docs/results.md says how much on models of many small ops)."""
         calls = self._calls(graph, device)
         if calls in self.sequence_:
             return self.sequence_[calls]

@@ -155,15 +155,17 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
     """Median seconds of ``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one
     after another, each on random inputs of its own shapes, as a build runs them where all are
     placed on PyTorch (a conv's or matmul's weight held by the call, the faster of packed and
-    plain kept: :func:`~autoplace.backend.torch_ops.with_constant_weight`); and the indices of
-    the nodes it ran: one that has no call or raises on its inputs is left out. None where none
-    runs, or their inputs would take more than :data:`SEQUENCE_MAX_BYTES`.
+    plain kept: :func:`~autoplace.backend.torch_ops.with_constant_weight`; a batch norm's
+    constants held: :func:`~autoplace.backend.torch_ops.with_constant_statistics`); and the
+    indices of the nodes it ran: one that has no call or raises on its inputs is left out. None
+    where none runs, or their inputs would take more than :data:`SEQUENCE_MAX_BYTES`.
 
     Each call timed alone (:func:`time_torch_call`) runs the same code again and again; in a
     model the next call is another op's, its code and data no longer in the caches."""
     import torch
 
-    from autoplace.backend.torch_ops import PACKABLE, one_thread, with_constant_weight
+    from autoplace.backend.torch_ops import (PACKABLE, one_thread, with_constant_statistics,
+                                             with_constant_weight)
 
     rng = rng or np.random.default_rng(0)
     calls, ran, nbytes = [], [], 0
@@ -183,6 +185,9 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
                     tensors = tensors[:1]
                     for _ in range(8):  # its first calls choose packed or plain
                         op.call(tensors)
+                elif node.op_type == "nn.batch_norm" and len(tensors) == 5:
+                    op = with_constant_statistics(op, [t.numpy() for t in tensors[1:]])
+                    tensors = tensors[:1]
                 op.call(tensors)
             except Exception:  # noqa: BLE001 - random inputs may be invalid for the op
                 continue

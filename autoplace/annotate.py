@@ -91,6 +91,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     import tvm
     from tvm import ir, relax
 
+    from autoplace.backend.torch_ops import relax_call
+
     graph = OpGraph.from_relax(mod, func_name)
     plan.validate(graph)
     vdevs = vdevices(plan)
@@ -182,21 +184,19 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 node_index += 1
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
                     tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
-                    weight = _constant_weight(node, tensors)
-                    if _constant_statistics(node, tensors):
+                    name, takes = _torch_op(node, tensors)
+                    # a constant the call holds is not placed (nor lifted) for TVM
+                    args = [placed(a, k, out) for a in tensors[:takes]]
+                    ty = with_vdevice(var.ty, k)
+                    if node.op_type == "nn.batch_norm" and takes == 1:
                         # the call gives the data; the mean and variance are the constants
-                        ty = with_vdevice(var.ty, k)
                         data = (relax.DataflowVar if in_dataflow else relax.Var)(
                             f"{var.name}_data", ty.fields[0])
-                        out.append(relax.VarBinding(data, _torch_call(
-                            node, [placed(tensors[0], k, out)], ty.fields[0],
-                            statistics=tensors[1:])))
+                        out.append(relax.VarBinding(data, relax_call(name, args, ty.fields[0])))
                         call = relax.Tuple([data, placed(tensors[3], k, out),
                                             placed(tensors[4], k, out)])
-                    else:  # a weight the call holds is not placed (nor lifted) for TVM
-                        args = tensors[:1] if weight is not None else tensors
-                        call = _torch_call(node, [placed(a, k, out) for a in args],
-                                           with_vdevice(var.ty, k), weight=weight)
+                    else:
+                        call = relax_call(name, args, ty)
                 else:
                     args = [placed(a, k, out) for a in value.args]
                     ty_args = value.ty_args
@@ -249,46 +249,24 @@ def _is_tensor(expr) -> bool:
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
 
-def _constant_weight(node, tensors):
-    """The value of the weight of ``node`` (a Relax op, on ``tensors``, constants resolved)
-    where the torch device holds it (:data:`~autoplace.backend.torch_ops.PACKABLE`: a conv's or
-    matmul's second tensor, a constant), else None."""
-    from autoplace.backend.torch_ops import PACKABLE
-
-    if node.op_type in PACKABLE and len(tensors) == 2 and _is_tensor_const(tensors[1]):
-        return tensors[1].value.numpy()
-    return None
-
-
-def _constant_statistics(node, tensors) -> bool:
-    """Whether ``node`` is a batch norm whose scale, shift, mean and variance (``tensors``
-    after the data, constants resolved) are all constants, which its PyTorch call holds."""
-    return node.op_type == "nn.batch_norm" and len(tensors) == 5 \
-        and all(_is_tensor_const(t) for t in tensors[1:])
-
-
-def _torch_call(node, args, out_ty, *, weight=None, statistics=None):
-    """Op-graph node ``node`` (a Relax op) as a call of its PyTorch equivalent
-    (:func:`autoplace.backend.torch_ops.equivalent`) on ``args``, its tensors as placed; where
-    ``weight`` (its constant second tensor's value) is given, the call holds it
-    (:func:`~autoplace.backend.torch_ops.with_constant_weight`) and ``args`` is the first
-    tensor alone; where ``statistics`` (a batch norm's four constants) are, the call holds them,
-    takes the data alone and gives the normalized data
-    (:func:`~autoplace.backend.torch_ops.with_constant_statistics`)."""
-    from autoplace.backend.torch_ops import (node_equivalent, register, relax_call,
-                                             with_constant_statistics, with_constant_weight)
+def _torch_op(node, tensors) -> tuple[str, int]:
+    """Op-graph node ``node`` (a Relax op, on ``tensors``, constants resolved) as a registered
+    call of its PyTorch equivalent (:func:`autoplace.backend.torch_ops.equivalent`), holding
+    the constants the torch device holds
+    (:func:`~autoplace.backend.torch_ops.holding_constants`): its global name, and how many of
+    the leading ``tensors`` it takes."""
+    from autoplace.backend.torch_ops import holding_constants, node_equivalent, register
 
     op = node_equivalent(node)
-    held = 1 if weight is not None else 4 if statistics is not None else 0
-    if op is None or len(args) + held != len(node.inputs):
+    if op is None or len(tensors) != len(node.inputs):
         raise ValueError(f"node {node.name!r} ({node.op_type}) is placed on PyTorch, which has "
                          "no equivalent for it here (its layout, padding or dtype): place it on "
                          "a TVM device")
-    if weight is not None:
-        op = with_constant_weight(op, node.op_type, weight, node.inputs[0].shape)
-    if statistics is not None:
-        op = with_constant_statistics(op, [t.value.numpy() for t in statistics])
-    return relax_call(register(op), args, out_ty)
+    op, takes = holding_constants(
+        op, node.op_type, len(tensors),
+        lambda i: tensors[i].value.numpy() if _is_tensor_const(tensors[i]) else None,
+        node.inputs[0].shape)
+    return register(op), takes
 
 
 def _folded(call, consts):

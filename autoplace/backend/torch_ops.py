@@ -483,6 +483,23 @@ def with_constant_statistics(op: TorchOp, params) -> TorchOp:
                    op.outputs[:1], False, op.node, why=op.why)
 
 
+def holding_constants(op: TorchOp, op_type: str, count: int, constant, x_shape
+                      ) -> tuple[TorchOp, int]:
+    """``op`` (the plain call of a Relax ``op_type`` on ``count`` tensors, :func:`equivalent`)
+    as a build runs it, holding the constants it holds (``constant(i)``: the value of its
+    ``i``-th tensor as a numpy array where that is a constant, else None): a conv's or 2-D
+    matmul's weight (:func:`with_constant_weight`), a batch norm's scale, shift, mean and
+    variance (:func:`with_constant_statistics`); and how many of its leading tensors the call
+    then takes (``count`` where it holds none)."""
+    if op_type in PACKABLE and count == 2 and (weight := constant(1)) is not None:
+        return with_constant_weight(op, op_type, weight, x_shape), 1
+    if op_type == "nn.batch_norm" and count == 5:
+        statistics = [constant(i) for i in range(1, 5)]
+        if all(s is not None for s in statistics):
+            return with_constant_statistics(op, statistics), 1
+    return op, count
+
+
 class Fastest:
     """A call that runs the fastest of several equivalent ``variants`` (each a function of the
     same tensors): the first calls run each in turn (one warm-up, then ``trials`` timed calls

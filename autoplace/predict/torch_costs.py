@@ -111,7 +111,7 @@ class TorchCostModel:
             return out
         if any(device.can_run(graph.nodes[i[0]].op_type) and k not in self.timed_
                for k, i in graph.workloads().items()) \
-                or self._calls(graph, device) not in self.sequence_:
+                or _calls(self._sequenced(graph, device)) not in self.sequence_:
             from autoplace.backend import settle
 
             settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
@@ -130,11 +130,11 @@ class TorchCostModel:
             out[idx] = self.timed_[key] + self.handoff() + extra
         return out
 
-    def _calls(self, graph: OpGraph, device: Device) -> tuple:
-        """The workloads of ``graph``'s nodes that torch device ``device`` runs, in the
-        model's order."""
-        return tuple(n.workload_key for n in graph.nodes if device.can_run(n.op_type)
-                     and np.isfinite(self.timed_.get(n.workload_key, np.inf)))
+    def _sequenced(self, graph: OpGraph, device: Device) -> list:
+        """``graph``'s nodes that torch device ``device`` runs (a call timed), in the model's
+        order: the sequence :meth:`in_sequence` times."""
+        return [n for n in graph.nodes if device.can_run(n.op_type)
+                and np.isfinite(self.timed_.get(n.workload_key, np.inf))]
 
     def in_sequence(self, graph: OpGraph, device: Device) -> float:
         """Seconds a PyTorch call of ``graph`` costs beyond its time alone, where the model's
@@ -147,11 +147,10 @@ class TorchCostModel:
         A call timed alone runs the same code on the same shapes again and again; in a model
         the next call is another op's, and each pays for code and data the last one evicted
         (docs/results.md says how much on models of many small ops)."""
-        calls = self._calls(graph, device)
+        nodes = self._sequenced(graph, device)
+        calls = _calls(nodes)
         if calls in self.sequence_:
             return self.sequence_[calls]
-        nodes = [n for n in graph.nodes if device.can_run(n.op_type)
-                 and np.isfinite(self.timed_.get(n.workload_key, np.inf))]
         extra = 0.0
         if nodes:
             try:
@@ -172,6 +171,11 @@ class TorchCostModel:
         return [("measured" if n.workload_key in self.stored_ else self.source)
                 if device.runtime == "torch" and device.can_run(n.op_type)
                 else "unsupported" for n in graph.nodes]
+
+
+def _calls(nodes) -> tuple:
+    """The key of a sequence of nodes' calls: their workloads, in order."""
+    return tuple(n.workload_key for n in nodes)
 
 
 def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile | None:

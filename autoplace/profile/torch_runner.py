@@ -154,18 +154,17 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
                      rng: np.random.Generator | None = None) -> tuple[float, list[int]] | None:
     """Median seconds of ``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one
     after another, each on random inputs of its own shapes, as a build runs them where all are
-    placed on PyTorch (a conv's or matmul's weight held by the call, the faster of packed and
-    plain kept: :func:`~autoplace.backend.torch_ops.with_constant_weight`; a batch norm's
-    constants held: :func:`~autoplace.backend.torch_ops.with_constant_statistics`); and the
-    indices of the nodes it ran: one that has no call or raises on its inputs is left out. None
-    where none runs, or their inputs would take more than :data:`SEQUENCE_MAX_BYTES`.
+    placed on PyTorch, holding their constants
+    (:func:`~autoplace.backend.torch_ops.holding_constants`: a conv's weight packed or plain,
+    whichever is faster); and the indices of the nodes it ran: one that has no call or raises
+    on its inputs is left out. None where none runs, or their inputs would take more than
+    :data:`SEQUENCE_MAX_BYTES`.
 
     Each call timed alone (:func:`time_torch_call`) runs the same code again and again; in a
     model the next call is another op's, its code and data no longer in the caches."""
     import torch
 
-    from autoplace.backend.torch_ops import (PACKABLE, one_thread, with_constant_statistics,
-                                             with_constant_weight)
+    from autoplace.backend.torch_ops import holding_constants, one_thread
 
     rng = rng or np.random.default_rng(0)
     calls, ran, nbytes = [], [], 0
@@ -179,16 +178,12 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
             if nbytes > SEQUENCE_MAX_BYTES:
                 return None
             try:
-                if node.op_type in PACKABLE and len(tensors) == 2 and not node.is_torch:
-                    op = with_constant_weight(op, node.op_type, tensors[1].numpy(),
-                                              tensors[0].shape)
-                    tensors = tensors[:1]
-                    for _ in range(8):  # its first calls choose packed or plain
-                        op.call(tensors)
-                elif node.op_type == "nn.batch_norm" and len(tensors) == 5:
-                    op = with_constant_statistics(op, [t.numpy() for t in tensors[1:]])
-                    tensors = tensors[:1]
-                op.call(tensors)
+                op, takes = holding_constants(op, node.op_type, len(tensors),
+                                              lambda i, ts=tensors: ts[i].numpy(),
+                                              tensors[0].shape if tensors else ())
+                held, tensors = takes < len(tensors), tensors[:takes]
+                for _ in range(8 if held else 1):  # a held weight's first calls choose
+                    op.call(tensors)               # packed or plain
             except Exception:  # noqa: BLE001 - random inputs may be invalid for the op
                 continue
             calls.append((op, tensors))

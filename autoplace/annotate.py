@@ -23,27 +23,25 @@ if TYPE_CHECKING:
 def vm_devices(plan: Plan) -> tuple[list[Device], dict[str, int]]:
     """The devices the Relax VM runs on, in ``plan.devices`` order, and each used plan device's
     position among them. A TVM device is its own; a torch device (PyTorch's kernels, called from
-    the VM) has none: its ops run on the host, their tensors on the plan's first TVM CPU device
-    (``cpu0`` when the plan uses none), so PyTorch and TVM share them without a copy.
-
-    Raises
-    ------
-    NotImplementedError
-        For a torch device on a GPU (``Device.torch("cuda")``): not built yet.
-    """
+    the VM) has none: its ops run on the host, their tensors on the plan's TVM device of the same
+    memory (:attr:`~autoplace.devices.Device.memory`), so PyTorch and TVM share them without a
+    copy: its first CPU device for ``Device.torch("cpu")`` (``cpu0`` when the plan uses none),
+    its CUDA device of the same index for ``Device.torch("cuda", N)`` (``cudaN``, default
+    target, when it uses none)."""
     used = plan.used_devices()
     vm = [d for d in used if d.runtime == "tvm"]
     pos = {d.name: k for k, d in enumerate(vm)}
     for d in used:
         if d.runtime == "tvm":
             continue
-        if d.dl_device_type != 1:
-            raise NotImplementedError(f"device {d.name!r}: PyTorch on a GPU is not built yet; "
-                                      "place its ops on Device.torch('cpu')")
-        host = next((k for k, t in enumerate(vm) if t.kind == "cpu"), None)
+        host = next((k for k, t in enumerate(vm) if t.memory == d.memory), None)
         if host is None:
-            vm.append(Device.cpu(0, name="host" if "host" not in pos else "host-cpu"))
+            base = "host" if d.memory[0] == 1 else f"cuda{d.index}"
+            name = base if base not in pos else f"{base}-{d.name}"
+            vm.append(Device.cpu(0, name=name) if d.memory[0] == 1
+                      else Device.cuda(d.index, name=name))
             host = len(vm) - 1
+            pos[name] = host
         pos[d.name] = host
     return vm, pos
 
@@ -100,6 +98,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     used = [d.name for d in vm]
     dev_of_node = [position[a] for a in plan.assignment]
     runtime_of = {d.name: d.runtime for d in plan.devices}
+    placed_on = [plan.device(a).torch_place if runtime_of[a] == "torch" else None
+                 for a in plan.assignment]
     func = mod[func_name]
 
     def with_vdevice(ty, k):
@@ -184,7 +184,7 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 node_index += 1
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
                     tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
-                    name, takes = _torch_op(node, tensors)
+                    name, takes = _torch_op(node, tensors, placed_on[node.index])
                     # a constant the call holds is not placed (nor lifted) for TVM
                     args = [placed(a, k, out) for a in tensors[:takes]]
                     ty = with_vdevice(var.ty, k)
@@ -249,10 +249,10 @@ def _is_tensor(expr) -> bool:
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
 
-def _torch_op(node, tensors) -> tuple[str, int]:
+def _torch_op(node, tensors, place: str) -> tuple[str, int]:
     """Op-graph node ``node`` (a Relax op, on ``tensors``, constants resolved) as a registered
-    call of its PyTorch equivalent (:func:`autoplace.backend.torch_ops.equivalent`), holding
-    the constants the torch device holds
+    call of its PyTorch equivalent (:func:`autoplace.backend.torch_ops.equivalent`) on PyTorch
+    device ``place`` (``"cpu"``, ``"cuda:0"``), holding the constants the torch device holds
     (:func:`~autoplace.backend.torch_ops.holding_constants`): its global name, and how many of
     the leading ``tensors`` it takes."""
     from autoplace.backend.torch_ops import holding_constants, node_equivalent, register
@@ -265,7 +265,7 @@ def _torch_op(node, tensors) -> tuple[str, int]:
     op, takes = holding_constants(
         op, node.op_type, len(tensors),
         lambda i: tensors[i].value.numpy() if _is_tensor_const(tensors[i]) else None,
-        node.inputs[0].shape)
+        node.inputs[0].shape, place)
     return register(op), takes
 
 

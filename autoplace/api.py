@@ -759,10 +759,6 @@ def _runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "la
                                   "add a TVM device (Device.cpu(0))")
         raise ValueError("a torch device runs inside the VM of a TVM device: add one "
                          "(Device.cpu(0))")
-    for d in given:
-        if d.dl_device_type != 1:
-            raise NotImplementedError(f"device {d.name!r}: PyTorch on a GPU is not built yet; "
-                                      "use Device.torch('cpu')")
     if not torch_nodes:
         return devices, ()
     if not given:  # for the calls only: ordinary ops on PyTorch are the caller's choice
@@ -879,11 +875,16 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
     if not torch_devices:
         return costs
     from autoplace.predict.torch_costs import TorchCostModel, WithTorch, torch_profile
+    from autoplace.profile import check_present
 
-    profile = torch_profile(torch_devices[0], db=db, cost_model=costs.model)
-    model = WithTorch(costs.model, TorchCostModel() if profile is None else
-                      TorchCostModel.from_profile(profile, _fingerprints(
-                          [d for d in tvm_devices if not d.is_gpu])))
+    models = {}
+    for d in torch_devices:
+        check_present(d)  # timed here, whatever check_devices says
+        profile = torch_profile(d, db=db, cost_model=costs.model)
+        callers = _fingerprints([t for t in tvm_devices if t.memory == d.memory])
+        models[d.name] = (TorchCostModel(place=d.torch_place) if profile is None else
+                          TorchCostModel.from_profile(profile, callers, place=d.torch_place))
+    model = WithTorch(costs.model, models)
     torch_nodes = [n.index for n in graph.nodes if n.is_torch]
     cost = costs.cost.copy()
     cost[torch_nodes] = np.inf
@@ -897,7 +898,7 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
     overhead = costs.overhead
     if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
         overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
-    note = (f"{torch_devices[0].name}: {model.torch.describe(graph)}",)
+    note = tuple(f"{d.name}: {models[d.name].describe(graph)}" for d in torch_devices)
     cost = np.column_stack([cost] + cols)
     _check_runnable(graph, [*tvm_devices, *torch_devices], cost, model)
     return replace(costs, model=model, cost=cost, sources=sources,

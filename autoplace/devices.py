@@ -113,7 +113,8 @@ class Device:
         layer_norm, pools...) as their PyTorch equivalents, where its costs win;
         ``fallback_only`` runs only the former. ``place`` is where its tensors live: ``"cpu"``
         (named ``"torch"``; the host's memory, which TVM's CPU devices share: no copy between
-        them) or ``"cuda"`` (``"torch-cuda0"``; planned for, not built yet).
+        them) or ``"cuda"`` (``"torch-cuda0"``: GPU ``index``'s memory, which TVM's CUDA device
+        of the same index shares; its calls are PyTorch's CUDA kernels, cuDNN and cuBLAS).
 
         >>> Device.torch().name, Device.torch("cuda", 0).name
         ('torch', 'torch-cuda0')
@@ -200,6 +201,21 @@ class Device:
         return tvm.runtime.device(_KINDS[self.kind][0] if self.kind == "cuda" else "cpu", self.index)
 
     @property
+    def torch_place(self) -> str:
+        """A torch device's tensors' PyTorch device: ``"cpu"`` or ``"cuda:N"``."""
+        if self.kind != "torch":
+            raise ValueError(f"device {self.name!r} is no torch device (Device.torch())")
+        return "cpu" if self.target == "cpu" else f"cuda:{self.index}"
+
+    @property
+    def memory(self) -> tuple[int, int]:
+        """Where the device's tensors live, as (DLPack device type, index): devices of the same
+        memory hand tensors over without a copy (a torch device and the TVM device it shares
+        memory with). Every CPU device is the host's memory, ``(1, 0)``."""
+        t = self.dl_device_type
+        return (t, 0) if t == 1 else (t, self.index)
+
+    @property
     def dl_device_type(self) -> int:
         """DLPack device type code (1 = CPU, 2 = CUDA)."""
         if self.kind == "torch":
@@ -249,10 +265,11 @@ class Link:
 
     @classmethod
     def default(cls, src: Device, dst: Device) -> Link:
-        """Rough defaults until measured: a memory copy between CPUs, PCIe to or from a GPU."""
-        if src.is_gpu or dst.is_gpu:
-            return cls(src.name, dst.name, alpha=10e-6, beta=12e9)
-        if "torch" in (src.kind, dst.kind) and {src.dl_device_type, dst.dl_device_type} == {1}:
-            # PyTorch's CPU tensors and TVM's share the host memory: a hand-off, no copy
+        """Rough defaults until measured: a memory copy between CPUs, PCIe to or from a GPU;
+        none between a torch device and a TVM device of the same memory (:attr:`Device.memory`:
+        PyTorch and TVM share the tensor, a hand-off)."""
+        if "torch" in (src.kind, dst.kind) and src.memory == dst.memory:
             return cls(src.name, dst.name, alpha=0.0, beta=math.inf)
+        if src.memory[0] != 1 or dst.memory[0] != 1:
+            return cls(src.name, dst.name, alpha=10e-6, beta=12e9)
         return cls(src.name, dst.name)

@@ -56,8 +56,10 @@ class BenchModel:
     description: str
 
 
-def load(name: str, seed: int = 0) -> BenchModel:
-    """Build model ``name`` (one of :data:`NAMES`) with weights and inputs drawn from ``seed``.
+def load(name: str, seed: int = 0, *, transformers: bool = True) -> BenchModel:
+    """Build model ``name`` (one of :data:`NAMES`) with weights and inputs drawn from ``seed``;
+    a BERT encoder is ``transformers``' where that is installed, unless ``transformers`` is
+    False (then the one written in torch, the same on every machine).
 
     Raises ``ImportError`` (with the install command) when the package it needs is missing.
     """
@@ -81,7 +83,7 @@ def load(name: str, seed: int = 0) -> BenchModel:
         return BenchModel(name, _reinit(module, seed, calibration), [x], TORCHVISION[name])
     if name in BERTS:
         config = BERTS[name]
-        module, description = _bert(config)
+        module, description = _bert(config, transformers)
         ids = rng.integers(0, config["vocab"], (1, config["seq"])).astype("int64")
         return BenchModel(name, _reinit(module, seed), [ids], description)
     raise KeyError(f"no benchmark model {name!r}; available: {', '.join(NAMES)}")
@@ -144,11 +146,14 @@ def import_torchvision():
 _SHIM = None  # the operator schemas live as long as this library object
 
 
-def _bert(size: dict):
+def _bert(size: dict, transformers: bool = True):
     """(module taking token ids, returning the last hidden state; description) of the encoder
-    of ``size`` (a value of :data:`BERTS`)."""
+    of ``size`` (a value of :data:`BERTS`): ``transformers``' BertModel where it is installed
+    and ``transformers``, else :func:`_TorchEncoder`."""
     import torch
 
+    if not transformers:
+        return _TorchEncoder(size), "BERT-style encoder written in torch"
     try:
         import_torchvision()  # transformers imports torchvision when it is installed
     except ImportError:

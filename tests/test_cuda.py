@@ -73,3 +73,115 @@ def test_the_overheads_of_the_gpu_and_the_cpu_are_measured():
     assert own["cuda0", "kernel"] > 0  # a GPU's kernels are launched one by one from the host
     assert {(f.device, f.peer) for f in figures if f.peer} == {("cpu0", "cuda0"),
                                                                ("cuda0", "cpu0")}
+
+
+# ------------------------------------------------- PyTorch's kernels on the GPU: torch:cuda:0
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    return torch
+
+
+class _ConvNet:
+    """conv -> bias + relu (one fused TVM kernel) -> max pool -> mean -> layer norm -> linear ->
+    softmax, from PyTorch."""
+
+    @staticmethod
+    def load():
+        torch = _torch_cuda()
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+                self.norm = torch.nn.LayerNorm(16)
+                self.fc = torch.nn.Linear(16, 4)
+
+            def forward(self, x):
+                y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2).mean((2, 3))
+                return torch.softmax(self.fc(self.norm(y)), -1)
+
+        torch.manual_seed(0)
+        model, x = Net().eval(), torch.randn(1, 8, 16, 16)
+        return model, x, autoplace.from_torch(model, [x])
+
+
+TORCH_GPU = autoplace.Device.torch("cuda", 0)
+
+
+def test_a_conv_on_pytorchs_gpu_and_its_fused_tail_on_tvms_gpu_match_one_device():
+    torch = _torch_cuda()
+    model, x, mod = _ConvNet.load()
+    g = autoplace.OpGraph.from_relax(mod)
+    devs = [*DEVS, TORCH_GPU]
+    mixed = autoplace.place(g, devs, [("op:nn.conv2d", "torch-cuda0"),
+                                      ("op:nn.layer_norm", "torch-cuda0"),
+                                      ("op:nn.softmax", "torch-cuda0"), ("op:matmul", "cpu0"),
+                                      ("*", "cuda0")])
+    built = autoplace.compile(mod, mixed)
+    text = str(built.mod)
+    assert text.count("autoplace.torch_op.") == 3 and "R.nn.conv2d" not in text
+    assert "R.nn.relu" in text  # the conv's bias add and relu stay a TVM kernel on the GPU
+    got = built(x.numpy())[0]
+    want = autoplace.compile(mod, autoplace.place(g, devs, [("*", "cpu0")]))(x.numpy())[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_ops_the_importer_lacks_run_on_pytorchs_gpu():
+    # adaptive_max_pool2d, cdist and searchsorted, and nonzero (a shape the data gives), called
+    # on the GPU's tensors from a build whose other ops run on the GPU.
+    torch = _torch_cuda()
+
+    class Lacking(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+
+        def forward(self, x, y):
+            a = torch.nn.functional.adaptive_max_pool2d(self.conv(x), 3).relu()
+            d = torch.cdist(x.flatten(2)[0], y)
+            s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
+            return a, d, s, torch.nonzero(x > 0.5).float().sum(0)
+
+    torch.manual_seed(0)
+    model, x, y = Lacking().eval(), torch.randn(1, 3, 8, 8), torch.randn(5, 64)
+    mod = autoplace.from_torch(model, [x, y])
+    res = autoplace.optimize(mod, [DEVS[1], TORCH_GPU], cost_model=autoplace.RooflineCostModel(),
+                             calibrate=False, db=None)
+    g = res.graph
+    assert all(d == "torch-cuda0" for n, d in zip(g.nodes, res.plan.assignment) if n.is_torch)
+    assert "runs in PyTorch (torch-cuda0)" in res.summary()
+    run = res.compile(trial=False)
+    for x2, y2 in ((x, y), (torch.randn(1, 3, 8, 8), torch.randn(5, 64))):
+        with torch.no_grad():
+            want = model(x2, y2)
+        for got, ref in zip(run(x2.numpy(), y2.numpy()), want, strict=True):
+            np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_solver_weighs_pytorchs_gpu_kernels_and_its_plan_runs():
+    torch = _torch_cuda()
+    model, x, mod = _ConvNet.load()
+    res = autoplace.optimize(mod, [*DEVS, TORCH_GPU], calibrate=False, db=None)
+    assert res.problem.serial and "torch-cuda0:" in res.summary()
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile()(x.numpy())[0], model(x).numpy(), rtol=1e-4,
+                                   atol=1e-6)
+
+
+def test_pytorchs_gpu_is_profiled_like_any_device():
+    torch = _torch_cuda()
+    from autoplace.predict.torch_costs import measure_handoff
+    from autoplace.profile.torch_runner import TorchRunner
+
+    runner = TorchRunner(TORCH_GPU)
+    runner.check()
+    info = runner.info()
+    assert info["place"] == "cuda" and info["hardware"] == torch.cuda.get_device_name(0)
+    t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
+    assert 0 < t.min_s <= t.median_s < 1e-2
+    assert 0 <= measure_handoff(strict=True, place="cuda:0") < 1e-3

@@ -14,6 +14,7 @@ from autoplace.annotate import annotate_lifted  # noqa: E402
 from autoplace.backend import torch_ops  # noqa: E402
 from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
+from autoplace.profile import DeviceUnavailable  # noqa: E402
 
 
 class Lacking(torch.nn.Module):
@@ -209,9 +210,11 @@ def test_what_is_not_built_yet_says_so(lacking):
                            cost_model=RooflineCostModel(), calibrate=False, db=None)
     with pytest.raises(ValueError, match=r"concurrent=False"):
         res.compile(concurrent=True)
-    with pytest.raises(NotImplementedError, match="GPU"):
-        autoplace.optimize(mod, [Device.cpu(0), Device.torch("cuda", 0)], check_devices=False,
-                           cost_model=RooflineCostModel(), calibrate=False, db=None)
+    if not torch.cuda.is_available():  # timed here, so present whatever check_devices says
+        with pytest.raises(DeviceUnavailable, match="torch:cuda:0: PyTorch finds no CUDA GPU 0"):
+            autoplace.optimize(mod, [Device.cpu(0), Device.torch("cuda", 0)],
+                               check_devices=False, cost_model=RooflineCostModel(),
+                               calibrate=False, db=None)
     # a TVM op and no TVM device: one line naming the op
     with pytest.raises(autoplace.InfeasibleError, match=r"node '\w+' \(take\) can run on no "
                                                         r"device: torch has no PyTorch equivalent"):
@@ -335,7 +338,7 @@ def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeyp
     for found, want in (((alone + 4e-5, [n.index for n in runs[:2]]), 2e-5),
                         ((alone / 2, [n.index for n in runs[:2]]), 0.0),  # never below alone
                         (None, 0.0)):  # not measured: nothing charged
-        monkeypatch.setattr(tc, "time_in_sequence", lambda nodes, found=found: found)
+        monkeypatch.setattr(tc, "time_in_sequence", lambda nodes, place, found=found: found)
         fresh = TorchCostModel(handoff_s=5e-6)
         fresh.timed_ = dict(model.timed_)
         got = fresh.predict(g, dev)
@@ -663,3 +666,75 @@ def test_a_weight_onednn_cannot_pack_runs_plain(monkeypatch):
     x = torch.randn(1, 3, 8, 8)
     np.testing.assert_allclose(held.call([x]).numpy(), torch.nn.functional.conv2d(
         x, torch.from_numpy(w), padding=1).numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------ PyTorch on a GPU
+# What needs no GPU: where a torch:cuda device's tensors live and what copies it costs. Its
+# builds and timings run in tests/test_cuda.py, on a machine with one.
+
+def test_a_torch_device_on_a_gpu_shares_the_memory_of_that_gpus_tvm_device(convnet):
+    from autoplace.annotate import vm_devices
+    from autoplace.devices import Link
+
+    cpu, gpu, tg, tc = Device.cpu(0), Device.cuda(0), Device.torch("cuda", 0), Device.torch()
+    assert tg.torch_place == "cuda:0" and tc.torch_place == "cpu"
+    assert tg.memory == gpu.memory != Device.cuda(1).memory and tc.memory == cpu.memory
+    free = (0.0, np.inf)
+    for a, b in ((tg, gpu), (gpu, tg), (tc, cpu), (cpu, tc)):
+        assert (Link.default(a, b).alpha, Link.default(a, b).beta) == free
+    pcie = Link.default(cpu, gpu)  # the same copy as TVM's GPU device makes
+    for a, b in ((tg, cpu), (cpu, tg), (tg, tc), (tg, Device.torch("cuda", 1))):
+        assert (Link.default(a, b).alpha, Link.default(a, b).beta) == (pcie.alpha, pcie.beta)
+
+    # its ops run on the VM device of its memory: the plan's own, else one added for it
+    g = OpGraph.from_relax(convnet[2])
+    half = len(g.nodes) // 2
+    for devs, want in (([cpu, gpu, tg], ["cpu0", "cuda0"]), ([cpu, tg], ["cpu0", "cuda0"]),
+                       ([gpu, tg, tc], ["cuda0", "host"])):
+        rest = [d.name for d in devs[1:]] * len(g.nodes)
+        plan = autoplace.Plan.from_assignment(g, devs, [devs[0].name] * half
+                                              + rest[:len(g.nodes) - half])
+        vm, pos = vm_devices(plan)
+        assert [d.name for d in vm] == want
+        for d in devs:
+            if d in plan.used_devices():
+                assert vm[pos[d.name]].memory == d.memory
+
+
+def test_a_torch_device_on_a_gpu_copies_as_its_gpu_does():
+    # Measured links: a torch:cuda device's copies to and from the host are its GPU's.
+    from autoplace.devices import Link
+    from autoplace.predict.torch_costs import WithTorch
+
+    class Base:
+        def links(self, devices):
+            names = {d.name for d in devices}
+            assert names == {"cpu0", "cuda0"}  # the TVM devices only
+            return {("cpu0", "cuda0"): Link("cpu0", "cuda0", 7e-6, 20e9),
+                    ("cuda0", "cpu0"): Link("cuda0", "cpu0", 8e-6, 21e9)}
+
+    devs = [Device.cpu(0), Device.cuda(0), Device.torch("cuda", 0), Device.torch()]
+    links = WithTorch(Base(), {}).links(devs)
+    assert links[("torch-cuda0", "cpu0")] == Link("torch-cuda0", "cpu0", 8e-6, 21e9)
+    assert links[("cpu0", "torch-cuda0")] == Link("cpu0", "torch-cuda0", 7e-6, 20e9)
+    assert links[("torch", "cuda0")] == Link("torch", "cuda0", 7e-6, 20e9)
+    # none between devices of one memory: a hand-off, charged in each call
+    assert not {("torch-cuda0", "cuda0"), ("cuda0", "torch-cuda0"), ("torch", "cpu0")} & set(links)
+
+
+def test_a_torch_cost_model_times_one_place():
+    g_dev = Device.torch("cuda", 0)
+    with pytest.raises(ValueError, match="one TorchCostModel per torch device"):
+        TorchCostModel(handoff_s=0.0).predict(OpGraph.from_relax(_tiny_mod()), g_dev)
+
+
+def _tiny_mod():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    return bb.get()

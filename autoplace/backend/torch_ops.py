@@ -399,14 +399,14 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     the call on its first input alone (of ``x_shape``) with ``weight`` (a float32 torch tensor)
     packed now into oneDNN's blocked layout: a plain call reorders a weight on every call, which
     takes longer than the op itself for a large weight and a small activation. None where it
-    does not apply (another op, another dtype, a batch of matmul weights, PyTorch without
-    oneDNN, a shape oneDNN refuses: the call is tried once on zeros). The packed call computes
+    does not apply (another op, another dtype, a weight not on the CPU, a batch of matmul
+    weights, PyTorch without oneDNN, a shape oneDNN refuses: the call is tried once on zeros). The packed call computes
     in channels-last and gives its result back contiguous, a copy the plain call does not make:
     which of the two is faster depends on the shapes."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \
-            or not torch.backends.mkldnn.is_available():
+            or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     if op_type == "matmul" and (weight.dim() < 2 or any(d != 1 for d in weight.shape[:-2])):
         return None  # a batch of weights (one of ones is a weight broadcast)
@@ -437,17 +437,20 @@ def _packed(op: TorchOp, op_type: str, weight, x_shape):
     return lambda x: mkldnn._linear_pointwise(x, packed, None, "none", [], "").reshape(out_shape)
 
 
-def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape) -> TorchOp:
+def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape,
+                         place: str = "cpu") -> TorchOp:
     """``op`` (a Relax op's plain PyTorch call, its weight the second tensor) as a call on its
-    first tensor alone (of ``x_shape``), ``weight`` held by the call: packed once for oneDNN
-    where that applies (:func:`packed_call`), the faster of packed and plain chosen by timing
-    both on the first calls (:class:`Fastest`), as the cost model charges the faster of the two
-    (:func:`autoplace.profile.torch_runner.time_torch_call`). The call's id names a digest of
-    the weight: the same op with other weights is another call."""
+    first tensor alone (of ``x_shape``), ``weight`` held by the call on PyTorch device ``place``:
+    packed once for oneDNN where that applies (:func:`packed_call`), the faster of packed and
+    plain chosen by timing both on the first calls (:class:`Fastest`), as the cost model charges
+    the faster of the two (:func:`autoplace.profile.torch_runner.time_torch_call`). The call's id
+    names a digest of the weight and the place: the same op with other weights, or on another
+    device, is another call."""
     import torch
 
     w = torch.from_numpy(np.ascontiguousarray(weight))
     digest = hashlib.sha1(w.numpy().tobytes()).hexdigest()[:12]
+    w = w.to(place)
 
     def fill(v):
         if isinstance(v, Slot):
@@ -458,14 +461,20 @@ def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape)
     plain = TorchOp(op.target, op.name, args, kwargs, op.outputs, op.dynamic, op.node)
     packed = packed_call(op, op_type, w, x_shape)
     variants = [lambda x: plain.call([x])] + ([packed] if packed is not None else [])
-    return TorchOp(Fastest(variants), f"{op.name}[weight {digest}]", (Slot(0),), (),
+    return TorchOp(Fastest(variants), f"{op.name}[weight {digest}]{_at(place)}", (Slot(0),), (),
                    op.outputs, op.dynamic, op.node, why=op.why)
 
 
-def with_constant_statistics(op: TorchOp, params) -> TorchOp:
+def _at(place: str) -> str:
+    """What a held constant's call adds to its name for its device: nothing on the CPU."""
+    return "" if place == "cpu" else f"@{place}"
+
+
+
+def with_constant_statistics(op: TorchOp, params, place: str = "cpu") -> TorchOp:
     """``op`` (a Relax ``nn.batch_norm``'s call, :func:`equivalent`) as a call on the data
     alone, giving the normalized data only: ``params`` (its scale, shift, mean and variance,
-    constants as numpy arrays) are held by the call. The batch norm's other two outputs are the
+    constants as numpy arrays) are held by the call, on PyTorch device ``place``. The batch norm's other two outputs are the
     mean and variance as they were, which the module takes from its constants: handed back by
     the call, each would be a copy (a result must not share an input's memory) and a tensor
     more to hand over, on every call. The call's id names a digest of the constants."""
@@ -474,29 +483,32 @@ def with_constant_statistics(op: TorchOp, params) -> TorchOp:
 
     gamma, beta, mean, var = (torch.from_numpy(np.ascontiguousarray(p)) for p in params)
     digest = hashlib.sha1(b"".join(t.numpy().tobytes() for t in (gamma, beta, mean, var)))
+    gamma, beta, mean, var = (t.to(place) for t in (gamma, beta, mean, var))
     epsilon = op.args[5]
 
     def normalized(x):
         return F.batch_norm(x, mean, var, gamma, beta, False, 0.0, epsilon)
 
-    return TorchOp(normalized, f"{op.name}[constants {digest.hexdigest()[:12]}]", (Slot(0),), (),
+    return TorchOp(normalized, f"{op.name}[constants {digest.hexdigest()[:12]}]{_at(place)}",
+                   (Slot(0),), (),
                    op.outputs[:1], False, op.node, why=op.why)
 
 
-def holding_constants(op: TorchOp, op_type: str, count: int, constant, x_shape
-                      ) -> tuple[TorchOp, int]:
+def holding_constants(op: TorchOp, op_type: str, count: int, constant, x_shape,
+                      place: str = "cpu") -> tuple[TorchOp, int]:
     """``op`` (the plain call of a Relax ``op_type`` on ``count`` tensors, :func:`equivalent`)
-    as a build runs it, holding the constants it holds (``constant(i)``: the value of its
-    ``i``-th tensor as a numpy array where that is a constant, else None): a conv's or 2-D
+    as a build runs it on PyTorch device ``place``, holding the constants it holds
+    (``constant(i)``: the value of its ``i``-th tensor as a numpy array where that is a
+    constant, else None), on that device: a conv's or 2-D
     matmul's weight (:func:`with_constant_weight`), a batch norm's scale, shift, mean and
     variance (:func:`with_constant_statistics`); and how many of its leading tensors the call
     then takes (``count`` where it holds none)."""
     if op_type in PACKABLE and count == 2 and (weight := constant(1)) is not None:
-        return with_constant_weight(op, op_type, weight, x_shape), 1
+        return with_constant_weight(op, op_type, weight, x_shape, place), 1
     if op_type == "nn.batch_norm" and count == 5:
         statistics = [constant(i) for i in range(1, 5)]
         if all(s is not None for s in statistics):
-            return with_constant_statistics(op, statistics), 1
+            return with_constant_statistics(op, statistics, place), 1
     return op, count
 
 
@@ -504,7 +516,7 @@ class Fastest:
     """A call that runs the fastest of several equivalent ``variants`` (each a function of the
     same tensors): the first calls run each in turn (one warm-up, then ``trials`` timed calls
     each), later calls the one of least time, as ``torch.backends.cudnn.benchmark`` picks a
-    convolution algorithm."""
+    convolution algorithm (packed and plain are CPU calls: on a GPU there is one variant)."""
 
     def __init__(self, variants, trials: int = 3):
         self.variants, self.trials = list(variants), trials

@@ -28,7 +28,8 @@ DB.adapted.json. Use it with the measured ones:
   autoplace optimize --model zoo:resnet --device cpu:0:native --profile new.json \
       --cost-model new.db.adapted.json
 
-torch:cpu times each workload's PyTorch call (one PyTorch thread, as the Relax VM calls it);
+torch:cpu (torch:cuda:N on a GPU) times each workload's PyTorch call (one PyTorch thread, as
+the Relax VM calls it);
 a workload PyTorch has no call for is stored as unsupported there.
 
 After the ops, the overheads of running a plan on each local device are measured (a pipeline
@@ -223,7 +224,8 @@ def register_cli(sub) -> None:
                         "FAMILY (default full): " + "; ".join(
                             f"{f} ({what})" for f, what in FAMILY_HELP.items()) + " (repeatable)")
     p.add_argument("--device", action="append",
-                   help="cpu:N, cuda:N, torch:cpu (PyTorch's calls) or rpc:KEY@HOST:PORT "
+                   help="cpu:N, cuda:N, torch:cpu or torch:cuda:N (PyTorch's calls) or "
+                        "rpc:KEY@HOST:PORT "
                         "(repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")
     p.add_argument("--dry-run", action="store_true", help="only count what is still to measure")

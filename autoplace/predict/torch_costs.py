@@ -13,7 +13,8 @@ device runs nothing else (``inf``). Timings are kept on the model object: keep i
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +39,7 @@ DEFAULT_HANDOFF_S = 6e-6
 
 
 class TorchCostModel:
-    """Seconds per node on a torch device: timed PyTorch calls plus the VM's hand-off.
+    """Seconds per node on one torch device: timed PyTorch calls plus the VM's hand-off.
 
     Parameters
     ----------
@@ -46,6 +47,10 @@ class TorchCostModel:
         How long to time each distinct call.
     handoff_s : float, optional
         The hand-off of one VM -> PyTorch call; measured on first use when not given.
+    place : str
+        The PyTorch device its calls run on (``"cpu"``, ``"cuda:0"``:
+        :attr:`~autoplace.devices.Device.torch_place`); :meth:`predict` costs torch devices
+        of that place only.
 
     :meth:`from_profile` makes one that charges what a profile of the torch device measured
     (``autoplace profile --device torch:cpu``) and times only the calls it lacks.
@@ -58,9 +63,11 @@ class TorchCostModel:
     #: and others 1.05-1.2x (docs/results.md): their timing's own noise is far less.
     spread = 0.3
 
-    def __init__(self, policy: TimingPolicy = TORCH_POLICY, handoff_s: float | None = None):
+    def __init__(self, policy: TimingPolicy = TORCH_POLICY, handoff_s: float | None = None,
+                 place: str = "cpu"):
         self.policy = policy
         self.handoff_s = handoff_s
+        self.place = place
         self.timed_: dict[str, float] = {}  # workload key -> seconds of the ATen call
         self.stored_: frozenset[str] = frozenset()  # the keys of timed_ a profile measured
         self.profile_: DeviceProfile | None = None
@@ -70,7 +77,7 @@ class TorchCostModel:
 
     @classmethod
     def from_profile(cls, profile: DeviceProfile, callers: Sequence[str] = (),
-                     policy: TimingPolicy = TORCH_POLICY) -> TorchCostModel:
+                     policy: TimingPolicy = TORCH_POLICY, place: str = "cpu") -> TorchCostModel:
         """A model charging what torch device ``profile`` measured: its workloads' times (the
         fastest repeat, as every profile's) and its hand-off from the VM of the first of
         ``callers`` (TVM device fingerprints) it was measured with, else from any; what the
@@ -78,7 +85,7 @@ class TorchCostModel:
         handoffs = {f.peer: f.seconds for f in profile.overheads if f.kind == "handoff"}
         handoff = next((handoffs[fp] for fp in callers if fp in handoffs),
                        next(iter(handoffs.values()), None))
-        model = cls(policy, handoff)
+        model = cls(policy, handoff, place)
         model.timed_.update(profile.latency_s)
         model.stored_ = frozenset(profile.latency_s)
         model.profile_, model.handoff_stored_ = profile, handoff is not None
@@ -102,13 +109,16 @@ class TorchCostModel:
 
     def handoff(self) -> float:
         if self.handoff_s is None:
-            self.handoff_s = measure_handoff()
+            self.handoff_s = measure_handoff(place=self.place)
         return self.handoff_s
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         out = np.full(len(graph.nodes), np.inf)
         if device.runtime != "torch":
             return out
+        if device.torch_place != self.place:
+            raise ValueError(f"this model times PyTorch on {self.place}, not {device.name!r} "
+                             f"({device.torch_place}): one TorchCostModel per torch device")
         if any(device.can_run(graph.nodes[i[0]].op_type) and k not in self.timed_
                for k, i in graph.workloads().items()) \
                 or _calls(self._sequenced(graph, device)) not in self.sequence_:
@@ -123,7 +133,7 @@ class TorchCostModel:
             if key not in self.timed_:
                 op = torch_op_for(node)
                 self.timed_[key] = (np.inf if op is None
-                                    else time_torch_node(node, op, self.policy))
+                                    else time_torch_node(node, op, self.policy, self.place))
             runs[key] = idx
         extra = self.last_sequence_ = self.in_sequence(graph, device)
         for key, idx in runs.items():
@@ -154,7 +164,7 @@ class TorchCostModel:
         extra = 0.0
         if nodes:
             try:
-                found = time_in_sequence(nodes)
+                found = time_in_sequence(nodes, place=self.place)
             except Exception as e:  # noqa: BLE001 - a plan charged without it rather than none
                 log.warning("could not time the model's PyTorch calls in sequence (%s)", e)
                 found = None
@@ -205,12 +215,13 @@ def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile 
     return found[0] if found is not None else None
 
 
-def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> float:
+def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY,
+                    place: str = "cpu") -> float:
     """Median seconds of ``node``'s PyTorch call ``op`` in eager PyTorch on random inputs of
-    its shapes, on one PyTorch thread as the VM runs it (a few microseconds where it fails on
-    them: logged)."""
+    its shapes on device ``place``, on one PyTorch thread as the VM runs it (a few microseconds
+    where it fails on them: logged)."""
     try:
-        return time_torch_call(node, op, policy).median_s
+        return time_torch_call(node, op, policy, place=place).median_s
     except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
         log.warning("could not time %s on random inputs (%s): charged %.1f us", op.name, e,
                     DEFAULT_HANDOFF_S * 1e6)
@@ -218,11 +229,12 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY) -> f
 
 
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
-                    strict: bool = False) -> float:
+                    strict: bool = False, place: str = "cpu") -> float:
     """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
     calls into ``torch.relu`` against the same ops called from Python, per
-    call (at least 0). Where it cannot be measured: :data:`DEFAULT_HANDOFF_S` with a warning,
-    or, ``strict`` (a figure to be stored as measured), the error raised."""
+    call (at least 0), on tensors of PyTorch device ``place`` (``"cpu"``, ``"cuda:N"``: the
+    VM's tensors on that GPU). Where it cannot be measured: :data:`DEFAULT_HANDOFF_S` with a
+    warning, or, ``strict`` (a figure to be stored as measured), the error raised."""
     import torch
     import tvm
     from tvm import relax
@@ -233,6 +245,8 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
         op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),
                      ((tuple(shape), "float32"),), False, "handoff_probe")
         name = register(op)
+        gpu = place != "cpu"
+        dev = tvm.cuda(int(place.split(":")[1])) if gpu else tvm.cpu()
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType(list(shape), "float32"))
         with bb.function("main", [x]):
@@ -242,10 +256,12 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                     v = bb.emit(relax_call(name, [v], relax.TensorType(list(shape), "float32")))
                 out = bb.emit_output(v)
             bb.emit_func_output(out)
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+        target = tvm.target.Target("cuda", host="llvm") if gpu else "llvm"
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target),
+                                  [dev, tvm.cpu()] if gpu else dev)
         data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
-                                  .astype("float32"))
-        t = torch.from_numpy(data.numpy())
+                                  .astype("float32"), dev)
+        t = torch.from_numpy(data.numpy()).to(place)
         policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
 
         def eager():
@@ -254,8 +270,8 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                 v = torch.relu(v)
 
         with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
-            vm_s = call_timing(lambda: vm["main"](data), policy).median_s
-            eager_s = call_timing(eager, policy).median_s
+            vm_s = call_timing(lambda: vm["main"](data), policy, place).median_s
+            eager_s = call_timing(eager, policy, place).median_s
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         if strict:
@@ -267,36 +283,58 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
 
 class WithTorch:
     """A TVM cost model (``base``) with torch devices beside it: TVM devices get ``base``'s
-    costs, ``inf`` for PyTorch calls; torch devices get ``torch``'s. Everything else (profiles,
-    links, overheads) is ``base``'s, for the TVM devices."""
+    costs, ``inf`` for PyTorch calls; each torch device gets its own model's (``models``, by
+    device name). Everything else (profiles, overheads) is ``base``'s, for the TVM devices;
+    links too, a torch device's being those of the TVM device whose memory it shares
+    (:meth:`links`)."""
 
-    def __init__(self, base, torch_model: TorchCostModel):
+    def __init__(self, base, models: Mapping[str, TorchCostModel]):
         self.base = base
-        self.torch = torch_model
+        self.models = dict(models)
+
+    @property
+    def torch(self) -> TorchCostModel:
+        """The first torch device's model."""
+        return next(iter(self.models.values()))
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         if device.runtime == "torch":
-            return self.torch.predict(graph, device)
+            return self.models[device.name].predict(graph, device)
         cost = np.asarray(self.base.predict(graph, device), dtype=float).copy()
         cost[[n.index for n in graph.nodes if n.is_torch]] = np.inf
         return cost
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
         if device.runtime == "torch":
-            return self.torch.sources(graph, device)
+            return self.models[device.name].sources(graph, device)
         from autoplace.predict.protocol import sources
 
         return sources(self.base, graph, device)
 
     def links(self, devices: Sequence[Device]) -> dict:
+        """``base``'s links between the TVM devices, and a torch device's: the copies the VM
+        makes from and to the TVM device that holds its tensors (the first of ``devices`` of
+        its memory, :attr:`~autoplace.devices.Device.memory`), under the torch device's name.
+        Between a torch device and that device there is none (a hand-off, charged in each call's
+        cost)."""
         links = getattr(self.base, "links", None)
-        return links([d for d in devices if d.runtime == "tvm"]) if callable(links) else {}
+        tvm = [d for d in devices if d.runtime == "tvm"]
+        found = dict(links(tvm)) if callable(links) else {}
+        for t in devices:
+            mate = next((d for d in tvm if d.memory == t.memory), None)
+            if t.runtime != "torch" or mate is None:
+                continue
+            for (a, b), link in list(found.items()):
+                if mate.name in (a, b) and t.name not in (a, b):
+                    src, dst = (t.name, b) if a == mate.name else (a, t.name)
+                    found[(src, dst)] = replace(link, src=src, dst=dst)
+        return found
 
     def overheads(self, devices: Sequence[Device]) -> dict:
         over = getattr(self.base, "overheads", None)
         return over([d for d in devices if d.runtime == "tvm"]) if callable(over) else {}
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("base", "torch"):
+        if name in ("base", "models"):
             raise AttributeError(name)
         return getattr(self.base, name)

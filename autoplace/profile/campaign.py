@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: float = 30.0):
-    """``cpu:N`` / ``cuda:N`` (this process), ``torch:cpu`` (PyTorch's calls in this process,
+    """``cpu:N`` / ``cuda:N`` (this process), ``torch:cpu`` / ``torch:cuda:N`` (PyTorch's calls
+    in this process,
     :class:`~autoplace.profile.torch_runner.TorchRunner`) or ``rpc:KEY@HOST:PORT`` (a TVM RPC
     tracker)."""
     m = re.fullmatch(r"rpc:([^@]+)@([^:]+):(\d+)", spec.strip())
@@ -50,8 +51,8 @@ def runner_from_spec(spec: str, *, rpc_target: str = "llvm", rpc_timeout_s: floa
     try:
         device = Device.from_spec(spec)
     except ValueError:
-        raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N, torch:cpu or "
-                         "rpc:KEY@HOST:PORT") from None
+        raise ValueError(f"device {spec!r}: expected cpu:N, cuda:N, torch:cpu, "
+                         "torch:cuda:N or rpc:KEY@HOST:PORT") from None
     return TorchRunner(device, spec) if device.runtime == "torch" else LocalRunner(device, spec)
 
 
@@ -177,7 +178,7 @@ def run_campaign(
     ordered pair of local devices not yet in the store.
 
     ``device_specs`` are specs (:func:`runner_from_spec`) or :class:`Device` s of this process.
-    A torch device (``torch:cpu``, :meth:`Device.torch`) times each workload's PyTorch call
+    A torch device (``torch:cpu``, ``torch:cuda:N``, :meth:`Device.torch`) times each workload's PyTorch call
     (:class:`~autoplace.profile.torch_runner.TorchRunner`), and records the workloads PyTorch
     has no call for as unsupported there; a TVM device skips the PyTorch calls of a model (ops
     its importer lacked), which only a torch device runs.

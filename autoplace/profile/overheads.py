@@ -60,7 +60,7 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
                      runner_kwargs: dict | None = None,
                      announce: Callable[[str], None] | None = None) -> OverheadReport:
     """Measure the overheads the store lacks of the local devices among ``device_specs``
-    (``cpu:N``, ``cuda:N``, ``torch:cpu``), each device's own and each ordered pair's, and
+    (``cpu:N``, ``cuda:N``, ``torch:cpu``, ``torch:cuda:N``), each device's own and each ordered pair's, and
     store them.
 
     ``measure(devices, own=names, pairs=name pairs, kernels=names)`` returns figures with
@@ -70,8 +70,9 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
     ``stage`` figure is stored is not measured again (but for its ``kernel`` figure, if the
     store lacks it: ``kernels``), nor a pair whose ``stage`` figure is; devices of one
     fingerprint (``cpu:0`` and ``cpu:1`` of one machine) share their figures. A torch device
-    among them has its ``handoff`` from each CPU device among them measured, where the store
-    lacks it (``measure(..., handoffs=(torch name, CPU name) pairs)``).
+    among them has its ``handoff`` from each device among them whose memory holds its tensors
+    (a CPU device for ``torch:cpu``, ``cuda:N`` for ``torch:cuda:N``) measured, where the
+    store lacks it (``measure(..., handoffs=(torch name, TVM device name) pairs)``).
     A failure while measuring is the report's ``error``: what was stored before is kept.
     ``announce`` is given a line saying what is about to be measured.
     """
@@ -82,7 +83,7 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
         runner = runner_from_spec(spec, **(runner_kwargs or {}))
         if not isinstance(runner, (LocalRunner, TorchRunner)):
             report.notes.append(f"{spec}: overheads are measured only for local devices "
-                                "(cpu:N, cuda:N, torch:cpu); skipped")
+                                "(cpu:N, cuda:N, torch:cpu, torch:cuda:N); skipped")
             continue
         try:
             check_present(runner.device, spec)
@@ -115,9 +116,9 @@ def record_overheads(device_specs: Sequence[str], store: ProfileStore,
                 pairs.append((a, b))
                 seen.add((fa, fb))
     handoffs, seen = [], {(f.device, f.peer) for f in stored if f.kind == "handoff"}
-    for t, (_, ft, _) in torch_local.items():
-        for v, (dv, fv, _) in local.items():  # the CPU devices, whose VMs call torch:cpu
-            if not dv.is_gpu and (ft, fv) not in seen:
+    for t, (dt, ft, _) in torch_local.items():
+        for v, (dv, fv, _) in local.items():  # the devices whose VMs hold its tensors
+            if dv.memory == dt.memory and (ft, fv) not in seen:
                 handoffs.append((t, v))
                 seen.add((ft, fv))
     if not own and not pairs and not kernels and not handoffs:

@@ -3,7 +3,8 @@
 A node placed on a torch device runs as one PyTorch call from the Relax VM
 (:mod:`autoplace.backend.torch_ops`): the ATen op the model exported where the importer lacked
 it, or the PyTorch equivalent of a Relax op. :class:`TorchRunner` times that call in eager
-PyTorch, on random inputs of the workload's shapes and on one PyTorch thread as the VM calls it,
+PyTorch, on random inputs of the workload's shapes on the device's CPU or GPU, and on one PyTorch
+thread as the VM calls it,
 so that a campaign (:func:`autoplace.profile.run_campaign`) stores PyTorch's time of each workload
 beside the TVM devices' rows. A workload PyTorch has no call for is :class:`OpFailed` (stored as
 unsupported there), as a workload that does not build is on a TVM device.
@@ -43,9 +44,9 @@ def torch_op_for(node: OpNode) -> TorchOp | None:
     return None
 
 
-def random_torch_inputs(node: OpNode, rng: np.random.Generator) -> list:
-    """Tensors of ``node``'s input shapes: floats uniform in [0, 1), integers zero (valid indices), bools
-    random."""
+def random_torch_inputs(node: OpNode, rng: np.random.Generator, place: str = "cpu") -> list:
+    """Tensors of ``node``'s input shapes on PyTorch device ``place``: floats uniform in
+    [0, 1), integers zero (valid indices), bools random."""
     import torch
 
     out = []
@@ -57,14 +58,28 @@ def random_torch_inputs(node: OpNode, rng: np.random.Generator) -> list:
             out.append(torch.from_numpy(rng.random(t.shape) < 0.5))
         else:
             out.append(torch.zeros(t.shape, dtype=dtype))
-    return out
+    return [t.to(place) for t in out] if place != "cpu" else out
 
 
-def call_timing(fn, policy: TimingPolicy) -> Timing:
+def synchronizer(place: str):
+    """What waits for the work PyTorch queued on device ``place`` (``torch.cuda.synchronize``
+    of its GPU), or None on the CPU, where an op is done when its call returns."""
+    if place == "cpu":
+        return None
+    import torch
+
+    return lambda: torch.cuda.synchronize(place)
+
+
+def call_timing(fn, policy: TimingPolicy, place: str = "cpu") -> Timing:
     """One ``fn()`` timed as a workload is (:func:`~autoplace.profile.measure.time_adaptively`),
-    after a few warm-up calls: a first call sets up PyTorch's kernels and threads."""
+    after a few warm-up calls: a first call sets up PyTorch's kernels and threads. On a GPU
+    (``place`` ``"cuda:N"``) each repeat waits for the work its calls queued
+    (:func:`synchronizer`), as a kernel's timing on a TVM GPU device does."""
+    sync = synchronizer(place) or (lambda: None)
     for _ in range(3):
         fn()
+    sync()
 
     def timer(number, repeat):
         out = []
@@ -72,15 +87,21 @@ def call_timing(fn, policy: TimingPolicy) -> Timing:
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
+            sync()
             out.append((time.perf_counter() - t0) / number)
         return out
 
     return time_adaptively(timer, policy)
 
 
-def cache_bytes() -> int:
-    """Bytes of this host's last-level cache (the largest Linux lists for CPU 0; 32 MiB where
-    it lists none)."""
+def cache_bytes(place: str = "cpu") -> int:
+    """Bytes of the last-level cache of PyTorch device ``place``: a GPU's L2, or this host's
+    (the largest Linux lists for CPU 0; 32 MiB where it lists none)."""
+    if place != "cpu":
+        import torch
+
+        return int(getattr(torch.cuda.get_device_properties(place), "L2_cache_size", 0)) \
+            or 64 << 20
     sizes = []
     for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = path.read_text().strip().upper()
@@ -93,23 +114,25 @@ def cache_bytes() -> int:
 
 
 def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
-                    rng: np.random.Generator | None = None) -> Timing:
-    """``node``'s PyTorch call ``op`` timed as :func:`time_plain_and_packed` times it, the faster
+                    rng: np.random.Generator | None = None, place: str = "cpu") -> Timing:
+    """``node``'s PyTorch call ``op`` on device ``place`` timed as :func:`time_plain_and_packed`
+    times it, the faster
     of plain and packed where both were timed: a build runs the faster where the weight is a
     constant, as in a model for inference
     (:func:`~autoplace.backend.torch_ops.with_constant_weight`; a weight computed at run time
     runs plain, and may cost more than charged)."""
-    plain, packed = time_plain_and_packed(node, op, policy, rng)
+    plain, packed = time_plain_and_packed(node, op, policy, rng, place)
     return packed if packed is not None and packed.median_s < plain.median_s else plain
 
 
 def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
-                          rng: np.random.Generator | None = None) -> tuple[Timing, Timing | None]:
+                          rng: np.random.Generator | None = None, place: str = "cpu"
+                          ) -> tuple[Timing, Timing | None]:
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
-    (:func:`random_torch_inputs`), on one PyTorch thread and without autograd, as the VM calls
-    it; and, for a conv or 2-D matmul, the same with its weight packed once (each copy's own,
-    :func:`~autoplace.backend.torch_ops.packed_call`), else None. Whatever the op raises on
-    those inputs is raised.
+    (:func:`random_torch_inputs`) on device ``place``, on one PyTorch thread and without
+    autograd, as the VM calls it; and, for a conv or 2-D matmul on the CPU, the same with its
+    weight packed once (each copy's own, :func:`~autoplace.backend.torch_ops.packed_call`), else
+    None. Whatever the op raises on those inputs is raised.
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
     cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
@@ -122,12 +145,12 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     from autoplace.backend.torch_ops import one_thread, packed_call
 
-    tensors = random_torch_inputs(node, rng or np.random.default_rng(0))
+    tensors = random_torch_inputs(node, rng or np.random.default_rng(0), place)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    copies = min(64, -(-2 * cache_bytes() // nbytes)) if nbytes else 1
+    copies = min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
     sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
     with one_thread(), torch.no_grad():
-        plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy)
+        plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy, place)
         first = packed_call(op, node.op_type, tensors[1], tensors[0].shape) \
             if len(tensors) == 2 else None
         if first is None:
@@ -151,9 +174,11 @@ SEQUENCE_POLICY = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=15,
 
 
 def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
-                     rng: np.random.Generator | None = None) -> tuple[float, list[int]] | None:
+                     rng: np.random.Generator | None = None, place: str = "cpu"
+                     ) -> tuple[float, list[int]] | None:
     """Median seconds of ``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one
-    after another, each on random inputs of its own shapes, as a build runs them where all are
+    after another on device ``place``, each on random inputs of its own shapes, as a build runs
+    them where all are
     placed on PyTorch, holding their constants
     (:func:`~autoplace.backend.torch_ops.holding_constants`: a conv's weight packed or plain,
     whichever is faster); and the indices of the nodes it ran: one that has no call or raises
@@ -173,14 +198,14 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
             op = torch_op_for(node)
             if op is None:
                 continue
-            tensors = random_torch_inputs(node, rng)
+            tensors = random_torch_inputs(node, rng, place)
             nbytes += sum(t.numel() * t.element_size() for t in tensors)
             if nbytes > SEQUENCE_MAX_BYTES:
                 return None
             try:
                 op, takes = holding_constants(op, node.op_type, len(tensors),
-                                              lambda i, ts=tensors: ts[i].numpy(),
-                                              tensors[0].shape if tensors else ())
+                                              lambda i, ts=tensors: ts[i].cpu().numpy(),
+                                              tensors[0].shape if tensors else (), place)
                 held, tensors = takes < len(tensors), tensors[:takes]
                 for _ in range(8 if held else 1):  # a held weight's first calls choose
                     op.call(tensors)               # packed or plain
@@ -195,25 +220,24 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
             for op, tensors in calls:
                 op.call(tensors)
 
-        return call_timing(sequence, policy).median_s, ran
+        return call_timing(sequence, policy, place).median_s, ran
 
 
 class TorchRunner:
-    """A torch device of this process (``torch:cpu``): each workload's PyTorch call, timed.
+    """A torch device of this process (``torch:cpu``, ``torch:cuda:N``): each workload's
+    PyTorch call, timed.
 
     The same interface as :class:`~autoplace.profile.measure.LocalRunner` (``name``, ``spec``,
     ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
-    as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, the PyTorch version, the
-    calls it makes (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model and one thread
+    as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, its place (``cpu`` or
+    ``cuda``), the PyTorch version, the calls it makes
+    (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model or the GPU's name and one thread
     (the VM calls PyTorch on one); no TVM target or version (its timings involve neither).
     """
 
     def __init__(self, device: Device, spec: str | None = None):
         if device.runtime != "torch":
             raise ValueError(f"TorchRunner times a torch device (Device.torch()), not {device.name!r}")
-        if device.target != "cpu":
-            raise ValueError(f"device {spec or device.spec!r}: profiling PyTorch on a GPU is not "
-                             "built (nor are its calls from the VM): profile torch:cpu")
         self.device = device
         self.spec = spec or device.spec
 
@@ -234,8 +258,10 @@ class TorchRunner:
 
         from autoplace.backend.torch_ops import CALLS
 
+        hardware = (_cpu_model() if self.device.target == "cpu"
+                    else torch.cuda.get_device_name(self.device.torch_place))
         return {"kind": "torch", "place": self.device.target, "target": None, "calls": CALLS,
-                "hardware": _cpu_model(), "torch": torch.__version__, "threads": 1,
+                "hardware": hardware, "torch": torch.__version__, "threads": 1,
                 "host": platform.node(), "remote": None}
 
     def check(self) -> None:
@@ -276,6 +302,6 @@ class TorchRunner:
 
         settle(max_s=1.0, window_s=0.01)  # a TVM device timed just before leaves its pool spinning
         try:
-            return time_torch_call(node, op, policy, rng)
+            return time_torch_call(node, op, policy, rng, self.device.torch_place)
         except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
             raise op_failed(f"{op.name} raised on random inputs", e) from None

@@ -429,11 +429,13 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
     if handoffs:
         from autoplace.predict.torch_costs import measure_handoff
 
-        # The VM's call into Python, the same from any host device; a failure is the
-        # measurement's error, never a default stored as if measured.
-        seconds = measure_handoff(strict=True)
+        # The VM's call into Python, the same from any host device (once per place: the
+        # host's memory or a GPU's); a failure is the measurement's error, never a default
+        # stored as if measured.
+        places = {t: by_name[t].torch_place for t, _ in handoffs}
+        seconds = {p: measure_handoff(strict=True, place=p) for p in dict.fromkeys(places.values())}
         for t, v in handoffs:
-            out.append(OverheadFigure(t, "handoff", seconds, v, {
+            out.append(OverheadFigure(t, "handoff", seconds[places[t]], v, {
                 "method": "a built chain of VM calls into torch.relu against the same calls "
                           "from Python, per call (autoplace.predict.torch_costs.measure_handoff)"}))
     return tuple(out)

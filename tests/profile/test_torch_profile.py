@@ -181,7 +181,7 @@ def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdis
         prof = DeviceProfile.from_store(store, "torch:cpu")
     timed = []
 
-    def time_node(node, op, policy=None):
+    def time_node(node, op, policy=None, place="cpu"):
         timed.append(node.workload_key)
         return 1e-3
 

@@ -212,7 +212,7 @@ def _TorchEncoder(size: dict):
             self.layers = nn.ModuleList(Layer() for _ in range(size["layers"]))
 
         def forward(self, ids):
-            pos = torch.arange(ids.shape[1]).unsqueeze(0)
+            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
             x = self.ln(self.words(ids) + self.positions(pos))
             for layer in self.layers:
                 x = layer(x)

@@ -81,6 +81,7 @@ def bench(name: str, place: str, repeats: int, db: str, compile_torch: bool) -> 
 
     with torch.no_grad():
         reference = _torch_call(model.module, "cpu")(*xs)
+    mod = _models.relax_module(model)  # exported on the CPU, before the module moves
     module = model.module.to(torch_dev.torch_place)
     fns = {"eager": _torch_call(module, torch_dev.torch_place)}
     if compile_torch:
@@ -93,7 +94,6 @@ def bench(name: str, place: str, repeats: int, db: str, compile_torch: bool) -> 
         except Exception as e:  # noqa: BLE001 - reported, the rest still runs
             row["torch.compile"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
 
-    mod = _models.relax_module(model)
     t0 = time.perf_counter()
     costs, report = _profiled_costs(name, mod, tvm_dev, db)
     row["profile_s"] = time.perf_counter() - t0
@@ -145,6 +145,7 @@ def main() -> None:
                                                       f"{row['compile_first_s']:.0f} s"
                                                       if "compile_first_s" in row else ""))
         print(row["summary"])
+        print({k: v for k, v in row.items() if k != "summary"})
     cols = ["eager", "torch.compile", "TVM alone", "mixed"]
     print("\nmodel | " + " | ".join(f"{c} ms" for c in cols)
           + " | best/mixed | m/p | rel err mixed | calls")

@@ -45,7 +45,7 @@ def test_optimize_json_report():
     (["optimize", "--model", "zoo:mlp", "--time-limit", "-5"],
      "time_limit must be positive seconds, got -5.0"),
     (["profile", "--model", "zoo:mlp", "--device", "tpu:0", "--db", "/nonexistent/p.db",
-      "--dry-run"], "expected cpu:N, cuda:N, torch:cpu or rpc:KEY@HOST:PORT"),
+      "--dry-run"], "expected cpu:N, cuda:N, torch:cpu, torch:cuda:N or rpc:KEY@HOST:PORT"),
     (["profile", "--db", "/nonexistent/p.db"], "nothing to profile"),
     (["optimize", "--model", "zoo:mlp", "--profile", "/nonexistent/prof.json"],
      "cannot read profile"),

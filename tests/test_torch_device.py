@@ -647,6 +647,36 @@ def test_a_pytorch_call_whose_result_is_a_view_of_its_input_hands_back_a_copy():
     np.testing.assert_array_equal(out.numpy(), [0, 1, 2, 3])
 
 
+def test_a_call_from_the_vm_checks_its_result_and_leaves_pytorch_as_it_was():
+    import tvm
+
+    def run(op, *arrays):
+        return tvm.get_global_func(torch_ops.register(op))(*map(tvm.runtime.tensor, arrays))
+
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    slot = torch_ops.Slot
+    # tensors as positional arguments, inside a list, or as a keyword: the same results
+    for args, kwargs in (((slot(0), slot(1)), ()), (([slot(0), slot(1)],), ()),
+                         ((slot(0),), (("other", slot(1)),))):
+        target = torch.cat if isinstance(args[0], list) else torch.add
+        op = torch_ops.TorchOp(target, "t", args, kwargs, (((4, 3) if target is torch.cat
+                                                             else (2, 3), "float32"),), False, "n")
+        want = np.concatenate([x, x]) if target is torch.cat else x + x
+        np.testing.assert_array_equal(run(op, x, x).numpy(), want)
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    wrong = torch_ops.TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (slot(0),), (),
+                              (((3, 2), "float32"),), False, "wrong")
+    # a TorchOpError; through TVM's FFI the caller sees the RuntimeError it derives from
+    with pytest.raises(RuntimeError, match=r"node 'wrong'\) gave \[\(\(2, 3\), "
+                                            r"'torch.float32'\)\], the build expects"):
+        run(wrong, x)
+    raising = torch_ops.TorchOp(torch.ops.aten.mm.default, "aten.mm.default", (slot(0), slot(0)),
+                                (), (((2, 2), "float32"),), False, "mm")
+    with pytest.raises(RuntimeError, match=r"aten.mm.default \(node 'mm'.*raised"):
+        run(raising, x)
+    assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)
+
+
 def test_a_weight_onednn_cannot_pack_runs_plain(monkeypatch):
     from autoplace.backend.torch_ops import Fastest, equivalent, packed_call, with_constant_weight
 

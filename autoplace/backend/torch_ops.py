@@ -20,6 +20,7 @@ function by its global name, so the name must stay bound while any build may cal
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,8 +84,30 @@ class TorchOp:
     def global_name(self) -> str:
         return PREFIX + self.id
 
+    @functools.cached_property
+    def _bound(self) -> tuple | None:
+        """Where the tensors go when every slot is a positional argument of its own (the common
+        case): ``(positions, arguments, keyword arguments)``, positions being (argument, slot
+        index) pairs; else None."""
+        def nested(v):
+            return isinstance(v, Slot) or (isinstance(v, (list, tuple)) and any(map(nested, v)))
+
+        if any(nested(v) for _, v in self.kwargs) or any(
+                isinstance(v, (list, tuple)) and nested(v) for v in self.args):
+            return None
+        positions = tuple((i, v.index) for i, v in enumerate(self.args) if isinstance(v, Slot))
+        return positions, list(self.args), dict(self.kwargs)
+
     def call(self, tensors: list) -> Any:
         """Run the op on torch tensors (in the order of the slots)."""
+        bound = self._bound
+        if bound is not None:  # a call from the VM: no more Python than it needs
+            positions, args, kwargs = bound
+            args = args.copy()
+            for i, k in positions:
+                args[i] = tensors[k]
+            return self.target(*args, **kwargs)
+
         def fill(v):
             if isinstance(v, Slot):
                 return tensors[v.index]
@@ -162,41 +185,53 @@ def one_thread():
             torch.set_num_threads(before)
 
 
-def _shares_memory(result, inputs) -> bool:
-    """Whether torch tensor ``result`` is a view of one of ``inputs`` (a reshape's or squeeze's
-    result is): the VM takes a call's results as new tensors, and may write another tensor into
-    an input's memory once the input is dead, under a view it does not know of."""
-    ptr = result.untyped_storage().data_ptr()
-    return any(t.untyped_storage().data_ptr() == ptr for t in inputs)
-
-
 def _function(op: TorchOp):
     """The packed function: it returns the op's results as new tensors, shared with PyTorch
-    through DLPack (no copy; a non-contiguous result is made contiguous, a view of an input
-    copied: :func:`_shares_memory`). Where the output shape is static, a result of another
-    shape or dtype is an error naming the op, never a tensor the build would misread."""
+    through DLPack (no copy; a non-contiguous result is made contiguous, and a view of an input
+    copied, since the VM takes a call's results as new tensors and may write another tensor into
+    an input's memory once the input is dead, under a view it does not know of). Where the output shape is static, a result of another
+    shape or dtype is an error naming the op, never a tensor the build would misread. The op
+    runs on one PyTorch thread (as :func:`one_thread`) without autograd, both set and restored
+    inline: every microsecond here is paid on every call (the hand-off the cost model
+    charges)."""
     import torch
     import tvm
 
     expected = None if op.dynamic else [(tuple(s), getattr(torch, d)) for s, d in op.outputs]
+    threads_now, set_threads = torch.get_num_threads, torch.set_num_threads
+    grad_now, set_grad = torch.is_grad_enabled, torch.set_grad_enabled
+    from_dlpack, to_tvm = torch.from_dlpack, tvm.runtime.from_dlpack
 
     def call(*args):
+        threads, grad = threads_now(), grad_now()
+        if threads != 1:
+            set_threads(1)
+        if grad:
+            set_grad(False)
         try:
-            with one_thread(), torch.no_grad():
-                tensors = [torch.from_dlpack(t) for t in args]
-                result = op.call(tensors)
+            # the capsule itself: torch's protocol around a producer (device, stream) costs
+            # more than the conversion, and TVM's tensors take no stream
+            tensors = [from_dlpack(t.__dlpack__()) for t in args]
+            result = op.call(tensors)
         except Exception as e:  # noqa: BLE001 - any error of the op, named for the caller
             raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
                                f"raised {type(e).__name__}: {e}") from e
-        results = [r.clone() if _shares_memory(r, tensors) else r
-                   for r in (result if isinstance(result, (tuple, list)) else (result,))]
-        if expected is not None and [(tuple(r.shape), r.dtype) for r in results] != expected:
+        finally:
+            if threads != 1:
+                set_threads(threads)
+            if grad:
+                set_grad(True)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if expected is not None and (len(results) != len(expected) or any(
+                r.shape != s or r.dtype != d for r, (s, d) in zip(results, expected))):
             raise TorchOpError(
                 f"PyTorch op {op.name} (node {op.node!r}) gave "
                 f"{[(tuple(r.shape), str(r.dtype)) for r in results]}, the build expects "
                 f"{[(s, str(d)) for s, d in expected]}")
-        tensors = [tvm.runtime.from_dlpack(r.contiguous()) for r in results]
-        return tensors[0] if not op.tuple_output else tvm.runtime.convert(tensors)
+        held = {t.untyped_storage().data_ptr() for t in tensors}  # a view of one: a copy
+        out = [to_tvm((r.clone() if r.untyped_storage().data_ptr() in held else r).contiguous())
+               for r in results]
+        return out[0] if not op.tuple_output else tvm.runtime.convert(out)
 
     return call
 
@@ -232,7 +267,7 @@ def _full(like, fill, dtype: str):
 
 
 # Ops whose PyTorch call gives a view, here with its elements copied: a call's result must not
-# share an input's memory (:func:`_shares_memory`), and the copy is then part of what is timed.
+# share an input's memory (:func:`_function`), and the copy is then part of what is timed.
 def _reshaped(x, shape):
     return x.reshape(shape).clone()
 

@@ -101,6 +101,9 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     placed_on = [plan.device(a).torch_place if runtime_of[a] == "torch" else None
                  for a in plan.assignment]
     func = mod[func_name]
+    calls = [(b.var, b.value) for b in iter_bindings(func) if is_op_call(b.value)]
+    chains = _torch_chains(graph, plan, calls)  # anchor -> its chain, run as one call
+    absorbed = {}  # a chain member run in its anchor's call -> the anchor's old var
 
     def with_vdevice(ty, k):
         if isinstance(ty, relax.TensorType):
@@ -182,8 +185,24 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 k = dev_of_node[node_index]
                 node = graph.nodes[node_index]
                 node_index += 1
+                if node.index in absorbed:  # computed by its chain's call: the same tensor
+                    new_of[var] = new_of[absorbed[node.index]]
+                    continue
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
                     tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
+                    fused = (_fused_torch_op(node, tensors, chains[node.index], calls, consts,
+                                             placed_on[node.index])
+                             if node.index in chains else None)
+                    if fused is not None:  # the chain's call, giving its last member's tensor
+                        name, last = fused
+                        absorbed.update((m, var) for m in chains[node.index][1:])
+                        call = relax_call(name, [placed(tensors[0], k, out)],
+                                          with_vdevice(last.ty, k))
+                        nv = fresh(var, with_vdevice(last.ty, k))
+                        loc[nv] = k
+                        out.append(relax.VarBinding(nv, call))
+                        new_of[var] = nv
+                        continue
                     name, takes = _torch_op(node, tensors, placed_on[node.index])
                     # a constant the call holds is not placed (nor lifted) for TVM
                     args = [placed(a, k, out) for a in tensors[:takes]]
@@ -267,6 +286,57 @@ def _torch_op(node, tensors, place: str) -> tuple[str, int]:
         lambda i: tensors[i].value.numpy() if _is_tensor_const(tensors[i]) else None,
         node.inputs[0].shape, place)
     return register(op), takes
+
+
+def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
+    """The chains of :func:`autoplace.backend.torch_ops.fused_chains` that ``plan`` puts whole
+    on one torch device, by anchor (``calls``: the function's op-call bindings, ``(var, call)``
+    in node order)."""
+    from autoplace.backend.torch_ops import fused_chains
+
+    out = {}
+    for chain in fused_chains(graph):
+        where = {plan.assignment[i] for i in chain}
+        if len(where) == 1 and plan.device(where.pop()).runtime == "torch" and all(
+                calls[i][1].op.name.removeprefix("relax.") == graph.nodes[i].op_type
+                for i in chain):
+            out[chain[0]] = chain
+    return out
+
+
+def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
+    """Chain ``chain`` (anchor ``node`` on ``tensors``, constants resolved; its bias add and
+    activation in ``calls``) as one registered PyTorch call
+    (:func:`autoplace.backend.torch_ops.with_fused_tail`): its global name and the old var of
+    the chain's last member; None where its weight or bias is not a constant here."""
+    from tvm import relax
+
+    from autoplace.backend.torch_ops import node_equivalent, register, with_fused_tail
+
+    anchor_var = calls[chain[0]][0]
+    bound = {v: c for v, c in calls}
+
+    def constant(expr, depth=3):  # a later binding's constant argument, folded ahead of it
+        expr = consts.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(expr, relax.Var) and expr in bound and depth:
+            c = bound[expr]
+            folded = _folded(relax.Call(c.op, [constant(a, depth - 1) for a in c.args],
+                                        c.attrs, c.ty_args), consts)
+            return expr if folded is None else folded
+        return expr
+
+    others = [constant(a) for a in calls[chain[1]][1].args
+              if not (isinstance(a, relax.Var) and a.same_as(anchor_var))]
+    op = node_equivalent(node)
+    if op is None or len(tensors) != 2 or len(others) != 1 \
+            or not (_is_tensor_const(tensors[1]) and _is_tensor_const(others[0])):
+        return None
+    last_var = calls[chain[-1]][0]
+    act = calls[chain[2]][1].op.name.removeprefix("relax.") if len(chain) == 3 else None
+    out = (tuple(int(d) for d in last_var.ty.shape), str(last_var.ty.dtype))
+    fused = with_fused_tail(op, node.op_type, tensors[1].value.numpy(),
+                            others[0].value.numpy(), act, node.inputs[0].shape, [out], place)
+    return register(fused), last_var
 
 
 def _folded(call, consts):

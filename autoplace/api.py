@@ -169,6 +169,7 @@ def build_problem(
     segment_overhead_s: Mapping[str, float] | None = None,
     call_s: Mapping[str, float] | None = None,
     serial: bool = False,
+    groups: Sequence[Sequence[int]] = (),
 ) -> Problem:
     """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
     the seconds a pipeline stage costs per input (one figure, or one per device name).
@@ -178,6 +179,8 @@ def build_problem(
 
     ``serial`` (latency plans): one thread runs every device's ops and copies, one after
     another (:attr:`Problem.serial <autoplace.solve.Problem.serial>`).
+
+    ``groups``: node indices that must share a device, one sequence per group.
 
     ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
     every copy also costs the figures of both its devices: the result ends its segment on the
@@ -217,9 +220,20 @@ def build_problem(
         call_s=[(call_s or {}).get(dev.name, 0.0) for dev in devices],
         max_stages=max_stages,
         serial=serial,
+        groups=_group_ids(len(graph.nodes), groups),
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
     )
+
+
+def _group_ids(n: int, groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """(n,) colocation group id per node (-1: none) of ``groups``."""
+    ids = np.full(n, -1, dtype=np.int64)
+    for g, members in enumerate(groups):
+        if (ids[list(members)] >= 0).any():
+            raise ValueError(f"colocation groups overlap at node(s) {list(members)}")
+        ids[list(members)] = g
+    return ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -690,6 +704,7 @@ def optimize(
     costs = _costs(mod, graph, devices, objective, cost_model, db, func_name, check_devices,
                    stage_overhead_s if objective == "throughput" else segment_overhead_s,
                    calibrate)
+    costs = _fused_torch_calls(graph, devices, costs, pins)
     problem, plain, pin_rules = _problem(graph, devices, costs, objective, links, pins,
                                          max_stages)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
@@ -805,6 +820,7 @@ class _Costs:
     overheads_note: tuple[str, ...]
     outside: Mapping[str, tuple[int, ...]]
     outside_note: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...] = ()
 
 
 def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_model, db,
@@ -908,6 +924,38 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
                    profiles_note=costs.profiles_note + note)
 
 
+def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
+                       pins) -> _Costs:
+    """Step 1c: ``costs`` where a build runs several ops as one PyTorch call: each chain of a
+    conv or linear, its bias add and its activation
+    (:func:`~autoplace.backend.torch_ops.fused_chains`) that a torch device can run whole is
+    charged there as one call (the anchor the call's cost,
+    :meth:`~autoplace.predict.torch_costs.TorchCostModel.fused_cost`; the others nothing) and
+    kept on one device (``groups``), as annotate makes one call of a chain placed whole on
+    PyTorch. A chain that ``pins`` put on two devices stays ops of their own."""
+    models = getattr(costs.model, "models", {})
+    torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
+    if not torch_cols:
+        return costs
+    from autoplace.backend.torch_ops import fused_chains
+
+    pinned = rule_assignment(graph, devices, pins)
+    cost, kept = costs.cost.copy(), []
+    for chain in fused_chains(graph):
+        runs = [(k, d) for k, d in torch_cols
+                if all(d.can_run(graph.nodes[i].op_type) for i in chain)]
+        if not runs or len({pinned[i] for i in chain if i in pinned}) > 1:
+            continue
+        for k, d in runs:
+            cost[chain[0], k] = models[d.name].fused_cost(graph, d, chain)
+            cost[list(chain[1:]), k] = 0.0
+        kept.append(tuple(chain))
+    note = (f"{', '.join(d.name for _, d in torch_cols)}: {len(kept)} chain(s) of a conv or "
+            "linear, its bias add and activation, each charged as one call (timed as one)",
+            ) if kept else ()
+    return replace(costs, cost=cost, groups=tuple(kept), profiles_note=costs.profiles_note + note)
+
+
 def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective: str, links,
              pins, max_stages: int | None) -> tuple[Problem, Problem | None, dict[int, str]]:
     """Step 2: the solver's problem (links: the given ones, else the profiles' measured ones;
@@ -928,9 +976,10 @@ def _problem(graph: OpGraph, devices: Sequence[Device], costs: _Costs, objective
                             stage_overhead_s=(costs.overhead or 0.0) if rate else 0.0,
                             max_stages=max_stages,
                             segment_overhead_s=None if rate or serial else costs.overhead,
-                            call_s=costs.calls if rate else None, serial=serial)
+                            call_s=costs.calls if rate else None, serial=serial,
+                            groups=costs.groups)
     plain = None if rate else build_problem(graph, devices, costs.cost, links, pin_rules,
-                                            serial=serial)
+                                            serial=serial, groups=costs.groups)
     return problem, plain, pin_rules
 
 

@@ -290,7 +290,13 @@ def test_a_plan_with_pytorch_calls_is_solved_as_one_thread_runs_it(convnet):
     a = np.array([p.device_names.index(d) for d in res.plan.assignment])
     chosen = p.cost[np.arange(len(a)), a]
     assert not np.isinf(p.cost).all(axis=1).any()
-    np.testing.assert_allclose(chosen, p.cost.min(axis=1), rtol=1e-5, atol=1e-9)
+    # each op, or each chain run as one call (a colocation group), where it costs least
+    alone = p.groups < 0
+    np.testing.assert_allclose(chosen[alone], p.cost[alone].min(axis=1), rtol=1e-5, atol=1e-9)
+    for g in np.unique(p.groups[~alone]):
+        members = p.groups == g
+        assert chosen[members].sum() == pytest.approx(p.cost[members].sum(axis=0).min(),
+                                                      rel=1e-5, abs=1e-9)
     assert res.solution.value == pytest.approx(chosen.sum(), rel=1e-9)
     assert res.predicted_latency_s == pytest.approx(res.delivery.serial_s, rel=1e-9)
 
@@ -768,3 +774,95 @@ def _tiny_mod():
             out = bb.emit_output(relax.op.nn.relu(x))
         bb.emit_func_output(out)
     return bb.get()
+
+
+# -------------------------------------------------- a conv's or linear's tail in its PyTorch call
+
+class Chains(torch.nn.Module):
+    """conv + bias + relu, linear + bias + gelu, a linear whose output is read twice (no
+    chain), and a last linear (+ bias: a chain of two)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc, self.twice, self.out = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                         torch.nn.Linear(16, 4))
+
+    def forward(self, x):
+        y = torch.nn.functional.gelu(self.fc(torch.relu(self.conv(x)).mean((2, 3))))
+        z = self.twice(y)
+        return self.out(z * z.sigmoid())
+
+
+@pytest.fixture(scope="module")
+def chains():
+    torch.manual_seed(0)
+    model, x = Chains().eval(), torch.randn(1, 3, 8, 8)
+    return model, x, autoplace.from_torch(model, [x])
+
+
+def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
+    g = OpGraph.from_relax(chains[2])
+    found = [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)]
+    assert found == [["nn.conv2d", "add", "nn.relu"], ["matmul", "add", "nn.gelu"],
+                     ["matmul", "add"], ["matmul", "add"]]
+    # the linear read twice ends its chain at the bias add: its output has two consumers
+    twice = torch_ops.fused_chains(g)[2]
+    assert len({e.dst for e in g.edges if e.src == twice[1]}) == 2
+    # a weight that is a parameter of the function (computed, for all the graph knows): none
+    from tvm import relax
+
+    def linear(weight_is_input):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([2, 8], "float32"))
+        w = relax.Var("w", relax.TensorType([8, 16], "float32"))
+        weight = w if weight_is_input else relax.const(np.ones((8, 16), "float32"))
+        with bb.function("main", [x, w] if weight_is_input else [x]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.matmul(x, weight))
+                out = bb.emit_output(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+            bb.emit_func_output(out)
+        return OpGraph.from_relax(bb.get())
+
+    assert torch_ops.fused_chains(linear(False)) == [(0, 1)]
+    assert torch_ops.fused_chains(linear(True)) == []
+
+
+def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
+    model, x, mod = chains
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
+                             cost_model=RooflineCostModel(), baseline_guard=False,
+                             pins=[("op:nn.conv2d", "torch"), ("op:matmul", "torch")])
+    p, g = res.problem, res.graph
+    chains_found = torch_ops.fused_chains(g)
+    for g_id, chain in enumerate(chains_found):  # kept together, on PyTorch as the pins say
+        assert (p.groups[list(chain)] == g_id).all()
+        assert {res.plan.assignment[i] for i in chain} == {"torch"}
+        torch_col = p.cost[list(chain), 1]
+        assert torch_col[0] > 0 and (torch_col[1:] == 0).all()  # one call, at the anchor
+    text = str(res.mod)
+    assert text.count("autoplace.torch_op.") == len(chains_found)
+    assert "R.nn.relu" not in text and "R.nn.gelu" not in text
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    # the call is what a chain costs as one: timed once per chain of workloads
+    model_t = res.predictor.models["torch"]
+    first = chains_found[0]
+    key = "chain:" + "|".join(g.nodes[i].workload_key for i in first)
+    assert p.cost[first[0], 1] == pytest.approx(model_t.timed_[key] + model_t.handoff()
+                                                + (model_t.last_sequence_ or 0.0))
+
+
+def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):
+    model, x, mod = chains
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
+                             cost_model=RooflineCostModel(), baseline_guard=False,
+                             pins=[("op:nn.conv2d", "torch"), ("op:nn.relu", "cpu0")])
+    g = res.graph
+    conv_chain = torch_ops.fused_chains(g)[0]
+    assert (res.problem.groups[list(conv_chain)] < 0).all()
+    assert res.plan.assignment[conv_chain[0]] == "torch"
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-5, atol=1e-6)

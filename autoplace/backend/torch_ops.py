@@ -429,7 +429,7 @@ def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str
 PACKABLE = frozenset({"nn.conv2d", "matmul"})
 
 
-def packed_call(op: TorchOp, op_type: str, weight, x_shape):
+def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str | None = None):
     """Of ``op`` (the plain call of a Relax ``nn.conv2d`` or 2-D ``matmul``, :func:`equivalent`),
     the call on its first input alone (of ``x_shape``) with ``weight`` (a float32 torch tensor)
     packed now into oneDNN's blocked layout: a plain call reorders a weight on every call, which
@@ -437,7 +437,9 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     does not apply (another op, another dtype, a weight not on the CPU, a batch of matmul
     weights, PyTorch without oneDNN, a shape oneDNN refuses: the call is tried once on zeros). The packed call computes
     in channels-last and gives its result back contiguous, a copy the plain call does not make:
-    which of the two is faster depends on the shapes."""
+    which of the two is faster depends on the shapes. With ``bias`` (a 1-D float32 tensor) and
+    ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`, or None), the call also adds the bias and
+    applies the activation, inside oneDNN's kernel (:func:`with_fused_tail`)."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \
@@ -446,7 +448,7 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     if op_type == "matmul" and (weight.dim() < 2 or any(d != 1 for d in weight.shape[:-2])):
         return None  # a batch of weights (one of ones is a weight broadcast)
     try:  # oneDNN may refuse a shape: then the plain call is the only one
-        call = _packed(op, op_type, weight, x_shape)
+        call = _packed(op, op_type, weight, x_shape, bias, act)
         with torch.no_grad():
             out = call(torch.zeros(tuple(x_shape), dtype=torch.float32))
     except Exception:  # noqa: BLE001 - whatever oneDNN raises, the plain call stands
@@ -454,22 +456,148 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape):
     return call if tuple(out.shape) == tuple(op.outputs[0][0]) else None
 
 
-def _packed(op: TorchOp, op_type: str, weight, x_shape):
+def _packed(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str | None = None):
     """:func:`packed_call`'s call, unchecked."""
     import torch
 
     mkldnn = torch.ops.mkldnn
+    attr, algorithm = pointwise(act)[0] if act else ("none", "")
     if op_type == "nn.conv2d":
         stride, pad, dilation, groups = op.args[3:7]
         packed = mkldnn._reorder_convolution_weight(weight, list(pad), list(stride),
                                                     list(dilation), groups, list(x_shape))
         return lambda x: mkldnn._convolution_pointwise(
-            x, packed, None, list(pad), list(stride), list(dilation), groups, "none", [],
-            "").contiguous()
+            x, packed, bias, list(pad), list(stride), list(dilation), groups, attr, [],
+            algorithm).contiguous()
     rows, out_shape = int(np.prod(x_shape[:-1])), op.outputs[0][0]
     packed = mkldnn._reorder_linear_weight(weight.reshape(weight.shape[-2:]).t().contiguous(),
                                            rows)
-    return lambda x: mkldnn._linear_pointwise(x, packed, None, "none", [], "").reshape(out_shape)
+    return lambda x: mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm
+                                              ).reshape(out_shape)
+
+
+# ------------------------------------------------------- a conv's or linear's tail in its call
+
+#: Activations a conv's or linear's call applies in the same call (:func:`with_fused_tail`).
+FUSED_ACTIVATIONS = frozenset({"nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "sigmoid",
+                               "tanh"})
+
+
+def pointwise(act: str) -> tuple[tuple[str, str], Any]:
+    """Of activation ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`): oneDNN's
+    attribute and algorithm for it, and PyTorch's function."""
+    import torch
+    import torch.nn.functional as F
+
+    return {"nn.relu": (("relu", ""), torch.relu), "nn.gelu": (("gelu", "none"), F.gelu),
+            "nn.gelu_tanh": (("gelu", "tanh"), functools.partial(F.gelu, approximate="tanh")),
+            "nn.silu": (("swish", ""), F.silu), "sigmoid": (("sigmoid", ""), torch.sigmoid),
+            "tanh": (("tanh", ""), torch.tanh)}[act]
+
+
+def fused_chains(graph) -> list[tuple[int, ...]]:
+    """The chains of op graph ``graph`` that a torch device runs as one call
+    (:func:`with_fused_tail`), each ``(anchor, bias add[, activation])`` node indices: a conv2d
+    or a matmul by a 2-D weight, float32, whose weight is a constant (no tensor computed at run
+    time reaches it but its data); the add of a constant bias of its output's channels (a conv)
+    or last axis (a matmul), its only consumer; and the activation of
+    :data:`FUSED_ACTIVATIONS` after it, where that is the add's only consumer. Only the last
+    may be an output of the model. A PyTorch user gets the same from ``nn.Conv2d`` or
+    ``nn.Linear`` and its activation."""
+    n = len(graph.nodes)
+    preds = [[] for _ in range(n)]
+    succs = [[] for _ in range(n)]
+    for e in graph.edges:
+        preds[e.dst].append(e.src)
+        succs[e.src].append(e.dst)
+    fed = [0] * n  # graph inputs each node reads
+    for gin in graph.inputs:
+        for c in set(gin.consumers):
+            fed[c] += 1
+    constant = [not preds[i] and not fed[i] for i in range(n)]  # of constants only: folded
+
+    def runtime_inputs(i):
+        return len({p for p in preds[i] if not constant[p]}) + fed[i]
+
+    def only_consumer(i):
+        out = set(succs[i])
+        return out.pop() if len(out) == 1 and not graph.nodes[i].is_output else None
+
+    chains = []
+    for node in graph.nodes:
+        i = node.index
+        if node.op_type not in PACKABLE or len(node.inputs) != 2 or len(node.outputs) != 1 \
+                or any(t.dtype != "float32" for t in (*node.inputs, *node.outputs)) \
+                or runtime_inputs(i) != 1 or node_equivalent(node) is None:
+            continue
+        out = node.outputs[0].shape
+        if len(out) < 2 or (node.op_type == "matmul" and len(node.inputs[1].shape) != 2):
+            continue
+        j = only_consumer(i)
+        if j is None or not _is_bias_add(graph.nodes[j], out, 1 if len(out) == 4
+                                         and node.op_type == "nn.conv2d" else len(out) - 1) \
+                or {p for p in preds[j] if not constant[p]} != {i} or fed[j]:
+            continue
+        chain = (i, j)
+        k = only_consumer(j)
+        if k is not None and graph.nodes[k].op_type in FUSED_ACTIVATIONS \
+                and len(graph.nodes[k].inputs) == 1 and graph.nodes[k].outputs[0].shape == out:
+            chain = (i, j, k)
+        chains.append(chain)
+    return chains
+
+
+def _is_bias_add(node, out_shape, axis: int) -> bool:
+    """Whether op-graph node ``node`` adds to a tensor of ``out_shape`` a bias along ``axis``:
+    one input of that shape, the other of shape ``(..., 1, out_shape[axis], 1, ...)``, the
+    axes after ``axis`` of extent 1 (a conv's ``(1, C, 1, 1)``, a linear's ``(N,)``)."""
+    if node.op_type != "add" or len(node.inputs) != 2 or node.outputs[0].shape != out_shape:
+        return False
+    shapes = [tuple(t.shape) for t in node.inputs]
+    if tuple(out_shape) not in shapes:
+        return False
+    bias = list(shapes[1] if shapes[0] == tuple(out_shape) else shapes[0])
+    while bias and bias[0] == 1:
+        bias.pop(0)
+    return out_shape[axis] > 1 and bias == [out_shape[axis]] + [1] * (len(out_shape) - axis - 1)
+
+
+def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndarray,
+                    act: str | None, x_shape, outputs, place: str = "cpu") -> TorchOp:
+    """``op`` (the plain call of a conv2d or 2-D matmul, :func:`equivalent`) with the bias add
+    and activation after it (``act``: a Relax op type of :data:`FUSED_ACTIVATIONS`, or None) as
+    one call on its data alone (of ``x_shape``), giving ``outputs`` (the chain's last), weight
+    and ``bias`` held on PyTorch device ``place``: oneDNN's conv or linear with the bias and
+    activation in its kernel, its weight packed once (:func:`packed_call`), or PyTorch's plain
+    ``conv2d``/``linear`` with the bias and then the activation, whichever is faster on the
+    first calls (:class:`Fastest`). One call rather than three saves two hand-offs and the
+    passes over memory of the add and the activation (:func:`fused_chains` finds the chains)."""
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.from_numpy(np.ascontiguousarray(weight))
+    b = torch.from_numpy(np.ascontiguousarray(bias).reshape(-1))
+    digest = hashlib.sha1(w.numpy().tobytes() + b.numpy().tobytes()).hexdigest()[:12]
+    w, b = w.to(place), b.to(place)
+    activation = pointwise(act)[1] if act else None
+    if op_type == "nn.conv2d":
+        stride, pad, dilation, groups = op.args[3:7]
+
+        def plain(x):
+            y = F.conv2d(x, w, b, stride, pad, dilation, groups)
+            return y if activation is None else activation(y)
+    else:
+        wt = w.reshape(w.shape[-2:]).t().contiguous()
+
+        def plain(x):
+            y = F.linear(x, wt, b)
+            return y if activation is None else activation(y)
+    packed = packed_call(op, op_type, w, x_shape, b, act)
+    variants = [plain] + ([packed] if packed is not None else [])
+    tail = "+bias" + (f"+{act}" if act else "")
+    return TorchOp(Fastest(variants), f"{op.name}{tail}[weight {digest}]{_at(place)}",
+                   (Slot(0),), (), tuple((tuple(s), d) for s, d in outputs), False, op.node,
+                   why=op.why + tail)
 
 
 def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape,

@@ -21,8 +21,8 @@ import numpy as np
 
 from autoplace.backend.torch_ops import TorchOp
 from autoplace.profile.measure import TimingPolicy
-from autoplace.profile.torch_runner import (call_timing, time_in_sequence, time_torch_call,
-                                            torch_op_for)
+from autoplace.profile.torch_runner import (call_timing, time_fused_chain, time_in_sequence,
+                                            time_torch_call, torch_op_for)
 
 if TYPE_CHECKING:
     from autoplace.devices import Device
@@ -139,6 +139,23 @@ class TorchCostModel:
         for key, idx in runs.items():
             out[idx] = self.timed_[key] + self.handoff() + extra
         return out
+
+    def fused_cost(self, graph: OpGraph, device: Device, chain: Sequence[int]) -> float:
+        """Seconds of ``chain`` (node indices of ``graph``: a conv or linear, its bias add and
+        its activation, :func:`~autoplace.backend.torch_ops.fused_chains`) run as one call on
+        ``device`` (:func:`~autoplace.profile.torch_runner.time_fused_chain`, timed once per
+        chain of workloads), plus one call's hand-off and its excess in the model's sequence as
+        :meth:`predict` charges them (call that first); ``inf`` where it cannot be timed."""
+        nodes = [graph.nodes[i] for i in chain]
+        key = "chain:" + "|".join(n.workload_key for n in nodes)
+        if key not in self.timed_:
+            try:
+                self.timed_[key] = time_fused_chain(nodes, self.policy,
+                                                    place=self.place).median_s
+            except Exception as e:  # noqa: BLE001 - the chain then runs as separate calls
+                log.warning("could not time %s as one PyTorch call (%s)", key, e)
+                self.timed_[key] = np.inf
+        return self.timed_[key] + self.handoff() + (self.last_sequence_ or 0.0)
 
     def _sequenced(self, graph: OpGraph, device: Device) -> list:
         """``graph``'s nodes that torch device ``device`` runs (a call timed), in the model's

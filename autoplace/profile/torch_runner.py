@@ -165,6 +165,49 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
         return plain, call_timing(packed_turn, policy)
 
 
+def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | None = None,
+                     place: str = "cpu") -> Timing:
+    """The call that runs chain ``nodes`` (op-graph nodes: a conv2d or 2-D matmul, its bias add
+    and its activation, if any: :func:`~autoplace.backend.torch_ops.fused_chains`) as a build
+    runs it (:func:`~autoplace.backend.torch_ops.with_fused_tail`: weight and bias held, the
+    faster of oneDNN's fused call and the plain one), timed on random data, weight and bias on
+    device ``place``, on one PyTorch thread; each call reads another copy of them, as many as
+    fill twice the last-level cache (at most 64), as :func:`time_plain_and_packed` does.
+    Whatever the call raises is raised."""
+    import itertools
+
+    import torch
+
+    from autoplace.backend.torch_ops import one_thread, with_fused_tail
+
+    rng = rng or np.random.default_rng(0)
+    anchor, add = nodes[0], nodes[1]
+    out = tuple(anchor.outputs[0].shape)
+    bias = next(t for t in add.inputs if tuple(t.shape) != out)
+    act = nodes[2].op_type if len(nodes) == 3 else None
+    last = [(tuple(nodes[-1].outputs[0].shape), nodes[-1].outputs[0].dtype)]
+    op = torch_op_for(anchor)
+    nbytes = sum(t.nbytes for t in (*anchor.inputs, bias))
+    copies = min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
+    calls = []
+    with one_thread(), torch.no_grad():
+        for _ in range(copies):
+            x, w = random_torch_inputs(anchor, rng)
+            b = rng.random(bias.shape).astype(bias.dtype)
+            call = with_fused_tail(op, anchor.op_type, w.numpy(), b, act, x.shape, last, place)
+            x = x.to(place)
+            for _ in range(8):  # its first calls choose between oneDNN's call and the plain one
+                call.call([x])
+            calls.append((call, [x]))
+        turns = itertools.cycle(calls)
+
+        def turn():
+            call, xs = next(turns)
+            return call.call(xs)
+
+        return call_timing(turn, policy, place)
+
+
 #: Most bytes of inputs :func:`time_in_sequence` makes for one model's calls.
 SEQUENCE_MAX_BYTES = 1 << 30
 

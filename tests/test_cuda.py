@@ -84,28 +84,13 @@ def _torch_cuda():
     return torch
 
 
-class _ConvNet:
-    """conv -> bias + relu (one fused TVM kernel) -> max pool -> mean -> layer norm -> linear ->
-    softmax, from PyTorch."""
+def _convnet():
+    """(model, input, Relax module) of :class:`torch_models.ConvNet`, from PyTorch."""
+    _torch_cuda()
+    import torch_models
 
-    @staticmethod
-    def load():
-        torch = _torch_cuda()
-
-        class Net(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
-                self.norm = torch.nn.LayerNorm(16)
-                self.fc = torch.nn.Linear(16, 4)
-
-            def forward(self, x):
-                y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2).mean((2, 3))
-                return torch.softmax(self.fc(self.norm(y)), -1)
-
-        torch.manual_seed(0)
-        model, x = Net().eval(), torch.randn(1, 8, 16, 16)
-        return model, x, autoplace.from_torch(model, [x])
+    model, x = torch_models.convnet()
+    return model, x, autoplace.from_torch(model, [x])
 
 
 TORCH_GPU = autoplace.Device.torch("cuda", 0)
@@ -113,7 +98,7 @@ TORCH_GPU = autoplace.Device.torch("cuda", 0)
 
 def test_a_conv_on_pytorchs_gpu_and_its_fused_tail_on_tvms_gpu_match_one_device():
     torch = _torch_cuda()
-    model, x, mod = _ConvNet.load()
+    model, x, mod = _convnet()
     g = autoplace.OpGraph.from_relax(mod)
     devs = [*DEVS, TORCH_GPU]
     mixed = autoplace.place(g, devs, [("op:nn.conv2d", "torch-cuda0"),
@@ -165,7 +150,7 @@ def test_ops_the_importer_lacks_run_on_pytorchs_gpu():
 
 def test_the_solver_weighs_pytorchs_gpu_kernels_and_its_plan_runs():
     torch = _torch_cuda()
-    model, x, mod = _ConvNet.load()
+    model, x, mod = _convnet()
     res = autoplace.optimize(mod, [*DEVS, TORCH_GPU], calibrate=False, db=None)
     assert res.problem.serial and "torch-cuda0:" in res.summary()
     with torch.no_grad():

@@ -16,6 +16,8 @@ from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
 from autoplace.profile import DeviceUnavailable  # noqa: E402
 
+import torch_models  # noqa: E402
+
 
 class Lacking(torch.nn.Module):
     """A conv, then three ops the importer lacks (adaptive_max_pool2d, cdist, searchsorted)
@@ -224,23 +226,9 @@ def test_what_is_not_built_yet_says_so(lacking):
 
 # ----------------------------------------------------------------- Relax ops placed on PyTorch
 
-class ConvNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
-        self.norm = torch.nn.LayerNorm(16)
-        self.fc = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        y = torch.relu(self.conv(x))                  # conv2d, bias add, relu: one TVM kernel
-        y = torch.nn.functional.max_pool2d(y, 2).mean((2, 3))
-        return torch.softmax(self.fc(self.norm(y)), -1)
-
-
 @pytest.fixture(scope="module")
 def convnet():
-    torch.manual_seed(0)
-    model, x = ConvNet().eval(), torch.randn(1, 8, 16, 16)
+    model, x = torch_models.convnet()
     return model, x, autoplace.from_torch(model, [x])
 
 

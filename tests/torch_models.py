@@ -1,0 +1,25 @@
+"""Small PyTorch models the torch-device tests share (import after ``pytest.importorskip("torch")``)."""
+
+import torch
+
+
+class ConvNet(torch.nn.Module):
+    """conv -> bias + relu (one fused TVM kernel; one chain of a PyTorch call) -> max pool ->
+    mean -> layer norm -> linear -> softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = torch.nn.functional.max_pool2d(y, 2).mean((2, 3))
+        return torch.softmax(self.fc(self.norm(y)), -1)
+
+
+def convnet():
+    """``(model, example input)`` of :class:`ConvNet`, seeded."""
+    torch.manual_seed(0)
+    return ConvNet().eval(), torch.randn(1, 8, 16, 16)

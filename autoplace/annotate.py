@@ -186,7 +186,10 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                 node = graph.nodes[node_index]
                 node_index += 1
                 if node.index in absorbed:  # computed by its chain's call: the same tensor
-                    new_of[var] = new_of[absorbed[node.index]]
+                    if node.op_type == "nn.batch_norm":  # (data, mean, variance), as read
+                        tuples[var] = relax.Tuple([absorbed[node.index], *value.args[3:5]])
+                    else:
+                        new_of[var] = new_of[absorbed[node.index]]
                     continue
                 if runtime_of[plan.assignment[node.index]] == "torch" and not node.is_torch:
                     tensors = [consts.get(a, a) for a in value.args if _is_tensor(a)]
@@ -194,11 +197,10 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                                              placed_on[node.index])
                              if node.index in chains else None)
                     if fused is not None:  # the chain's call, giving its last member's tensor
-                        name, last = fused
                         absorbed.update((m, var) for m in chains[node.index][1:])
-                        call = relax_call(name, [placed(tensors[0], k, out)],
-                                          with_vdevice(last.ty, k))
-                        nv = fresh(var, with_vdevice(last.ty, k))
+                        call = relax_call(fused, [placed(tensors[0], k, out)],
+                                          with_vdevice(var.ty, k))
+                        nv = fresh(var, with_vdevice(var.ty, k))
                         loc[nv] = k
                         out.append(relax.VarBinding(nv, call))
                         new_of[var] = nv
@@ -305,13 +307,16 @@ def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
 
 
 def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
-    """Chain ``chain`` (anchor ``node`` on ``tensors``, constants resolved; its bias add and
-    activation in ``calls``) as one registered PyTorch call
-    (:func:`autoplace.backend.torch_ops.with_fused_tail`): its global name and the old var of
-    the chain's last member; None where its weight or bias is not a constant here."""
+    """Chain ``chain`` (anchor ``node`` on ``tensors``, constants resolved; its bias add or
+    batch norm, and activation, in ``calls``) as one registered PyTorch call
+    (:func:`autoplace.backend.torch_ops.with_fused_tail`; a batch norm folded into the weight
+    and bias, :func:`~autoplace.backend.torch_ops.fold_batch_norm`): its global name; None
+    where its weight, bias or statistics are not constants here. The call gives a tensor of
+    the anchor's shape and type, as every member does."""
     from tvm import relax
 
-    from autoplace.backend.torch_ops import node_equivalent, register, with_fused_tail
+    from autoplace.backend.torch_ops import (fold_batch_norm, node_equivalent, register,
+                                             with_fused_tail)
 
     anchor_var = calls[chain[0]][0]
     bound = {v: c for v, c in calls}
@@ -325,18 +330,24 @@ def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
             return expr if folded is None else folded
         return expr
 
-    others = [constant(a) for a in calls[chain[1]][1].args
+    tail = calls[chain[1]][1]
+    others = [constant(a) for a in tail.args
               if not (isinstance(a, relax.Var) and a.same_as(anchor_var))]
     op = node_equivalent(node)
-    if op is None or len(tensors) != 2 or len(others) != 1 \
-            or not (_is_tensor_const(tensors[1]) and _is_tensor_const(others[0])):
+    if op is None or len(tensors) != 2 or not _is_tensor_const(tensors[1]) \
+            or len(others) != (4 if tail.op.name == "relax.nn.batch_norm" else 1) \
+            or not all(map(_is_tensor_const, others)):
         return None
-    last_var = calls[chain[-1]][0]
+    weight, values = tensors[1].value.numpy(), [c.value.numpy() for c in others]
+    if len(values) == 4:  # gamma, beta, mean, variance
+        weight, bias = fold_batch_norm(weight, None, *values, float(tail.attrs.epsilon))
+    else:
+        bias = values[0]
     act = calls[chain[2]][1].op.name.removeprefix("relax.") if len(chain) == 3 else None
-    out = (tuple(int(d) for d in last_var.ty.shape), str(last_var.ty.dtype))
-    fused = with_fused_tail(op, node.op_type, tensors[1].value.numpy(),
-                            others[0].value.numpy(), act, node.inputs[0].shape, [out], place)
-    return register(fused), last_var
+    out = (tuple(int(d) for d in anchor_var.ty.shape), str(anchor_var.ty.dtype))
+    fused = with_fused_tail(op, node.op_type, weight, bias, act, node.inputs[0].shape, [out],
+                            place)
+    return register(fused)
 
 
 def _folded(call, consts):

@@ -927,7 +927,7 @@ def _with_torch_costs(graph: OpGraph, costs: _Costs, tvm_devices: Sequence[Devic
 def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
                        pins) -> _Costs:
     """Step 1c: ``costs`` where a build runs several ops as one PyTorch call: each chain of a
-    conv or linear, its bias add and its activation
+    conv or linear, its bias add (or a conv's batch norm) and its activation
     (:func:`~autoplace.backend.torch_ops.fused_chains`) that a torch device can run whole is
     charged there as one call (the anchor the call's cost,
     :meth:`~autoplace.predict.torch_costs.TorchCostModel.fused_cost`; the others nothing) and
@@ -951,8 +951,8 @@ def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
             cost[list(chain[1:]), k] = 0.0
         kept.append(tuple(chain))
     note = (f"{', '.join(d.name for _, d in torch_cols)}: {len(kept)} chain(s) of a conv or "
-            "linear, its bias add and activation, each charged as one call (timed as one)",
-            ) if kept else ()
+            "linear, its bias add or batch norm and activation, each charged as one call "
+            "(timed as one)",) if kept else ()
     return replace(costs, cost=cost, groups=tuple(kept), profiles_note=costs.profiles_note + note)
 
 

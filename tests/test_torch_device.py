@@ -854,3 +854,48 @@ def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):
     with torch.no_grad():
         np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
                                    rtol=1e-5, atol=1e-6)
+
+
+class ConvNorm(torch.nn.Module):
+    """conv + batch norm + relu; a depthwise conv + batch norm read twice (silu as x *
+    sigmoid(x)), then a residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False, groups=8)
+        self.b2 = torch.nn.BatchNorm2d(8)
+        for b in (self.b1, self.b2):  # statistics a trained model would have, not 0 and 1
+            b.running_mean.uniform_(-1, 1)
+            b.running_var.uniform_(0.5, 2)
+            b.weight.data.uniform_(0.5, 2)
+            b.bias.data.uniform_(-1, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        z = self.b2(self.c2(y))
+        return z * torch.sigmoid(z) + y
+
+
+def test_a_convs_batch_norm_is_folded_into_its_call():
+    torch.manual_seed(0)
+    model, x = ConvNorm().eval(), torch.randn(1, 3, 8, 8)
+    mod = autoplace.from_torch(model, [x])
+    g = OpGraph.from_relax(mod)
+    assert [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)] == [
+        ["nn.conv2d", "nn.batch_norm", "nn.relu"], ["nn.conv2d", "nn.batch_norm"]]
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
+                             cost_model=RooflineCostModel(), baseline_guard=False,
+                             pins=[("op:nn.conv2d", "torch")])
+    text = str(res.mod)
+    assert text.count("autoplace.torch_op.") == 2 and "R.nn.batch_norm" not in text
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    assert "2 chain(s) of a conv or linear" in res.summary()
+    # the fold itself: inference's batch norm of the conv's output
+    w, gamma, beta = np.ones((2, 1, 1, 1)), np.array([2.0, 0.5]), np.array([1.0, -1.0])
+    mean, var = np.array([0.5, 1.0]), np.array([3.0, 0.0])
+    fw, fb = torch_ops.fold_batch_norm(w, np.array([1.0, 2.0]), gamma, beta, mean, var, 1.0)
+    np.testing.assert_allclose(fw.reshape(-1), [1.0, 0.5])
+    np.testing.assert_allclose(fb, [(1.0 - 0.5) * 1.0 + 1.0, (2.0 - 1.0) * 0.5 - 1.0])

@@ -501,9 +501,11 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
     or a matmul by a 2-D weight, float32, whose weight is a constant (no tensor computed at run
     time reaches it but its data); the add of a constant bias of its output's channels (a conv)
     or last axis (a matmul), its only consumer; and the activation of
-    :data:`FUSED_ACTIVATIONS` after it, where that is the add's only consumer. Only the last
-    may be an output of the model. A PyTorch user gets the same from ``nn.Conv2d`` or
-    ``nn.Linear`` and its activation."""
+    :data:`FUSED_ACTIVATIONS` after it, where that is the add's only consumer; for a conv, a
+    batch norm in inference (its statistics constants, folded into the conv's weight and bias:
+    :func:`fold_batch_norm`) may stand for the bias add. Only the last may be an output of the
+    model. A PyTorch user gets the same from ``nn.Conv2d`` or ``nn.Linear`` and its activation,
+    with or without ``nn.BatchNorm2d`` between."""
     n = len(graph.nodes)
     preds = [[] for _ in range(n)]
     succs = [[] for _ in range(n)]
@@ -534,8 +536,9 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
         if len(out) < 2 or (node.op_type == "matmul" and len(node.inputs[1].shape) != 2):
             continue
         j = only_consumer(i)
-        if j is None or not _is_bias_add(graph.nodes[j], out, 1 if len(out) == 4
-                                         and node.op_type == "nn.conv2d" else len(out) - 1) \
+        conv = node.op_type == "nn.conv2d"
+        if j is None or not (_is_bias_add(graph.nodes[j], out, 1 if conv else len(out) - 1)
+                             or (conv and _is_batch_norm(graph.nodes[j], out))) \
                 or {p for p in preds[j] if not constant[p]} != {i} or fed[j]:
             continue
         chain = (i, j)
@@ -545,6 +548,25 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
             chain = (i, j, k)
         chains.append(chain)
     return chains
+
+
+def _is_batch_norm(node, out_shape) -> bool:
+    """Whether op-graph node ``node`` is a batch norm in inference over the channels of a
+    tensor of ``out_shape`` (NCHW) that PyTorch computes (:func:`equivalent`)."""
+    return node.op_type == "nn.batch_norm" and len(node.inputs) == 5 \
+        and node.outputs[0].shape == out_shape and node_equivalent(node) is not None
+
+
+def fold_batch_norm(weight: np.ndarray, bias: np.ndarray | None, gamma, beta, mean, var,
+                    epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """A conv's ``weight`` (O, I, kh, kw) and ``bias`` (O,; None: zeros) with the batch norm
+    after it folded in, as inference computes it: ``weight * s`` per output channel and
+    ``(bias - mean) * s + beta``, ``s = gamma / sqrt(var + epsilon)``."""
+    scale = (np.asarray(gamma, "float64") / np.sqrt(np.asarray(var, "float64") + epsilon))
+    folded = (np.asarray(weight, "float64") * scale.reshape(-1, *([1] * (weight.ndim - 1))))
+    b = np.zeros(weight.shape[0]) if bias is None else np.asarray(bias, "float64").reshape(-1)
+    shift = (b - np.asarray(mean, "float64").reshape(-1)) * scale + np.asarray(beta, "float64")
+    return folded.astype(weight.dtype), shift.astype(weight.dtype)
 
 
 def _is_bias_add(node, out_shape, axis: int) -> bool:

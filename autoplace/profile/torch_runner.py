@@ -168,7 +168,8 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
 def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | None = None,
                      place: str = "cpu") -> Timing:
     """The call that runs chain ``nodes`` (op-graph nodes: a conv2d or 2-D matmul, its bias add
-    and its activation, if any: :func:`~autoplace.backend.torch_ops.fused_chains`) as a build
+    or batch norm and its activation, if any: :func:`~autoplace.backend.torch_ops.fused_chains`)
+    as a build
     runs it (:func:`~autoplace.backend.torch_ops.with_fused_tail`: weight and bias held, the
     faster of oneDNN's fused call and the plain one), timed on random data, weight and bias on
     device ``place``, on one PyTorch thread; each call reads another copy of them, as many as
@@ -178,14 +179,15 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
 
     import torch
 
-    from autoplace.backend.torch_ops import one_thread, with_fused_tail
+    from autoplace.backend.torch_ops import fold_batch_norm, one_thread, with_fused_tail
 
     rng = rng or np.random.default_rng(0)
-    anchor, add = nodes[0], nodes[1]
+    anchor, tail = nodes[0], nodes[1]
     out = tuple(anchor.outputs[0].shape)
-    bias = next(t for t in add.inputs if tuple(t.shape) != out)
+    norm = tail.op_type == "nn.batch_norm"
+    bias = tail.inputs[1] if norm else next(t for t in tail.inputs if tuple(t.shape) != out)
     act = nodes[2].op_type if len(nodes) == 3 else None
-    last = [(tuple(nodes[-1].outputs[0].shape), nodes[-1].outputs[0].dtype)]
+    last = [(out, anchor.outputs[0].dtype)]
     op = torch_op_for(anchor)
     nbytes = sum(t.nbytes for t in (*anchor.inputs, bias))
     copies = min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
@@ -193,8 +195,10 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     with one_thread(), torch.no_grad():
         for _ in range(copies):
             x, w = random_torch_inputs(anchor, rng)
-            b = rng.random(bias.shape).astype(bias.dtype)
-            call = with_fused_tail(op, anchor.op_type, w.numpy(), b, act, x.shape, last, place)
+            w, b = w.numpy(), rng.random(bias.shape).astype(bias.dtype)
+            if norm:  # gamma, beta, mean, variance: folded as a build folds them
+                w, b = fold_batch_norm(w, None, b, b, b, b + 0.5, 1e-5)
+            call = with_fused_tail(op, anchor.op_type, w, b, act, x.shape, last, place)
             x = x.to(place)
             for _ in range(8):  # its first calls choose between oneDNN's call and the plain one
                 call.call([x])

@@ -294,6 +294,8 @@ def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
     """The chains of :func:`autoplace.backend.torch_ops.fused_chains` that ``plan`` puts whole
     on one torch device, by anchor (``calls``: the function's op-call bindings, ``(var, call)``
     in node order)."""
+    if all(d.runtime != "torch" for d in plan.used_devices()):
+        return {}  # (and PyTorch may not be installed)
     from autoplace.backend.torch_ops import fused_chains
 
     out = {}

@@ -141,3 +141,22 @@ def test_tuple_of_tensors_on_two_devices(devs, rng):
     expected = p + np.concatenate([p, q]).sum(axis=0)
     out = autoplace.compile(MixedTuple, plan)(x)[0]
     np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_a_plan_of_tvm_devices_annotates_without_pytorch(monkeypatch):
+    # PyTorch is an optional extra: a plan without a torch device never imports it, not even
+    # for a linear (a matmul by a constant, its bias add), which a torch device would run as one
+    # PyTorch call.
+    import sys
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 16), "float32"))))
+            out = bb.emit_output(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+        bb.emit_func_output(out)
+    devs = [autoplace.Device.cpu(0, name="a", target="llvm")]
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    run = autoplace.compile(bb.get(), _plan(devs, ["a", "a"], bb.get()))
+    np.testing.assert_allclose(run(np.ones((2, 8), "float32"))[0], np.full((2, 16), 9.0))

@@ -121,19 +121,10 @@ def test_ops_the_importer_lacks_run_on_pytorchs_gpu():
     # on the GPU's tensors from a build whose other ops run on the GPU.
     torch = _torch_cuda()
 
-    class Lacking(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, 3)
-
-        def forward(self, x, y):
-            a = torch.nn.functional.adaptive_max_pool2d(self.conv(x), 3).relu()
-            d = torch.cdist(x.flatten(2)[0], y)
-            s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
-            return a, d, s, torch.nonzero(x > 0.5).float().sum(0)
+    import torch_models
 
     torch.manual_seed(0)
-    model, x, y = Lacking().eval(), torch.randn(1, 3, 8, 8), torch.randn(5, 64)
+    model, x, y = torch_models.Lacking().eval(), torch.randn(1, 3, 8, 8), torch.randn(5, 64)
     mod = autoplace.from_torch(model, [x, y])
     res = autoplace.optimize(mod, [DEVS[1], TORCH_GPU], cost_model=autoplace.RooflineCostModel(),
                              calibrate=False, db=None)

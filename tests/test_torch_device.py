@@ -19,22 +19,6 @@ from autoplace.profile import DeviceUnavailable  # noqa: E402
 import torch_models  # noqa: E402
 
 
-class Lacking(torch.nn.Module):
-    """A conv, then three ops the importer lacks (adaptive_max_pool2d, cdist, searchsorted)
-    beside TVM ops, and one whose output shape depends on the data (nonzero)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-
-    def forward(self, x, y):
-        a = torch.nn.functional.adaptive_max_pool2d(self.conv(x), 3).relu()
-        d = torch.cdist(x.flatten(2)[0], y)
-        s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
-        n = torch.nonzero(x > 0.5).float().sum(0)
-        return a, d, s, n
-
-
 def _inputs(seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(1, 3, 8, 8, generator=g), torch.randn(5, 64, generator=g)
@@ -42,7 +26,7 @@ def _inputs(seed=0):
 
 @pytest.fixture(scope="module")
 def lacking():
-    model = Lacking().eval()
+    model = torch_models.Lacking().eval()
     x, y = _inputs()
     mod = autoplace.from_torch(model, [x, y])
     res = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
@@ -131,7 +115,7 @@ def test_an_op_raising_in_pytorch_names_it():
 def test_pytorch_calls_are_registered_by_a_stable_id(lacking):
     _, mod, _ = lacking
     names = {str(c) for c in torch_ops._REGISTRY}
-    again = autoplace.from_torch(Lacking().eval(), list(_inputs()))
+    again = autoplace.from_torch(torch_models.Lacking().eval(), list(_inputs()))
     assert {str(c) for c in torch_ops._REGISTRY} == names  # same model: same ids, none new
     assert torch_ops.missing(["autoplace.torch_op.0000", "other"]) == ["autoplace.torch_op.0000"]
     assert OpGraph.from_relax(again).summary() == OpGraph.from_relax(mod).summary()

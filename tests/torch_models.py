@@ -23,3 +23,19 @@ def convnet():
     """``(model, example input)`` of :class:`ConvNet`, seeded."""
     torch.manual_seed(0)
     return ConvNet().eval(), torch.randn(1, 8, 16, 16)
+
+
+class Lacking(torch.nn.Module):
+    """A conv, then three ops the importer lacks (adaptive_max_pool2d, cdist, searchsorted)
+    beside TVM ops, and one whose output shape depends on the data (nonzero)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x, y):
+        a = torch.nn.functional.adaptive_max_pool2d(self.conv(x), 3).relu()
+        d = torch.cdist(x.flatten(2)[0], y)
+        s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
+        n = torch.nonzero(x > 0.5).float().sum(0)
+        return a, d, s, n

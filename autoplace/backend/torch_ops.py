@@ -189,11 +189,11 @@ def _function(op: TorchOp):
     """The packed function: it returns the op's results as new tensors, shared with PyTorch
     through DLPack (no copy; a non-contiguous result is made contiguous, and a view of an input
     copied, since the VM takes a call's results as new tensors and may write another tensor into
-    an input's memory once the input is dead, under a view it does not know of). Where the output shape is static, a result of another
-    shape or dtype is an error naming the op, never a tensor the build would misread. The op
-    runs on one PyTorch thread (as :func:`one_thread`) without autograd, both set and restored
-    inline: every microsecond here is paid on every call (the hand-off the cost model
-    charges)."""
+    an input's memory once the input is dead, under a view it does not know of). Where the
+    output shape is static, a result of another shape or dtype is an error naming the op, never
+    a tensor the build would misread. The op runs on one PyTorch thread (as :func:`one_thread`)
+    without autograd, both set and restored inline: every microsecond here is paid on every
+    call (the hand-off the cost model charges)."""
     import torch
     import tvm
 
@@ -435,11 +435,12 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str 
     packed now into oneDNN's blocked layout: a plain call reorders a weight on every call, which
     takes longer than the op itself for a large weight and a small activation. None where it
     does not apply (another op, another dtype, a weight not on the CPU, a batch of matmul
-    weights, PyTorch without oneDNN, a shape oneDNN refuses: the call is tried once on zeros). The packed call computes
-    in channels-last and gives its result back contiguous, a copy the plain call does not make:
-    which of the two is faster depends on the shapes. With ``bias`` (a 1-D float32 tensor) and
-    ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`, or None), the call also adds the bias and
-    applies the activation, inside oneDNN's kernel (:func:`with_fused_tail`)."""
+    weights, PyTorch without oneDNN, a shape oneDNN refuses: the call is tried once on zeros).
+    The packed call computes in channels-last and gives its result back contiguous, a copy the
+    plain call does not make: which of the two is faster depends on the shapes. With ``bias`` (a
+    1-D float32 tensor) and ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`, or None), the
+    call also adds the bias and applies the activation, inside oneDNN's kernel
+    (:func:`with_fused_tail`)."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \
@@ -594,13 +595,9 @@ def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndar
     ``conv2d``/``linear`` with the bias and then the activation, whichever is faster on the
     first calls (:class:`Fastest`). One call rather than three saves two hand-offs and the
     passes over memory of the add and the activation (:func:`fused_chains` finds the chains)."""
-    import torch
     import torch.nn.functional as F
 
-    w = torch.from_numpy(np.ascontiguousarray(weight))
-    b = torch.from_numpy(np.ascontiguousarray(bias).reshape(-1))
-    digest = hashlib.sha1(w.numpy().tobytes() + b.numpy().tobytes()).hexdigest()[:12]
-    w, b = w.to(place), b.to(place)
+    (w, b), digest = _held([weight, np.reshape(bias, -1)], place)
     activation = pointwise(act)[1] if act else None
     if op_type == "nn.conv2d":
         stride, pad, dilation, groups = op.args[3:7]
@@ -631,11 +628,7 @@ def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape,
     the faster of the two (:func:`autoplace.profile.torch_runner.time_torch_call`). The call's id
     names a digest of the weight and the place: the same op with other weights, or on another
     device, is another call."""
-    import torch
-
-    w = torch.from_numpy(np.ascontiguousarray(weight))
-    digest = hashlib.sha1(w.numpy().tobytes()).hexdigest()[:12]
-    w = w.to(place)
+    (w,), digest = _held([weight], place)
 
     def fill(v):
         if isinstance(v, Slot):
@@ -650,32 +643,38 @@ def with_constant_weight(op: TorchOp, op_type: str, weight: np.ndarray, x_shape,
                    op.outputs, op.dynamic, op.node, why=op.why)
 
 
+def _held(arrays, place: str) -> tuple[list, str]:
+    """``arrays`` (numpy constants a call holds) as torch tensors on PyTorch device ``place``,
+    and a digest of their values for the call's name (its id: other values, another call)."""
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    digest = hashlib.sha1(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:12]
+    return [t.to(place) for t in tensors], digest
+
+
 def _at(place: str) -> str:
     """What a held constant's call adds to its name for its device: nothing on the CPU."""
     return "" if place == "cpu" else f"@{place}"
 
 
-
 def with_constant_statistics(op: TorchOp, params, place: str = "cpu") -> TorchOp:
     """``op`` (a Relax ``nn.batch_norm``'s call, :func:`equivalent`) as a call on the data
     alone, giving the normalized data only: ``params`` (its scale, shift, mean and variance,
-    constants as numpy arrays) are held by the call, on PyTorch device ``place``. The batch norm's other two outputs are the
-    mean and variance as they were, which the module takes from its constants: handed back by
-    the call, each would be a copy (a result must not share an input's memory) and a tensor
-    more to hand over, on every call. The call's id names a digest of the constants."""
-    import torch
+    constants as numpy arrays) are held by the call, on PyTorch device ``place``. The batch
+    norm's other two outputs are the mean and variance as they were, which the module takes
+    from its constants: handed back by the call, each would be a copy (a result must not share
+    an input's memory) and a tensor more to hand over, on every call. The call's id names a
+    digest of the constants."""
     import torch.nn.functional as F
 
-    gamma, beta, mean, var = (torch.from_numpy(np.ascontiguousarray(p)) for p in params)
-    digest = hashlib.sha1(b"".join(t.numpy().tobytes() for t in (gamma, beta, mean, var)))
-    gamma, beta, mean, var = (t.to(place) for t in (gamma, beta, mean, var))
+    (gamma, beta, mean, var), digest = _held(params, place)
     epsilon = op.args[5]
 
     def normalized(x):
         return F.batch_norm(x, mean, var, gamma, beta, False, 0.0, epsilon)
 
-    return TorchOp(normalized, f"{op.name}[constants {digest.hexdigest()[:12]}]{_at(place)}",
-                   (Slot(0),), (),
+    return TorchOp(normalized, f"{op.name}[constants {digest}]{_at(place)}", (Slot(0),), (),
                    op.outputs[:1], False, op.node, why=op.why)
 
 

@@ -63,12 +63,13 @@ def _profiled_costs(name, mod, tvm_dev: Device, db: str):
     """The costs of ``mod``'s workloads on ``tvm_dev`` as a campaign measures them (kept in
     store ``db``), roofline for what it could not time."""
     from autoplace.predict import MeasuredCostModel
-    from autoplace.profile import DeviceProfile, LocalRunner, ProfileStore, fingerprint, run_campaign
+    from autoplace.profile import (DeviceProfile, LocalRunner, ProfileStore, fingerprint,
+                                   run_campaign)
 
     with ProfileStore(db) as store:
-        report = run_campaign([(name, mod)], [tvm_dev], store, links=False, progress=False)
+        run_campaign([(name, mod)], [tvm_dev], store, links=False, progress=False)
         profile = DeviceProfile.from_store(store, fingerprint(LocalRunner(tvm_dev).info()))
-    return MeasuredCostModel({tvm_dev.name: profile}), report
+    return MeasuredCostModel({tvm_dev.name: profile})
 
 
 def bench(name: str, place: str, repeats: int, db: str, compile_torch: bool) -> dict:
@@ -95,7 +96,7 @@ def bench(name: str, place: str, repeats: int, db: str, compile_torch: bool) -> 
             row["torch.compile"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
 
     t0 = time.perf_counter()
-    costs, report = _profiled_costs(name, mod, tvm_dev, db)
+    costs = _profiled_costs(name, mod, tvm_dev, db)
     row["profile_s"] = time.perf_counter() - t0
     g = autoplace.OpGraph.from_relax(mod)
     fns["TVM alone"] = autoplace.compile(mod, autoplace.place(g, [tvm_dev], [("*", tvm_dev.name)]))

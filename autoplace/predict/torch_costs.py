@@ -145,7 +145,8 @@ class TorchCostModel:
         its activation, :func:`~autoplace.backend.torch_ops.fused_chains`) run as one call on
         ``device`` (:func:`~autoplace.profile.torch_runner.time_fused_chain`, timed once per
         chain of workloads), plus one call's hand-off and its excess in the model's sequence as
-        :meth:`predict` charges them (call that first); ``inf`` where it cannot be timed."""
+        :meth:`predict` charges them (:meth:`in_sequence`, kept per model); ``inf`` where it
+        cannot be timed."""
         nodes = [graph.nodes[i] for i in chain]
         key = "chain:" + "|".join(n.workload_key for n in nodes)
         if key not in self.timed_:
@@ -155,7 +156,7 @@ class TorchCostModel:
             except Exception as e:  # noqa: BLE001 - the chain then runs as separate calls
                 log.warning("could not time %s as one PyTorch call (%s)", key, e)
                 self.timed_[key] = np.inf
-        return self.timed_[key] + self.handoff() + (self.last_sequence_ or 0.0)
+        return self.timed_[key] + self.handoff() + self.in_sequence(graph, device)
 
     def _sequenced(self, graph: OpGraph, device: Device) -> list:
         """``graph``'s nodes that torch device ``device`` runs (a call timed), in the model's

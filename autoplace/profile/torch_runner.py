@@ -113,6 +113,13 @@ def cache_bytes(place: str = "cpu") -> int:
     return max(sizes, default=32 << 20)
 
 
+def _copies(nbytes: int, place: str) -> int:
+    """How many copies of a call's ``nbytes`` of inputs fill twice the last-level cache of
+    ``place`` (:func:`cache_bytes`), at most 64: each timed call then reads a copy the cache
+    no longer holds."""
+    return min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
+
+
 def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
                     rng: np.random.Generator | None = None, place: str = "cpu") -> Timing:
     """``node``'s PyTorch call ``op`` on device ``place`` timed as :func:`time_plain_and_packed`
@@ -146,8 +153,7 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
     from autoplace.backend.torch_ops import one_thread, packed_call
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0), place)
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    copies = min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
+    copies = _copies(sum(t.numel() * t.element_size() for t in tensors), place)
     sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
     with one_thread(), torch.no_grad():
         plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy, place)
@@ -169,12 +175,11 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
                      place: str = "cpu") -> Timing:
     """The call that runs chain ``nodes`` (op-graph nodes: a conv2d or 2-D matmul, its bias add
     or batch norm and its activation, if any: :func:`~autoplace.backend.torch_ops.fused_chains`)
-    as a build
-    runs it (:func:`~autoplace.backend.torch_ops.with_fused_tail`: weight and bias held, the
-    faster of oneDNN's fused call and the plain one), timed on random data, weight and bias on
-    device ``place``, on one PyTorch thread; each call reads another copy of them, as many as
-    fill twice the last-level cache (at most 64), as :func:`time_plain_and_packed` does.
-    Whatever the call raises is raised."""
+    as a build runs it (:func:`~autoplace.backend.torch_ops.with_fused_tail`: weight and bias
+    held, the faster of oneDNN's fused call and the plain one), timed on random data, weight and
+    bias on device ``place``, on one PyTorch thread; each call reads another copy of them
+    (:func:`_copies`), as :func:`time_plain_and_packed` does. Whatever the call raises is
+    raised."""
     import itertools
 
     import torch
@@ -189,11 +194,9 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     act = nodes[2].op_type if len(nodes) == 3 else None
     last = [(out, anchor.outputs[0].dtype)]
     op = torch_op_for(anchor)
-    nbytes = sum(t.nbytes for t in (*anchor.inputs, bias))
-    copies = min(64, -(-2 * cache_bytes(place) // nbytes)) if nbytes else 1
     calls = []
     with one_thread(), torch.no_grad():
-        for _ in range(copies):
+        for _ in range(_copies(sum(t.nbytes for t in (*anchor.inputs, bias)), place)):
             x, w = random_torch_inputs(anchor, rng)
             w, b = w.numpy(), rng.random(bias.shape).astype(bias.dtype)
             if norm:  # gamma, beta, mean, variance: folded as a build folds them

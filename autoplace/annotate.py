@@ -317,8 +317,8 @@ def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
     the anchor's shape and type, as every member does."""
     from tvm import relax
 
-    from autoplace.backend.torch_ops import (fold_batch_norm, node_equivalent, register,
-                                             with_fused_tail)
+    from autoplace.backend.torch_ops import (chain_activation, fold_batch_norm, node_equivalent,
+                                             register, with_fused_tail)
 
     anchor_var = calls[chain[0]][0]
     bound = {v: c for v, c in calls}
@@ -345,7 +345,7 @@ def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
         weight, bias = fold_batch_norm(weight, None, *values, float(tail.attrs.epsilon))
     else:
         bias = values[0]
-    act = calls[chain[2]][1].op.name.removeprefix("relax.") if len(chain) == 3 else None
+    act = chain_activation(calls[i][1].op.name.removeprefix("relax.") for i in chain[2:])
     out = (tuple(int(d) for d in anchor_var.ty.shape), str(anchor_var.ty.dtype))
     fused = with_fused_tail(op, node.op_type, weight, bias, act, node.inputs[0].shape, [out],
                             place)

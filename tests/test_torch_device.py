@@ -751,8 +751,8 @@ def _tiny_mod():
 # -------------------------------------------------- a conv's or linear's tail in its PyTorch call
 
 class Chains(torch.nn.Module):
-    """conv + bias + relu, linear + bias + gelu, a linear whose output is read twice (no
-    chain), and a last linear (+ bias: a chain of two)."""
+    """conv + bias + relu, linear + bias + gelu, linear + bias + silu (as ``torch.export``
+    writes it: x * sigmoid(x)), and a last linear (+ bias: a chain of two)."""
 
     def __init__(self):
         super().__init__()
@@ -777,14 +777,12 @@ def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
     g = OpGraph.from_relax(chains[2])
     found = [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)]
     assert found == [["nn.conv2d", "add", "nn.relu"], ["matmul", "add", "nn.gelu"],
-                     ["matmul", "add"], ["matmul", "add"]]
-    # the linear read twice ends its chain at the bias add: its output has two consumers
-    twice = torch_ops.fused_chains(g)[2]
-    assert len({e.dst for e in g.edges if e.src == twice[1]}) == 2
-    # a weight that is a parameter of the function (computed, for all the graph knows): none
+                     ["matmul", "add", "sigmoid", "multiply"], ["matmul", "add"]]
+    assert [torch_ops.chain_activation(f[2:]) for f in found] == [
+        "nn.relu", "nn.gelu", "nn.silu", None]
     from tvm import relax
 
-    def linear(weight_is_input):
+    def linear(weight_is_input=False, tail=None):
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType([2, 8], "float32"))
         w = relax.Var("w", relax.TensorType([8, 16], "float32"))
@@ -792,12 +790,22 @@ def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
         with bb.function("main", [x, w] if weight_is_input else [x]):
             with bb.dataflow():
                 y = bb.emit(relax.op.matmul(x, weight))
-                out = bb.emit_output(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+                y = bb.emit(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+                out = bb.emit_output(tail(bb, y) if tail else y)
             bb.emit_func_output(out)
         return OpGraph.from_relax(bb.get())
 
-    assert torch_ops.fused_chains(linear(False)) == [(0, 1)]
-    assert torch_ops.fused_chains(linear(True)) == []
+    assert torch_ops.fused_chains(linear()) == [(0, 1)]
+    # a weight that is a parameter of the function (computed, for all the graph knows): none
+    assert torch_ops.fused_chains(linear(weight_is_input=True)) == []
+    # read twice, by other than x * sigmoid(x): the chain ends at the bias add
+    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
+        y, bb.emit(relax.op.nn.relu(y))))) == [(0, 1)]
+    # x * sigmoid(x) with the sigmoid read again: not SiLU alone
+    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.add(
+        relax.op.multiply(y, s := bb.emit(relax.op.sigmoid(y))), s))) == [(0, 1)]
+    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
+        bb.emit(relax.op.sigmoid(y)), y))) == [(0, 1, 2, 3)]
 
 
 def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
@@ -814,7 +822,7 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
         assert torch_col[0] > 0 and (torch_col[1:] == 0).all()  # one call, at the anchor
     text = str(res.mod)
     assert text.count("autoplace.torch_op.") == len(chains_found)
-    assert "R.nn.relu" not in text and "R.nn.gelu" not in text
+    assert "R.nn.relu" not in text and "R.nn.gelu" not in text and "R.sigmoid" not in text
     with torch.no_grad():
         np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
                                    rtol=1e-5, atol=1e-6)
@@ -824,6 +832,20 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
     key = "chain:" + "|".join(g.nodes[i].workload_key for i in first)
     assert p.cost[first[0], 1] == pytest.approx(model_t.timed_[key] + model_t.handoff()
                                                 + (model_t.last_sequence_ or 0.0))
+
+
+def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
+    """A squeeze-and-excitation block's conv gives (1, C, 1, 1), its bias's own shape."""
+    from autoplace.profile.measure import TimingPolicy
+    from autoplace.profile.torch_runner import time_fused_chain
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 4, 1), torch.nn.SiLU()).eval()
+    g = OpGraph.from_relax(autoplace.from_torch(model, [torch.randn(1, 16, 1, 1)]))
+    (chain,) = torch_ops.fused_chains(g)
+    assert [g.nodes[i].op_type for i in chain] == ["nn.conv2d", "add", "sigmoid", "multiply"]
+    timing = time_fused_chain([g.nodes[i] for i in chain], TimingPolicy(budget_s=0.2))
+    assert 0 < timing.median_s < 0.01
 
 
 def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):
@@ -867,12 +889,14 @@ def test_a_convs_batch_norm_is_folded_into_its_call():
     mod = autoplace.from_torch(model, [x])
     g = OpGraph.from_relax(mod)
     assert [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)] == [
-        ["nn.conv2d", "nn.batch_norm", "nn.relu"], ["nn.conv2d", "nn.batch_norm"]]
+        ["nn.conv2d", "nn.batch_norm", "nn.relu"],
+        ["nn.conv2d", "nn.batch_norm", "sigmoid", "multiply"]]
     res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
                              cost_model=RooflineCostModel(), baseline_guard=False,
                              pins=[("op:nn.conv2d", "torch")])
     text = str(res.mod)
     assert text.count("autoplace.torch_op.") == 2 and "R.nn.batch_norm" not in text
+    assert "R.sigmoid" not in text  # x * sigmoid(x) in the second conv's call
     with torch.no_grad():
         np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
                                    rtol=1e-4, atol=1e-5)

@@ -496,17 +496,35 @@ def pointwise(act: str) -> tuple[tuple[str, str], Any]:
             "tanh": (("tanh", ""), torch.tanh)}[act]
 
 
+#: Activations an exported program writes as several ops, which a chain's call applies as the
+#: one of :data:`FUSED_ACTIVATIONS` named (:func:`fused_chains`): SiLU as ``x * sigmoid(x)``,
+#: as ``torch.export`` decomposes ``nn.SiLU``.
+COMPOSITE_ACTIVATIONS = {("sigmoid", "multiply"): "nn.silu"}
+
+
+def chain_activation(op_types) -> str | None:
+    """The activation (of :data:`FUSED_ACTIVATIONS`) that the ops of a chain after its bias add
+    compute, given their op types in order: None for none, the op itself for one, and the
+    activation a composite (:data:`COMPOSITE_ACTIVATIONS`) stands for."""
+    op_types = tuple(op_types)
+    if len(op_types) <= 1:
+        return op_types[0] if op_types else None
+    return COMPOSITE_ACTIVATIONS[op_types]
+
+
 def fused_chains(graph) -> list[tuple[int, ...]]:
     """The chains of op graph ``graph`` that a torch device runs as one call
-    (:func:`with_fused_tail`), each ``(anchor, bias add[, activation])`` node indices: a conv2d
+    (:func:`with_fused_tail`), each ``(anchor, bias add, *activation)`` node indices: a conv2d
     or a matmul by a 2-D weight, float32, whose weight is a constant (no tensor computed at run
     time reaches it but its data); the add of a constant bias of its output's channels (a conv)
-    or last axis (a matmul), its only consumer; and the activation of
-    :data:`FUSED_ACTIVATIONS` after it, where that is the add's only consumer; for a conv, a
-    batch norm in inference (its statistics constants, folded into the conv's weight and bias:
-    :func:`fold_batch_norm`) may stand for the bias add. Only the last may be an output of the
-    model. A PyTorch user gets the same from ``nn.Conv2d`` or ``nn.Linear`` and its activation,
-    with or without ``nn.BatchNorm2d`` between."""
+    or last axis (a matmul), its only consumer; and the activation after it, if any: one op of
+    :data:`FUSED_ACTIVATIONS`, the add's only consumer, or ``x * sigmoid(x)`` of the add's
+    output ``x`` (SiLU as ``torch.export`` writes it: the sigmoid and the multiply, the add's
+    only consumers, the sigmoid read by the multiply alone; :func:`chain_activation` names
+    it). For a conv, a batch norm in inference (its statistics constants, folded into the
+    conv's weight and bias: :func:`fold_batch_norm`) may stand for the bias add. Only the last
+    may be an output of the model. A PyTorch user gets the same from ``nn.Conv2d`` or
+    ``nn.Linear`` and its activation, with or without ``nn.BatchNorm2d`` between."""
     n = len(graph.nodes)
     preds = [[] for _ in range(n)]
     succs = [[] for _ in range(n)]
@@ -547,8 +565,27 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
         if k is not None and graph.nodes[k].op_type in FUSED_ACTIVATIONS \
                 and len(graph.nodes[k].inputs) == 1 and graph.nodes[k].outputs[0].shape == out:
             chain = (i, j, k)
+        elif (swish := _swish(graph, j, succs, preds, fed)) is not None:
+            chain = (i, j, *swish)
         chains.append(chain)
     return chains
+
+
+def _swish(graph, j: int, succs, preds, fed) -> tuple[int, int] | None:
+    """``(sigmoid, multiply)`` where they compute ``x * sigmoid(x)`` of node ``j``'s output
+    ``x`` and are its only consumers, the sigmoid read by the multiply alone (``succs``,
+    ``preds``: each node's consumers and producers; ``fed``: graph inputs each reads)."""
+    readers = set(succs[j])
+    if len(readers) != 2 or graph.nodes[j].is_output:
+        return None
+    s, m = sorted(readers, key=lambda r: graph.nodes[r].op_type != "sigmoid")
+    sig, mul, out = graph.nodes[s], graph.nodes[m], graph.nodes[j].outputs[0]
+    if sig.op_type != "sigmoid" or mul.op_type != "multiply" or sig.is_output \
+            or set(succs[s]) != {m} or set(preds[s]) != {j} or set(preds[m]) != {j, s} \
+            or fed[s] or fed[m] or len(sig.inputs) != 1 or len(mul.inputs) != 2 \
+            or mul.outputs[0] != out or sig.outputs[0] != out:
+        return None
+    return s, m
 
 
 def _is_batch_norm(node, out_shape) -> bool:

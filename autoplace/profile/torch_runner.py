@@ -184,14 +184,16 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
 
     import torch
 
-    from autoplace.backend.torch_ops import fold_batch_norm, one_thread, with_fused_tail
+    from autoplace.backend.torch_ops import (chain_activation, fold_batch_norm, one_thread,
+                                             with_fused_tail)
 
     rng = rng or np.random.default_rng(0)
     anchor, tail = nodes[0], nodes[1]
     out = tuple(anchor.outputs[0].shape)
     norm = tail.op_type == "nn.batch_norm"
-    bias = tail.inputs[1] if norm else next(t for t in tail.inputs if tuple(t.shape) != out)
-    act = nodes[2].op_type if len(nodes) == 3 else None
+    # a bias add's bias: the input of another shape (or, of a 1x1 output, either)
+    bias = tail.inputs[1] if norm or tuple(tail.inputs[0].shape) == out else tail.inputs[0]
+    act = chain_activation(n.op_type for n in nodes[2:])
     last = [(out, anchor.outputs[0].dtype)]
     op = torch_op_for(anchor)
     calls = []

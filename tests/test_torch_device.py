@@ -834,6 +834,65 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
                                                 + (model_t.last_sequence_ or 0.0))
 
 
+class HardActivations(torch.nn.Module):
+    """conv + batch norm + hardswish, then a squeeze-and-excitation gate: a 1x1 conv + bias +
+    hardsigmoid scaling the data; a linear + hardswish. ``torch.export`` writes both
+    activations as adds, clips and a divide."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.norm = torch.nn.BatchNorm2d(8).eval()
+        self.gate = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.nn.functional.hardswish(self.norm(self.conv(x)))
+        y = y * torch.nn.functional.hardsigmoid(self.gate(y.mean((2, 3), keepdim=True)))
+        return torch.nn.functional.hardswish(self.fc(y.mean((2, 3))))
+
+
+def test_hardswish_and_hardsigmoid_as_export_writes_them_join_their_chains():
+    torch.manual_seed(0)
+    model, x = HardActivations().eval(), 3 * torch.randn(1, 3, 8, 8)
+    mod = autoplace.from_torch(model, [x])
+    g = OpGraph.from_relax(mod)
+    chains = torch_ops.fused_chains(g)
+    types = [tuple(g.nodes[i].op_type for i in c[2:]) for c in chains]
+    assert [torch_ops.chain_activation(t) for t in types] == [
+        "hardswish", "hardsigmoid", "hardswish"], types
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
+                             cost_model=RooflineCostModel(), baseline_guard=False,
+                             pins=[("op:nn.conv2d", "torch"), ("op:matmul", "torch")])
+    text = str(res.mod)
+    assert text.count("autoplace.torch_op.") == 3 and "R.clip" not in text
+    with torch.no_grad():
+        np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_a_composite_activation_is_matched_by_its_constants_not_only_its_ops():
+    from tvm import relax
+
+    def graph(add=3.0, hi=6.0, div=6.0):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([2, 8], "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 16), "float32"))))
+                y = bb.emit(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+                r = bb.emit(relax.op.add(y, relax.const(add, "float32")))
+                r = bb.emit(relax.op.clip(r, 0, hi))
+                r = bb.emit(relax.op.multiply(y, r))
+                out = bb.emit_output(relax.op.divide(r, relax.const(div, "float32")))
+            bb.emit_func_output(out)
+        return OpGraph.from_relax(bb.get())
+
+    assert torch_ops.fused_chains(graph()) == [(0, 1, 2, 3, 4, 5)]
+    for other in (dict(add=1.0), dict(hi=5.0), dict(div=3.0)):  # not hardswish: no activation
+        assert torch_ops.fused_chains(graph(**other)) == [(0, 1)], other
+
+
 def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
     """A squeeze-and-excitation block's conv gives (1, C, 1, 1), its bias's own shape."""
     from autoplace.profile.measure import TimingPolicy

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -485,31 +486,33 @@ FUSED_ACTIVATIONS = frozenset({"nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", 
 
 
 def pointwise(act: str) -> tuple[tuple[str, str], Any]:
-    """Of activation ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`): oneDNN's
-    attribute and algorithm for it, and PyTorch's function."""
+    """Of activation ``act`` (a Relax op type of :data:`FUSED_ACTIVATIONS`, or a name of
+    :func:`chain_activation`): oneDNN's attribute and algorithm for it, and PyTorch's
+    function."""
     import torch
     import torch.nn.functional as F
 
     return {"nn.relu": (("relu", ""), torch.relu), "nn.gelu": (("gelu", "none"), F.gelu),
             "nn.gelu_tanh": (("gelu", "tanh"), functools.partial(F.gelu, approximate="tanh")),
             "nn.silu": (("swish", ""), F.silu), "sigmoid": (("sigmoid", ""), torch.sigmoid),
-            "tanh": (("tanh", ""), torch.tanh)}[act]
-
-
-#: Activations an exported program writes as several ops, which a chain's call applies as the
-#: one of :data:`FUSED_ACTIVATIONS` named (:func:`fused_chains`): SiLU as ``x * sigmoid(x)``,
-#: as ``torch.export`` decomposes ``nn.SiLU``.
-COMPOSITE_ACTIVATIONS = {("sigmoid", "multiply"): "nn.silu"}
+            "tanh": (("tanh", ""), torch.tanh), "hardswish": (("hardswish", ""), F.hardswish),
+            "hardsigmoid": (("hardsigmoid", ""), F.hardsigmoid)}[act]
 
 
 def chain_activation(op_types) -> str | None:
-    """The activation (of :data:`FUSED_ACTIVATIONS`) that the ops of a chain after its bias add
-    compute, given their op types in order: None for none, the op itself for one, and the
-    activation a composite (:data:`COMPOSITE_ACTIVATIONS`) stands for."""
+    """The activation that the ops of a chain of :func:`fused_chains` after its bias add
+    compute, given their op types in order (:func:`pointwise` applies it): None for none, the
+    op itself for one of :data:`FUSED_ACTIVATIONS`, and for several, as ``torch.export``
+    decomposes an activation: ``"nn.silu"`` (``x * sigmoid(x)``), ``"hardswish"``
+    (``x * relu6(x + 3) / 6``) or ``"hardsigmoid"`` (``relu6(x + 3) / 6``)."""
     op_types = tuple(op_types)
     if len(op_types) <= 1:
         return op_types[0] if op_types else None
-    return COMPOSITE_ACTIVATIONS[op_types]
+    if op_types == ("sigmoid", "multiply"):
+        return "nn.silu"
+    if op_types[0] == "add":
+        return "hardswish" if "multiply" in op_types else "hardsigmoid"
+    raise ValueError(f"no activation is written as {', '.join(op_types)}")
 
 
 def fused_chains(graph) -> list[tuple[int, ...]]:
@@ -518,10 +521,10 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
     or a matmul by a 2-D weight, float32, whose weight is a constant (no tensor computed at run
     time reaches it but its data); the add of a constant bias of its output's channels (a conv)
     or last axis (a matmul), its only consumer; and the activation after it, if any: one op of
-    :data:`FUSED_ACTIVATIONS`, the add's only consumer, or ``x * sigmoid(x)`` of the add's
-    output ``x`` (SiLU as ``torch.export`` writes it: the sigmoid and the multiply, the add's
-    only consumers, the sigmoid read by the multiply alone; :func:`chain_activation` names
-    it). For a conv, a batch norm in inference (its statistics constants, folded into the
+    :data:`FUSED_ACTIVATIONS`, the add's only consumer, or one that ``torch.export`` writes as
+    several ops (:func:`chain_activation` names them), which alone read the add's output and
+    each other's: SiLU's ``x * sigmoid(x)``, hardswish's ``x * relu6(x + 3) / 6`` and
+    hardsigmoid's ``relu6(x + 3) / 6`` (relu6: clips to [0, 6]). For a conv, a batch norm in inference (its statistics constants, folded into the
     conv's weight and bias: :func:`fold_batch_norm`) may stand for the bias add. Only the last
     may be an output of the model. A PyTorch user gets the same from ``nn.Conv2d`` or
     ``nn.Linear`` and its activation, with or without ``nn.BatchNorm2d`` between."""
@@ -565,27 +568,89 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
         if k is not None and graph.nodes[k].op_type in FUSED_ACTIVATIONS \
                 and len(graph.nodes[k].inputs) == 1 and graph.nodes[k].outputs[0].shape == out:
             chain = (i, j, k)
-        elif (swish := _swish(graph, j, succs, preds, fed)) is not None:
-            chain = (i, j, *swish)
+        elif (composite := _Composite(graph, j, succs, preds, fed).match()) is not None:
+            chain = (i, j, *composite)
         chains.append(chain)
     return chains
 
 
-def _swish(graph, j: int, succs, preds, fed) -> tuple[int, int] | None:
-    """``(sigmoid, multiply)`` where they compute ``x * sigmoid(x)`` of node ``j``'s output
-    ``x`` and are its only consumers, the sigmoid read by the multiply alone (``succs``,
-    ``preds``: each node's consumers and producers; ``fed``: graph inputs each reads)."""
-    readers = set(succs[j])
-    if len(readers) != 2 or graph.nodes[j].is_output:
+@dataclass(frozen=True)
+class _Composite:
+    """The ops after node ``j`` that compute an activation written as several ops
+    (:func:`fused_chains`), in ``graph`` with each node's consumers and producers (``succs``,
+    ``preds``) and the graph inputs each reads (``fed``)."""
+
+    graph: Any
+    j: int
+    succs: list
+    preds: list
+    fed: list
+
+    def match(self) -> tuple[int, ...] | None:
+        """The activation's nodes in order, or None where none is written after ``j``."""
+        if self.graph.nodes[self.j].is_output:
+            return None
+        readers = set(self.succs[self.j])
+        by_type = {self.graph.nodes[r].op_type: r for r in readers}
+        if len(by_type) != len(readers):
+            return None
+        if readers == {by_type.get("sigmoid"), by_type.get("multiply")}:  # x * sigmoid(x)
+            s, m = by_type["sigmoid"], by_type["multiply"]
+            return (s, m) if self.reads(s, {self.j}) and self.reads(m, {self.j, s}) \
+                and self.sole(s) == m else None
+        a = by_type.get("add")
+        if a is None or not self.reads(a, {self.j}, 3.0):
+            return None
+        clips, q, bounds = [], a, (-np.inf, np.inf)
+        while (c := self.sole(q)) is not None and self.graph.nodes[c].op_type == "clip" \
+                and self.reads(c, {q}) and (b := _clip_bounds(self.graph.nodes[c])) is not None:
+            clips, q, bounds = clips + [c], c, (max(bounds[0], b[0]), min(bounds[1], b[1]))
+        if not clips or bounds != (0.0, 6.0):
+            return None
+        relu6 = (a, *clips)
+        nxt, others = self.sole(q), readers - {a}
+        if not others:  # relu6(x + 3) / 6
+            return (*relu6, nxt) if self.divides(nxt, q) else None
+        m = others.pop() if len(others) == 1 else None
+        if m is None or self.graph.nodes[m].op_type != "multiply":
+            return None
+        if nxt == m and self.reads(m, {self.j, q}) and self.divides(d := self.sole(m), m):
+            return (*relu6, m, d)  # x * relu6(x + 3) / 6
+        if self.divides(nxt, q) and self.reads(m, {self.j, nxt}):
+            return (*relu6, nxt, m)  # x * (relu6(x + 3) / 6)
         return None
-    s, m = sorted(readers, key=lambda r: graph.nodes[r].op_type != "sigmoid")
-    sig, mul, out = graph.nodes[s], graph.nodes[m], graph.nodes[j].outputs[0]
-    if sig.op_type != "sigmoid" or mul.op_type != "multiply" or sig.is_output \
-            or set(succs[s]) != {m} or set(preds[s]) != {j} or set(preds[m]) != {j, s} \
-            or fed[s] or fed[m] or len(sig.inputs) != 1 or len(mul.inputs) != 2 \
-            or mul.outputs[0] != out or sig.outputs[0] != out:
+
+    def reads(self, k: int, sources: set, scalar: float | None = None) -> bool:
+        """Whether node ``k`` reads the tensors of ``sources`` and no other but, with
+        ``scalar``, one constant of that value; its output the shape and type of ``j``'s."""
+        node = self.graph.nodes[k]
+        if set(self.preds[k]) != sources or self.fed[k] \
+                or node.outputs[0] != self.graph.nodes[self.j].outputs[0]:
+            return False
+        constants = [v for v in node.scalars if v is not None]
+        tensors = len(node.inputs) - len(constants)
+        return (constants == [scalar] and tensors == 1) if scalar is not None \
+            else (not constants and tensors == len(node.inputs))
+
+    def divides(self, k: int | None, src: int) -> bool:
+        """Whether node ``k`` divides node ``src``'s output by 6 (and nothing else)."""
+        return k is not None and self.graph.nodes[k].op_type == "divide" \
+            and self.reads(k, {src}, 6.0) and self.graph.nodes[k].scalars[1:] == (6.0,)
+
+    def sole(self, k: int) -> int | None:
+        """Node ``k``'s only consumer, where it is not an output of the model."""
+        out = set(self.succs[k])
+        return out.pop() if len(out) == 1 and not self.graph.nodes[k].is_output else None
+
+
+def _clip_bounds(node) -> tuple[float, float] | None:
+    """A clip's lower and upper bounds (its extra arguments, as ``T.int64(0)`` or
+    ``T.float64("inf")``), or None where they cannot be read."""
+    try:
+        lo, hi = (float(re.sub(r'^T\.\w+\(\s*"?|"?\s*\)$', "", a)) for a in node.extra_args)
+    except ValueError:
         return None
-    return s, m
+    return lo, hi
 
 
 def _is_batch_norm(node, out_shape) -> bool:

@@ -70,6 +70,9 @@ class OpNode:
     flops: float
     param_bytes: int
     is_output: bool = False
+    #: Per input, its value where it is a constant of one element (``add(x, 3.0)``'s 3.0), else
+    #: None: what tells ``x + 3`` from ``x + 1`` where the shapes cannot. Not in the workload.
+    scalars: tuple[float | None, ...] = ()
 
     @property
     def op_type(self) -> str:
@@ -326,13 +329,14 @@ def _build(mod, func_name: str) -> OpGraph:
                 raise UnsupportedModelError(
                     f"{where} is a {value.op.name}, which cannot be placed: pass the module "
                     "before it is lowered (as the torch and ONNX frontends produce it)")
-            ins, extra, param_bytes, preds = [], [], 0, {}
+            ins, scalars, extra, param_bytes, preds = [], [], [], 0, {}
             for a in (value.args if torch_op is None else value.args[1:]):
                 srcs = arg_sources(a, where)
                 if not srcs and not isinstance(a, (relax.Var, relax.Tuple)):
                     extra.append(a.name_hint if isinstance(a, ir.GlobalVar) else str(a))
                 for kind, idx, t in srcs:
                     ins.append(t)
+                    scalars.append(_scalar(a))
                     if kind == "node":
                         preds[idx] = preds.get(idx, 0) + t.nbytes
                     elif kind == "const" or idx >= num_input:
@@ -354,7 +358,7 @@ def _build(mod, func_name: str) -> OpGraph:
             in_shapes = [t.shape for t in ins]
             nodes.append(dict(
                 index=i, name=name, op=op_name, inputs=tuple(ins), outputs=outs, attrs=attrs,
-                extra_args=tuple(extra), param_bytes=param_bytes,
+                extra_args=tuple(extra), param_bytes=param_bytes, scalars=tuple(scalars),
                 flops=count_flops(op_name, in_shapes, [t.shape for t in outs], dict(attrs))))
             for src, nbytes in preds.items():
                 edges[(src, i)] = nbytes
@@ -379,3 +383,13 @@ def _build(mod, func_name: str) -> OpGraph:
         for k, p in enumerate(func.params))
     edge_list = tuple(Edge(s, d, b) for (s, d), b in sorted(edges.items()))
     return OpGraph(op_nodes, edge_list, graph_inputs, func_name, {n.name: n.index for n in op_nodes})
+
+
+def _scalar(expr) -> float | None:
+    """The value of ``expr`` where it is a constant of one element, else None."""
+    from tvm import ir
+
+    if not isinstance(expr, ir.expr.Constant):
+        return None
+    value = expr.value.numpy()
+    return float(value.reshape(-1)[0]) if value.size == 1 else None

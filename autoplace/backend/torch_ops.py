@@ -524,10 +524,11 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
     :data:`FUSED_ACTIVATIONS`, the add's only consumer, or one that ``torch.export`` writes as
     several ops (:func:`chain_activation` names them), which alone read the add's output and
     each other's: SiLU's ``x * sigmoid(x)``, hardswish's ``x * relu6(x + 3) / 6`` and
-    hardsigmoid's ``relu6(x + 3) / 6`` (relu6: clips to [0, 6]). For a conv, a batch norm in inference (its statistics constants, folded into the
-    conv's weight and bias: :func:`fold_batch_norm`) may stand for the bias add. Only the last
-    may be an output of the model. A PyTorch user gets the same from ``nn.Conv2d`` or
-    ``nn.Linear`` and its activation, with or without ``nn.BatchNorm2d`` between."""
+    hardsigmoid's ``relu6(x + 3) / 6`` (relu6: clips to [0, 6]). For a conv, a batch norm in
+    inference (its statistics constants, folded into the conv's weight and bias:
+    :func:`fold_batch_norm`) may stand for the bias add. Only the last may be an output of the
+    model. A PyTorch user gets the same from ``nn.Conv2d`` or ``nn.Linear`` and its
+    activation, with or without ``nn.BatchNorm2d`` between."""
     n = len(graph.nodes)
     preds = [[] for _ in range(n)]
     succs = [[] for _ in range(n)]

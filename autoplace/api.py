@@ -932,7 +932,8 @@ def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
     charged there as one call (the anchor the call's cost,
     :meth:`~autoplace.predict.torch_costs.TorchCostModel.fused_cost`; the others nothing) and
     kept on one device (``groups``), as annotate makes one call of a chain placed whole on
-    PyTorch. A chain that ``pins`` put on two devices stays ops of their own."""
+    PyTorch. A chain that ``pins`` put on two devices, or that could not be timed as one call,
+    stays ops of their own, charged as their calls."""
     models = getattr(costs.model, "models", {})
     torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
     if not torch_cols:
@@ -946,10 +947,13 @@ def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
                 if all(d.can_run(graph.nodes[i].op_type) for i in chain)]
         if not runs or len({pinned[i] for i in chain if i in pinned}) > 1:
             continue
-        for k, d in runs:
-            cost[chain[0], k] = models[d.name].fused_cost(graph, d, chain)
+        timed = [(k, c) for k, d in runs
+                 if np.isfinite(c := models[d.name].fused_cost(graph, d, chain))]
+        for k, c in timed:  # (one that could not be timed is charged as its ops' calls)
+            cost[chain[0], k] = c
             cost[list(chain[1:]), k] = 0.0
-        kept.append(tuple(chain))
+        if timed:
+            kept.append(tuple(chain))
     note = (f"{', '.join(d.name for _, d in torch_cols)}: {len(kept)} chain(s) of a conv or "
             "linear, its bias add or batch norm and activation, each charged as one call "
             "(timed as one)",) if kept else ()

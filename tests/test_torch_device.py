@@ -907,6 +907,26 @@ def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
     assert 0 < timing.median_s < 0.01
 
 
+def test_a_chain_that_cannot_be_timed_as_one_call_is_charged_as_its_ops(chains, monkeypatch,
+                                                                          caplog):
+    import autoplace.predict.torch_costs as torch_costs
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(torch_costs, "time_fused_chain", fails)
+    model, x, mod = chains
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
+                             cost_model=RooflineCostModel(), baseline_guard=False)
+    p, g = res.problem, res.graph
+    assert (p.groups < 0).all()  # no chain kept together
+    for chain in torch_ops.fused_chains(g):
+        assert np.isfinite(p.cost[list(chain), 1]).all() and (p.cost[list(chain), 1] > 0).all()
+    assert "could not time the chain nn.conv2d[1, 3, 8, 8]+add" in caplog.text
+    assert "RuntimeError('refused')" in caplog.text
+    assert "chain(s) of a conv or linear" not in res.summary()
+
+
 def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):
     model, x, mod = chains
     res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,

@@ -153,8 +153,11 @@ class TorchCostModel:
             try:
                 self.timed_[key] = time_fused_chain(nodes, self.policy,
                                                     place=self.place).median_s
-            except Exception as e:  # noqa: BLE001 - the chain then runs as separate calls
-                log.warning("could not time %s as one PyTorch call (%s)", key, e)
+            except Exception as e:  # noqa: BLE001 - its ops are then charged as their calls
+                log.warning("could not time the chain %s on %s as one PyTorch call (%r): its "
+                            "ops are charged as calls of their own",
+                            "+".join(f"{n.op_type}{list(n.inputs[0].shape)}" for n in nodes),
+                            device.name, e)
                 self.timed_[key] = np.inf
         return self.timed_[key] + self.handoff() + self.in_sequence(graph, device)
 
@@ -184,7 +187,7 @@ class TorchCostModel:
             try:
                 found = time_in_sequence(nodes, place=self.place)
             except Exception as e:  # noqa: BLE001 - a plan charged without it rather than none
-                log.warning("could not time the model's PyTorch calls in sequence (%s)", e)
+                log.warning("could not time the model's PyTorch calls in sequence (%r)", e)
                 found = None
             if found is not None:
                 seconds, ran = found
@@ -241,7 +244,7 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY,
     try:
         return time_torch_call(node, op, policy, place=place).median_s
     except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
-        log.warning("could not time %s on random inputs (%s): charged %.1f us", op.name, e,
+        log.warning("could not time %s on random inputs (%r): charged %.1f us", op.name, e,
                     DEFAULT_HANDOFF_S * 1e6)
         return DEFAULT_HANDOFF_S
 

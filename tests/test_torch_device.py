@@ -826,6 +826,12 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
     with torch.no_grad():
         np.testing.assert_allclose(res.compile(trial=False)(x.numpy())[0], model(x).numpy(),
                                    rtol=1e-5, atol=1e-6)
+    # explain() moves a chain's op with its chain: each reason speaks of the whole group
+    explained = res.explain().nodes
+    for chain in chains_found:
+        for i in chain:
+            reason = explained[i].reason
+            assert f"with its group ({len(chain)} ops)" in reason or "pinned" in reason, reason
     # the call is what a chain costs as one: timed once per chain of workloads
     model_t = res.predictor.models["torch"]
     first = chains_found[0]

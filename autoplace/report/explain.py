@@ -49,8 +49,9 @@ class NodeExplanation:
 
     ``cost_s`` and ``spread`` map every device name to seconds (``inf``: cannot run it) and to
     the relative uncertainty of that cost (``nan``: unknown). ``move_s`` maps every other device
-    to the change of the simulated objective if this node alone moved there (``nan``: not
-    allowed); for latency both schedules follow the solver's node order and the simulator's
+    to the change of the simulated objective if this node moved there, alone or with the
+    other nodes of its colocation group (a chain that a torch device runs as one call)
+    (``nan``: not allowed); for latency both schedules follow the solver's node order and the simulator's
     default copy order.
     """
 
@@ -240,12 +241,15 @@ def explain(result: PlacementResult) -> Explanation:
     nodes = []
     for node in graph.nodes:
         i, k = node.index, int(a[node.index])
+        # a node of a colocation group moves with it (a chain run as one PyTorch call)
+        group = (np.flatnonzero(problem.groups == problem.groups[i]) if problem.groups[i] >= 0
+                 else np.array([i]))
         move, extra_copy_s, extra_bytes, why_not = {}, {}, {}, {}
         for j in range(problem.num_devices if whole is None else 0):
             if j == k:
                 continue
             moved = a.copy()
-            moved[i] = j
+            moved[group] = j
             try:
                 check_feasible(problem, moved)
             except InfeasibleError as e:
@@ -266,7 +270,7 @@ def explain(result: PlacementResult) -> Explanation:
             move_s=move,
             reason=whole or _torch_reason(node) or _reason(problem, sol, i, k, move,
                                                            extra_copy_s, extra_bytes, why_not,
-                                                           base)))
+                                                           base, group)))
     sources = Counter(n.source for n in nodes)
     return Explanation(
         nodes=tuple(nodes), objective=sol.objective,
@@ -384,32 +388,37 @@ def _torch_reason(node) -> str | None:
     return f"runs in PyTorch: {dict(node.attrs).get('why') or 'a PyTorch call'}"
 
 
-def _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base) -> str:
-    """Why node ``i`` is on device ``k``, in words (see :func:`explain`)."""
-    names, cost = problem.device_names, problem.cost[i]
+def _reason(problem, sol, i, k, move, extra_copy_s, extra_bytes, why_not, base,
+            group=None) -> str:
+    """Why node ``i`` (with the nodes of its colocation ``group``, which move with it) is on
+    device ``k``, in words (see :func:`explain`)."""
+    group = [i] if group is None else list(group)
+    names, cost = problem.device_names, problem.cost[group].sum(axis=0)
+    with_group = "" if len(group) == 1 else f" with its group ({len(group)} ops)"
     what = "latency" if sol.objective == "latency" else "time per input"
     if problem.num_devices == 1:
         return "the only device"
     if problem.pins[i] >= 0:
         return f"pinned to {names[k]} by a rule"
     if np.isfinite(cost).sum() == 1:
-        return "only device that can run it"
+        return "only device that can run it" + with_group
     if not extra_copy_s:
         return "no other device can take it: " + next(iter(why_not.values()))
     others = [j for j in range(problem.num_devices) if j != k and np.isfinite(cost[j])]
     nxt = min(others, key=lambda j: cost[j])
     if cost[k] < cost[nxt] * (1 - _SAME_COST):
-        return f"cheapest device ({_fmt_s(cost[k])} here, {_fmt_s(cost[nxt])} on {names[nxt]})"
+        return (f"cheapest device{with_group} ({_fmt_s(cost[k])} here, {_fmt_s(cost[nxt])} on "
+                f"{names[nxt]})")
     j = min(extra_copy_s, key=lambda j: move[names[j]])
     delta = move[names[j]]
     tol = 1e-9 * max(base, 1e-12)
     if delta < -tol:
-        return (f"moving it alone to {names[j]} would cut the {what} by {_fmt_s(-delta)} "
-                f"(solver status {sol.status})")
+        return (f"moving it {with_group.strip() or 'alone'} to {names[j]} would cut the {what} "
+                f"by {_fmt_s(-delta)} (solver status {sol.status})")
     if delta <= tol:
         return f"a tie: on {names[j]} the predicted {what} is the same"
     speed = (f"as fast on {names[j]}" if cost[k] <= cost[j] * (1 + _SAME_COST)
-             else f"{_fmt_s(cost[k] - cost[j])} slower than on {names[j]}")
+             else f"{_fmt_s(cost[k] - cost[j])} slower than on {names[j]}") + with_group
     worse = f"the {what} would grow by {_fmt_s(delta)} on {names[j]}"
     if extra_copy_s[j] >= delta / 2:  # the copies it would add explain most of the loss
         copies = (f"copying {_fmt_bytes(extra_bytes[j])} ({_fmt_s(extra_copy_s[j])})"

@@ -529,24 +529,12 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
     :func:`fold_batch_norm`) may stand for the bias add. Only the last may be an output of the
     model. A PyTorch user gets the same from ``nn.Conv2d`` or ``nn.Linear`` and its
     activation, with or without ``nn.BatchNorm2d`` between."""
-    n = len(graph.nodes)
-    preds = [[] for _ in range(n)]
-    succs = [[] for _ in range(n)]
-    for e in graph.edges:
-        preds[e.dst].append(e.src)
-        succs[e.src].append(e.dst)
-    fed = [0] * n  # graph inputs each node reads
-    for gin in graph.inputs:
-        for c in set(gin.consumers):
-            fed[c] += 1
-    constant = [not preds[i] and not fed[i] for i in range(n)]  # of constants only: folded
+    around = _Around.of(graph)
+    preds, fed = around.preds, around.fed
+    constant = [not preds[i] and not fed[i] for i in range(len(graph.nodes))]  # folded
 
     def runtime_inputs(i):
         return len({p for p in preds[i] if not constant[p]}) + fed[i]
-
-    def only_consumer(i):
-        out = set(succs[i])
-        return out.pop() if len(out) == 1 and not graph.nodes[i].is_output else None
 
     chains = []
     for node in graph.nodes:
@@ -558,90 +546,102 @@ def fused_chains(graph) -> list[tuple[int, ...]]:
         out = node.outputs[0].shape
         if len(out) < 2 or (node.op_type == "matmul" and len(node.inputs[1].shape) != 2):
             continue
-        j = only_consumer(i)
+        j = around.sole(i)
         conv = node.op_type == "nn.conv2d"
         if j is None or not (_is_bias_add(graph.nodes[j], out, 1 if conv else len(out) - 1)
                              or (conv and _is_batch_norm(graph.nodes[j], out))) \
                 or {p for p in preds[j] if not constant[p]} != {i} or fed[j]:
             continue
         chain = (i, j)
-        k = only_consumer(j)
+        k = around.sole(j)
         if k is not None and graph.nodes[k].op_type in FUSED_ACTIVATIONS \
                 and len(graph.nodes[k].inputs) == 1 and graph.nodes[k].outputs[0].shape == out:
             chain = (i, j, k)
-        elif (composite := _Composite(graph, j, succs, preds, fed).match()) is not None:
+        elif (composite := around.activation_after(j)) is not None:
             chain = (i, j, *composite)
         chains.append(chain)
     return chains
 
 
 @dataclass(frozen=True)
-class _Composite:
-    """The ops after node ``j`` that compute an activation written as several ops
-    (:func:`fused_chains`), in ``graph`` with each node's consumers and producers (``succs``,
-    ``preds``) and the graph inputs each reads (``fed``)."""
+class _Around:
+    """What :func:`fused_chains` reads of an op graph's nodes: each node's producers and
+    consumers (``preds``, ``succs``: node indices) and how many graph inputs it reads
+    (``fed``)."""
 
     graph: Any
-    j: int
-    succs: list
     preds: list
+    succs: list
     fed: list
 
-    def match(self) -> tuple[int, ...] | None:
-        """The activation's nodes in order, or None where none is written after ``j``."""
-        if self.graph.nodes[self.j].is_output:
+    @classmethod
+    def of(cls, graph) -> _Around:
+        n = len(graph.nodes)
+        preds, succs, fed = [[] for _ in range(n)], [[] for _ in range(n)], [0] * n
+        for e in graph.edges:
+            preds[e.dst].append(e.src)
+            succs[e.src].append(e.dst)
+        for gin in graph.inputs:
+            for c in set(gin.consumers):
+                fed[c] += 1
+        return cls(graph, preds, succs, fed)
+
+    def sole(self, k: int) -> int | None:
+        """Node ``k``'s only consumer, where it is not an output of the model."""
+        out = set(self.succs[k])
+        return out.pop() if len(out) == 1 and not self.graph.nodes[k].is_output else None
+
+    def activation_after(self, j: int) -> tuple[int, ...] | None:
+        """The nodes, in order, of an activation written as several ops after node ``j``
+        (:func:`fused_chains`), or None where none is."""
+        if self.graph.nodes[j].is_output:
             return None
-        readers = set(self.succs[self.j])
+        readers = set(self.succs[j])
         by_type = {self.graph.nodes[r].op_type: r for r in readers}
         if len(by_type) != len(readers):
             return None
         if readers == {by_type.get("sigmoid"), by_type.get("multiply")}:  # x * sigmoid(x)
             s, m = by_type["sigmoid"], by_type["multiply"]
-            return (s, m) if self.reads(s, {self.j}) and self.reads(m, {self.j, s}) \
+            return (s, m) if self.reads(s, j, {j}) and self.reads(m, j, {j, s}) \
                 and self.sole(s) == m else None
         a = by_type.get("add")
-        if a is None or not self.reads(a, {self.j}, 3.0):
+        if a is None or not self.reads(a, j, {j}, 3.0):
             return None
         clips, q, bounds = [], a, (-np.inf, np.inf)
         while (c := self.sole(q)) is not None and self.graph.nodes[c].op_type == "clip" \
-                and self.reads(c, {q}) and (b := _clip_bounds(self.graph.nodes[c])) is not None:
+                and self.reads(c, j, {q}) and (b := _clip_bounds(self.graph.nodes[c])) is not None:
             clips, q, bounds = clips + [c], c, (max(bounds[0], b[0]), min(bounds[1], b[1]))
         if not clips or bounds != (0.0, 6.0):
             return None
         relu6 = (a, *clips)
         nxt, others = self.sole(q), readers - {a}
         if not others:  # relu6(x + 3) / 6
-            return (*relu6, nxt) if self.divides(nxt, q) else None
+            return (*relu6, nxt) if self.divides(nxt, j, q) else None
         m = others.pop() if len(others) == 1 else None
         if m is None or self.graph.nodes[m].op_type != "multiply":
             return None
-        if nxt == m and self.reads(m, {self.j, q}) and self.divides(d := self.sole(m), m):
+        if nxt == m and self.reads(m, j, {j, q}) and self.divides(d := self.sole(m), j, m):
             return (*relu6, m, d)  # x * relu6(x + 3) / 6
-        if self.divides(nxt, q) and self.reads(m, {self.j, nxt}):
+        if self.divides(nxt, j, q) and self.reads(m, j, {j, nxt}):
             return (*relu6, nxt, m)  # x * (relu6(x + 3) / 6)
         return None
 
-    def reads(self, k: int, sources: set, scalar: float | None = None) -> bool:
+    def reads(self, k: int, j: int, sources: set, scalar: float | None = None) -> bool:
         """Whether node ``k`` reads the tensors of ``sources`` and no other but, with
         ``scalar``, one constant of that value; its output the shape and type of ``j``'s."""
         node = self.graph.nodes[k]
         if set(self.preds[k]) != sources or self.fed[k] \
-                or node.outputs[0] != self.graph.nodes[self.j].outputs[0]:
+                or node.outputs[0] != self.graph.nodes[j].outputs[0]:
             return False
         constants = [v for v in node.scalars if v is not None]
         tensors = len(node.inputs) - len(constants)
         return (constants == [scalar] and tensors == 1) if scalar is not None \
             else (not constants and tensors == len(node.inputs))
 
-    def divides(self, k: int | None, src: int) -> bool:
+    def divides(self, k: int | None, j: int, src: int) -> bool:
         """Whether node ``k`` divides node ``src``'s output by 6 (and nothing else)."""
         return k is not None and self.graph.nodes[k].op_type == "divide" \
-            and self.reads(k, {src}, 6.0) and self.graph.nodes[k].scalars[1:] == (6.0,)
-
-    def sole(self, k: int) -> int | None:
-        """Node ``k``'s only consumer, where it is not an output of the model."""
-        out = set(self.succs[k])
-        return out.pop() if len(out) == 1 and not self.graph.nodes[k].is_output else None
+            and self.reads(k, j, {src}, 6.0) and self.graph.nodes[k].scalars[1:] == (6.0,)
 
 
 def _clip_bounds(node) -> tuple[float, float] | None:
@@ -704,16 +704,16 @@ def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndar
     activation = pointwise(act)[1] if act else None
     if op_type == "nn.conv2d":
         stride, pad, dilation, groups = op.args[3:7]
-
-        def plain(x):
-            y = F.conv2d(x, w, b, stride, pad, dilation, groups)
-            return y if activation is None else activation(y)
+        base = functools.partial(F.conv2d, weight=w, bias=b, stride=stride, padding=pad,
+                                 dilation=dilation, groups=groups)
     else:
-        wt = w.reshape(w.shape[-2:]).t().contiguous()
+        base = functools.partial(F.linear, weight=w.reshape(w.shape[-2:]).t().contiguous(),
+                                 bias=b)
 
-        def plain(x):
-            y = F.linear(x, wt, b)
-            return y if activation is None else activation(y)
+    def plain(x):
+        y = base(x)
+        return y if activation is None else activation(y)
+
     packed = packed_call(op, op_type, w, x_shape, b, act)
     variants = [plain] + ([packed] if packed is not None else [])
     tail = "+bias" + (f"+{act}" if act else "")

@@ -782,19 +782,7 @@ def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
         "nn.relu", "nn.gelu", "nn.silu", None]
     from tvm import relax
 
-    def linear(weight_is_input=False, tail=None):
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType([2, 8], "float32"))
-        w = relax.Var("w", relax.TensorType([8, 16], "float32"))
-        weight = w if weight_is_input else relax.const(np.ones((8, 16), "float32"))
-        with bb.function("main", [x, w] if weight_is_input else [x]):
-            with bb.dataflow():
-                y = bb.emit(relax.op.matmul(x, weight))
-                y = bb.emit(relax.op.add(y, relax.const(np.ones(16, "float32"))))
-                out = bb.emit_output(tail(bb, y) if tail else y)
-            bb.emit_func_output(out)
-        return OpGraph.from_relax(bb.get())
-
+    linear = _linear_graph
     assert torch_ops.fused_chains(linear()) == [(0, 1)]
     # a weight that is a parameter of the function (computed, for all the graph knows): none
     assert torch_ops.fused_chains(linear(weight_is_input=True)) == []
@@ -806,6 +794,24 @@ def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
         relax.op.multiply(y, s := bb.emit(relax.op.sigmoid(y))), s))) == [(0, 1)]
     assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
         bb.emit(relax.op.sigmoid(y)), y))) == [(0, 1, 2, 3)]
+
+
+def _linear_graph(weight_is_input=False, tail=None):
+    """The op graph of a linear (a matmul by an 8x16 weight, its bias add) on a 2x8 input, its
+    weight a constant or a parameter, then ``tail(bb, y)`` of its output ``y``, if given."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 8], "float32"))
+    w = relax.Var("w", relax.TensorType([8, 16], "float32"))
+    weight = w if weight_is_input else relax.const(np.ones((8, 16), "float32"))
+    with bb.function("main", [x, w] if weight_is_input else [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, weight))
+            y = bb.emit(relax.op.add(y, relax.const(np.ones(16, "float32"))))
+            out = bb.emit_output(tail(bb, y) if tail else y)
+        bb.emit_func_output(out)
+    return OpGraph.from_relax(bb.get())
 
 
 def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
@@ -880,19 +886,14 @@ def test_hardswish_and_hardsigmoid_as_export_writes_them_join_their_chains():
 def test_a_composite_activation_is_matched_by_its_constants_not_only_its_ops():
     from tvm import relax
 
-    def graph(add=3.0, hi=6.0, div=6.0):
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType([2, 8], "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 16), "float32"))))
-                y = bb.emit(relax.op.add(y, relax.const(np.ones(16, "float32"))))
-                r = bb.emit(relax.op.add(y, relax.const(add, "float32")))
-                r = bb.emit(relax.op.clip(r, 0, hi))
-                r = bb.emit(relax.op.multiply(y, r))
-                out = bb.emit_output(relax.op.divide(r, relax.const(div, "float32")))
-            bb.emit_func_output(out)
-        return OpGraph.from_relax(bb.get())
+    def graph(add=3.0, hi=6.0, div=6.0):  # a linear, then x * clip(x + add, 0, hi) / div
+        def hardswish(bb, y):
+            r = bb.emit(relax.op.add(y, relax.const(add, "float32")))
+            r = bb.emit(relax.op.clip(r, 0, hi))
+            r = bb.emit(relax.op.multiply(y, r))
+            return relax.op.divide(r, relax.const(div, "float32"))
+
+        return _linear_graph(tail=hardswish)
 
     assert torch_ops.fused_chains(graph()) == [(0, 1, 2, 3, 4, 5)]
     for other in (dict(add=1.0), dict(hi=5.0), dict(div=3.0)):  # not hardswish: no activation

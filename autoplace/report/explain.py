@@ -51,8 +51,8 @@ class NodeExplanation:
     the relative uncertainty of that cost (``nan``: unknown). ``move_s`` maps every other device
     to the change of the simulated objective if this node moved there, alone or with the
     other nodes of its colocation group (a chain that a torch device runs as one call)
-    (``nan``: not allowed); for latency both schedules follow the solver's node order and the simulator's
-    default copy order.
+    (``nan``: not allowed); for latency both schedules follow the solver's node order and the
+    simulator's default copy order.
     """
 
     index: int

@@ -112,6 +112,15 @@ def relax_and_inputs(name: str):
     return relax_module(model), model.inputs
 
 
+def rel_error(outs, ref) -> float:
+    """||outs - ref|| / ||ref|| over all of a model's outputs (arrays), in float64."""
+    a = np.concatenate([np.asarray(o, dtype="float64").ravel() for o in outs])
+    b = np.concatenate([np.asarray(r, dtype="float64").ravel() for r in ref])
+    if a.shape != b.shape:
+        raise ValueError(f"outputs have {a.size} values, the reference's {b.size}")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
 def import_torchvision():
     """``import torchvision`` on a CPU-only torch.
 

@@ -31,7 +31,6 @@ import logging
 import time
 
 import _models
-import numpy as np
 import torch
 
 import autoplace
@@ -51,12 +50,6 @@ def _torch_call(module, device):
         return [o.cpu().numpy() for o in outs]
 
     return call
-
-
-def _rel_error(got, want) -> float:
-    num = sum(float(np.sum((np.asarray(g, "float64") - w) ** 2)) for g, w in zip(got, want))
-    den = sum(float(np.sum(np.asarray(w, "float64") ** 2)) for w in want)
-    return (num / max(den, 1e-30)) ** 0.5
 
 
 def _profiled_costs(name, mod, tvm_dev: Device, db: str):
@@ -116,7 +109,7 @@ def bench(name: str, place: str, repeats: int, db: str, compile_torch: bool) -> 
     for label, fn in fns.items():
         for _ in range(WARMUP):
             out = fn(*xs)
-        row[f"err {label}"] = _rel_error(out, reference)
+        row[f"err {label}"] = _models.rel_error(out, reference)
     names = list(fns)
     medians, calls = turns_s([lambda f=fns[k]: f(*xs) for k in names], most=repeats,
                              budget_s=60.0, least=5)

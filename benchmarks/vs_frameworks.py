@@ -103,16 +103,6 @@ def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
     return [statistics.median(t) * 1e3 for t in times], len(times[0])
 
 
-def _rel_error(outs, ref) -> float:
-    import numpy as np
-
-    a = np.concatenate([np.asarray(o, dtype="float64").ravel() for o in outs])
-    b = np.concatenate([np.asarray(r, dtype="float64").ravel() for r in ref])
-    if a.shape != b.shape:
-        raise ValueError(f"outputs have {a.size} values, PyTorch's {b.size}")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def _save_arrays(path: Path, arrays) -> None:
     import numpy as np
 
@@ -169,7 +159,7 @@ def _worker_ort(cfg: dict) -> dict:
     feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
     outs = sess.run(None, feed)
     ms, n = _median_ms(lambda: sess.run(None, feed), cfg["repeats"])
-    return {"ms": ms, "n": n, "rel_error": _rel_error(outs, _load_arrays(work / "torch.npz")),
+    return {"ms": ms, "n": n, "rel_error": _models.rel_error(outs, _load_arrays(work / "torch.npz")),
             "version": ort.__version__}
 
 
@@ -195,7 +185,7 @@ def _worker_compile(cfg: dict) -> dict:
         ms, n = _median_ms(lambda: compiled(*args), cfg["repeats"])
     outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
     return {"ms": ms, "n": n, "first_s": first_s,
-            "rel_error": _rel_error([o.numpy() for o in outs], _load_arrays(work / "torch.npz"))}
+            "rel_error": _models.rel_error([o.numpy() for o in outs], _load_arrays(work / "torch.npz"))}
 
 
 def _worker_mixed(cfg: dict) -> dict:
@@ -243,7 +233,7 @@ def _worker_mixed(cfg: dict) -> dict:
                      "optimize_s": build_s,
                      "on_torch": sum(d == "torch" for d in plan.assignment),
                      "nodes": len(plan.nodes), "kernels": res.kernels,
-                     "rel_error": _rel_error([o.numpy() for o in outs], ref)}
+                     "rel_error": _models.rel_error([o.numpy() for o in outs], ref)}
     return out
 
 
@@ -293,7 +283,7 @@ def _worker_tvm(cfg: dict) -> dict:
         outs = run(*inputs)
         ms, n = _median_ms(lambda: run(*inputs), cfg["repeats"])
         out[kind] = {"ms": ms, "n": n, "build_s": build_s, "kernels": run.kernels,
-                     "rel_error": _rel_error(outs, ref)}
+                     "rel_error": _models.rel_error(outs, ref)}
         if kind == "tuned":
             out["kernels"] = _kernel_records(run, records, dev)
             out["breakdown"] = _kernel_times(run, inputs, dev.tvm_device())

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import tvm
 
 # Rough peaks of TVM's *default (untuned)* kernels, used only by the roofline estimate until a
-# device is profiled: TVM_NOTES.md measured ~2 GFLOP/s for an untuned 256x256 CPU matmul.
+# device is profiled: ~2 GFLOP/s measured for an untuned 256x256 CPU matmul (docs/tvm_notes.md).
 _CPU_PEAK_FLOPS = 4e9
 _CPU_MEM_BW = 10e9
 _GPU_PEAK_FLOPS = 20e12

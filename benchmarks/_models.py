@@ -126,7 +126,7 @@ def import_torchvision():
 
     torchvision 0.28's compiled operators link the CUDA build of torch, so its import fails with
     "operator torchvision::nms does not exist"; defining the two operator schemas it looks up
-    first lets the pure-Python model definitions load (TVM_NOTES.md). Detection ops stay unusable.
+    first lets the Python model definitions load (docs/tvm_notes.md). Detection ops stay unusable.
     Raises ``ImportError`` with the install command when torchvision is not installed.
     """
     import importlib.util

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: A short policy: a torch op is timed while optimize waits.
 TORCH_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=5, max_repeats=15, round_size=5,
                             cv_target=0.05, budget_s=0.3)
-#: Where timing the hand-off fails: TVM_NOTES.md measured 4.7-7.4 us per call on an Intel host.
+#: Where timing the hand-off fails: 4.7-7.4 us per call were measured (docs/tvm_notes.md).
 DEFAULT_HANDOFF_S = 6e-6
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import numbers
@@ -18,7 +19,11 @@ _CPU_PEAK_FLOPS = 4e9
 _CPU_MEM_BW = 10e9
 _GPU_PEAK_FLOPS = 20e12
 _GPU_MEM_BW = 2e12
+# A link between hosts until measured: a round trip of a small message, 10 Gbit/s Ethernet.
+_NET_ALPHA = 200e-6
+_NET_BETA = 1.25e9
 
+_NAME = r"[A-Za-z0-9_.\-]+"  # a device's or a host's name
 _KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2), "torch": ("torch", None)}
 #: Where a torch device's tensors live: PyTorch device type -> DLPack device type.
 _TORCH_PLACES = {"cpu": 1, "cuda": 2}
@@ -52,6 +57,11 @@ class Device:
     unsupported_ops : frozenset of str
         Relax op types this device cannot run, ``"nn.conv2d"`` or ``"relax.nn.conv2d"`` (stored
         without the ``"relax."``); a name Relax does not have is an error.
+    host : str or None
+        The machine the device is on: a host of a Ray cluster, by the name
+        :func:`autoplace.cluster.cluster_devices` lists; ``None`` (the default) is the host of
+        this process. Devices of different hosts share no memory: a tensor between them crosses
+        the network.
     """
 
     name: str
@@ -62,8 +72,13 @@ class Device:
     peak_flops: float = _CPU_PEAK_FLOPS
     mem_bandwidth: float = _CPU_MEM_BW
     unsupported_ops: frozenset[str] = field(default_factory=frozenset)
+    host: str | None = None
 
     def __post_init__(self):
+        if self.host is not None and not (isinstance(self.host, str)
+                                          and re.fullmatch(_NAME, self.host)):
+            raise ValueError(f"device {self.name!r}: host {self.host!r}: use letters, digits, "
+                             "'_', '.', '-'")
         if self.kind == "torch" and self.target not in _TORCH_PLACES:
             raise ValueError(f"device {self.name!r}: a torch device runs on 'cpu' or 'cuda', "
                              f"got {self.target!r}")
@@ -73,7 +88,7 @@ class Device:
         if self.target == "native" and self.kind not in ("cpu", "torch"):
             raise ValueError(f"device {self.name!r}: target 'native' names a CPU; give a "
                              f"{self.kind} device its target (e.g. Device.cuda(0))")
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
+        if not re.fullmatch(_NAME, self.name):
             raise ValueError(f"device name {self.name!r}: use letters, digits, '_', '.', '-'")
         for attr in ("memory_bytes", "peak_flops", "mem_bandwidth"):
             value = getattr(self, attr)
@@ -93,7 +108,8 @@ class Device:
             **kwargs) -> Device:
         """A CPU (LLVM target) device; ``index`` is the ``tvm.cpu`` index. It compiles for this
         host's CPU (``target="native"``); ``target="llvm"`` for generic x86-64."""
-        return cls(name=name or f"cpu{index}", kind="cpu", index=index, target=target, **kwargs)
+        name = name or _on_host(f"cpu{index}", kwargs.get("host"))
+        return cls(name=name, kind="cpu", index=index, target=target, **kwargs)
 
     @classmethod
     def cuda(cls, index: int = 0, *, name: str | None = None, target: str = "nvidia/nvidia-h100",
@@ -101,7 +117,8 @@ class Device:
         """A CUDA GPU; ``target`` should name its architecture (bare ``"cuda"`` means sm_50)."""
         kwargs.setdefault("peak_flops", _GPU_PEAK_FLOPS)
         kwargs.setdefault("mem_bandwidth", _GPU_MEM_BW)
-        return cls(name=name or f"cuda{index}", kind="cuda", index=index, target=target, **kwargs)
+        name = name or _on_host(f"cuda{index}", kwargs.get("host"))
+        return cls(name=name, kind="cuda", index=index, target=target, **kwargs)
 
     @classmethod
     def torch(cls, place: str = "cpu", index: int = 0, *, name: str | None = None,
@@ -122,17 +139,30 @@ class Device:
         if place not in _TORCH_PLACES:
             raise ValueError(f"Device.torch: place is 'cpu' or 'cuda', got {place!r}")
         if fallback_only:
-            from autoplace.backend.torch_ops import EQUIVALENTS
+            from autoplace.backend.torch_equivalents import EQUIVALENTS
 
             kwargs["unsupported_ops"] = EQUIVALENTS | frozenset(kwargs.get("unsupported_ops", ()))
         default = "torch" if place == "cpu" and index == 0 else f"torch-{place}{index}"
-        return cls(name=name or default, kind="torch", index=index, target=place, **kwargs)
+        name = name or _on_host(default, kwargs.get("host"))
+        return cls(name=name, kind="torch", index=index, target=place, **kwargs)
 
     @classmethod
     def from_spec(cls, spec: str) -> Device:
         """Parse ``"cpu:0"`` (LLVM for this host's CPU; ``"cpu:0:native"`` says the same),
         ``"cpu:0:generic"`` (generic x86-64, target ``"llvm"``), ``"cuda:0"``, or ``"torch:cpu"``
-        / ``"torch:cuda:0"`` (PyTorch's kernels, :meth:`torch`) (the CLI's device syntax)."""
+        / ``"torch:cuda:0"`` (PyTorch's kernels, :meth:`torch`) (the CLI's device syntax);
+        ``"HOST/cpu:0"`` is that device on host ``HOST`` of a cluster (named ``"HOST-cpu0"``).
+
+        >>> Device.from_spec("node1/cpu:0").name, Device.from_spec("node1/cpu:0").host
+        ('node1-cpu0', 'node1')
+        """
+        host, sep, rest = spec.strip().rpartition("/")
+        if sep:
+            if not re.fullmatch(_NAME, host):
+                raise ValueError(f"device spec {spec!r}: a host is named with letters, digits, "
+                                 "'_', '.', '-' before the '/' ('node1/cpu:0')")
+            d = cls.from_spec(rest)
+            return dataclasses.replace(d, host=host, name=_on_host(d.name, host))
         t = re.fullmatch(r"torch(?::(cpu|cuda)(?::(\d+))?)?", spec.strip())
         if t:
             if t.group(1) == "cpu" and t.group(2) not in (None, "0"):
@@ -152,6 +182,9 @@ class Device:
     def spec(self) -> str | None:
         """The device in the CLI's syntax (:meth:`from_spec`), or None where its target has no
         spec (a CPU target other than ``"native"`` and ``"llvm"``)."""
+        if self.host is not None:
+            local = dataclasses.replace(self, host=None).spec
+            return None if local is None else f"{self.host}/{local}"
         if self.kind == "torch":
             return "torch:cpu" if self.target == "cpu" else f"torch:cuda:{self.index}"
         if self.kind != "cpu":
@@ -167,7 +200,7 @@ class Device:
             return self.runtime == "torch"
         op = op_type.removeprefix("relax.")
         if self.runtime == "torch":
-            from autoplace.backend.torch_ops import EQUIVALENTS
+            from autoplace.backend.torch_equivalents import EQUIVALENTS
 
             return op in EQUIVALENTS and op not in self.unsupported_ops
         return op not in self.unsupported_ops
@@ -226,6 +259,8 @@ class Device:
         d = {k: getattr(self, k) for k in ("name", "kind", "index", "target", "memory_bytes",
                                             "peak_flops", "mem_bandwidth")}
         d["unsupported_ops"] = sorted(self.unsupported_ops)
+        if self.host is not None:  # a device of this process's host is written as before
+            d["host"] = self.host
         if math.isinf(self.memory_bytes):
             d["memory_bytes"] = None  # strict JSON has no Infinity
         return d
@@ -235,6 +270,11 @@ class Device:
         memory = d.get("memory_bytes")
         return cls(**{**d, "memory_bytes": math.inf if memory is None else float(memory),
                       "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
+
+
+def _on_host(name: str, host: str | None) -> str:
+    """A device's default name: ``name``, prefixed by its host's (``"node1-cpu0"``)."""
+    return name if host is None else f"{host}-{name}"
 
 
 def _check_op_types(device: str, ops: frozenset[str]) -> None:
@@ -267,7 +307,10 @@ class Link:
     def default(cls, src: Device, dst: Device) -> Link:
         """Rough defaults until measured: a memory copy between CPUs, PCIe to or from a GPU;
         none between a torch device and a TVM device of the same memory (:attr:`Device.memory`:
-        PyTorch and TVM share the tensor, a hand-off)."""
+        PyTorch and TVM share the tensor, a hand-off); between devices of different hosts, a
+        network's (``autoplace.cluster.measure_host_links`` measures it)."""
+        if src.host != dst.host:
+            return cls(src.name, dst.name, alpha=_NET_ALPHA, beta=_NET_BETA)
         if "torch" in (src.kind, dst.kind) and src.memory == dst.memory:
             return cls(src.name, dst.name, alpha=0.0, beta=math.inf)
         if src.memory[0] != 1 or dst.memory[0] != 1:

@@ -244,8 +244,17 @@ class Plan:
         for key, run in groupby(keys):
             n = len(list(run))
             dev, stage = (key, None) if self.stages is None else key
-            where = dev if stage is None else f"{dev} stage {stage}"
+            where = _with_host(self.device(dev))
+            where = where if stage is None else f"{where} stage {stage}"
             span = f"{i}" if n == 1 else f"{i}-{i + n - 1}"
             lines.append(f"  {span:>9}  {where}  ({self.nodes[i]}{' .. ' + self.nodes[i + n - 1] if n > 1 else ''})")
             i += n
         return "\n".join(lines)
+
+
+def _with_host(device: Device) -> str:
+    """A device's name, and its host where the name does not start with it (``"gpu@node2"``)."""
+    host = device.host
+    if host is None or device.name.startswith(f"{host}-"):
+        return device.name
+    return f"{device.name}@{host}"

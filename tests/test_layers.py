@@ -21,6 +21,7 @@ LAYERS = [
     ["predict", "tuning"],        # cost models trained on profiles; tuned kernels
     ["manual", "annotate"],
     ["run"],                      # multi-device build, stage split, pipeline executor
+    ["cluster"],                  # hosts of a Ray cluster, links between them, stages as actors
     ["report"],
     ["api"],
     ["pytorch"],                  # torch.compile backend and optimize_module: PyTorch's door

@@ -1,0 +1,12 @@
+"""Plans across machines: the hosts of a Ray cluster, their devices, the links between them,
+and a staged plan run as one Ray actor per stage on its host.
+
+Ray is an optional dependency (``pip install 'autoplace[cluster]'``), imported where it is used.
+"""
+
+from autoplace.cluster._ray import INSTALL, ClusterError
+from autoplace.cluster.hosts import HOST_LABEL, Host, cluster_devices, host_nodes, hosts
+from autoplace.cluster.pipeline import ClusterPipelineError, RayPipeline
+
+__all__ = ["HOST_LABEL", "INSTALL", "ClusterError", "ClusterPipelineError", "Host",
+           "RayPipeline", "cluster_devices", "host_nodes", "hosts"]

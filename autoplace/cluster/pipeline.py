@@ -1,0 +1,347 @@
+"""A throughput plan whose stages are on the hosts of a Ray cluster: one actor per stage.
+
+Each stage's Relax module travels to its host as text (``tvm.ir.save_json``) and is built there,
+by an actor pinned to that host's node, for that host's CPU. Inputs stream through the actors as
+plain actor calls: a stage's outputs go to the stages that read them as Ray objects, from node to
+node, without passing through the caller; at most ``max_in_flight`` inputs are taken and not yet
+returned, and outputs come back in input order. (Ray's compiled graphs were slower per input when
+streaming on the small machines this was built on; ``benchmarks/cluster_pipeline.py`` times
+both.)
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplace.cluster._ray import ClusterError, connected_ray
+from autoplace.cluster.hosts import Host, host_nodes
+from autoplace.devices import Device
+from autoplace.plan import Plan, PlanError
+from autoplace.run.pipeline import PipelineError, PipelineStats
+from autoplace.run.split import Stage, StagedModule, split
+
+if TYPE_CHECKING:
+    import tvm
+
+log = logging.getLogger(__name__)
+
+
+class ClusterPipelineError(PipelineError):
+    """A stage of a :class:`RayPipeline` failed or its node died.
+
+    ``stage``, ``input_index`` as for :class:`~autoplace.run.pipeline.PipelineError`; ``host``:
+    the stage's host; ``results``: the outputs of the inputs before ``input_index`` (all returned
+    or yielded, all complete); ``unprocessed``: the indices of the inputs taken that have no
+    output (those after them were not read).
+    """
+
+    def __init__(self, message: str, stage: int | None, input_index: int | None,
+                 host: str | None, results: list, unprocessed: tuple[int, ...]):
+        super().__init__(message, stage, input_index)
+        self.host, self.results, self.unprocessed = host, results, unprocessed
+
+
+class _StageWorker:
+    """A stage on its host: its module built there, called on each input's arrays."""
+
+    def __init__(self, stage: int, device: Device, mod_json: str, threads: int):
+        import tvm
+        from tvm import relax
+
+        from autoplace.run.pipeline import compile_stage
+
+        mod = tvm.ir.load_json(mod_json)
+        exe = compile_stage(Stage(stage, device, (), (), (), mod))
+        self._cpu = device.kind == "cpu"
+        self._dev = tvm.cpu(0) if self._cpu else device.tvm_device()
+        self._fn = relax.VirtualMachine(exe, self._dev)["main"]
+        self._threads, self._busy = threads, 0.0
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def busy(self) -> float:
+        """Seconds spent in calls since the last ``busy()``."""
+        busy, self._busy = self._busy, 0.0
+        return busy
+
+    def run(self, *arrays: np.ndarray):
+        from autoplace.backend import own_pool, to_numpy, to_tvm
+
+        if self._cpu:
+            own_pool(self._threads)
+        t0 = time.perf_counter()
+        result = self._fn(*[to_tvm(a, self._dev) for a in arrays])
+        outs = [to_numpy(r) for r in result]
+        self._busy += time.perf_counter() - t0
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class RayPipeline:
+    """A staged plan run by one Ray actor per stage, each on its stage's host.
+
+    Build one with :meth:`from_plan` (after ``ray.init``); use it as a context manager or call
+    :meth:`close` (which ends the actors).
+
+    >>> ray.init(address="auto")                                     # doctest: +SKIP
+    >>> with RayPipeline.from_plan(mod, plan) as pipe:               # doctest: +SKIP
+    ...     outs = pipe.run([x] for x in batches)
+    """
+
+    #: The plan it runs.
+    plan: Plan
+
+    def __init__(self, staged: StagedModule, plan: Plan, actors: Sequence[Any],
+                 hosts: Sequence[Host], *, max_in_flight: int, stall_timeout_s: float):
+        self.staged, self.plan = staged, plan
+        self._actors, self._hosts = tuple(actors), tuple(hosts)
+        self._stage_of_actor = {a._actor_id.hex(): k for k, a in enumerate(self._actors)}
+        self.max_in_flight, self.stall_timeout_s = max_in_flight, stall_timeout_s
+        self._consts = dict(staged.constants)
+        self._readers = collections.Counter(n for s in staged.stages for n in s.inputs)
+        self.stats: PipelineStats | None = None
+
+    @classmethod
+    def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,
+                  max_in_flight: int = 8, stall_timeout_s: float = 120.0,
+                  start_timeout_s: float = 300.0) -> RayPipeline:
+        """Split ``mod`` by ``plan``'s stages and start one actor per stage on its host's node,
+        which builds the stage there; returns when every stage is built.
+
+        ``max_in_flight``: inputs taken and not yet returned, at most. ``stall_timeout_s``: how
+        long a run waits for the next output before it looks for a dead node and gives up.
+
+        Raises
+        ------
+        ClusterError
+            Ray missing or not connected, or a host of the plan that the cluster lacks (checked
+            before anything is built).
+        PlanError
+            A plan without stages, or replicated (not run on a cluster yet).
+        """
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        ray = connected_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if plan.replicas:
+            raise PlanError("a replicated plan does not run on a cluster yet: give it stages")
+        nodes = host_nodes(plan.used_devices())
+        staged = split(mod, plan, func_name)
+        if any(not s.outputs for s in staged.stages):
+            raise PlanError("a stage has no output that a later stage or the model reads")
+        import tvm
+
+        per_host = collections.Counter(s.device.host for s in staged.stages)
+        remote = ray.remote(_StageWorker)
+        actors, hosts = [], []
+        for s in staged.stages:
+            host = nodes[s.device.host]
+            threads = max(1, host.cpus // per_host[s.device.host])
+            actors.append(remote.options(
+                num_cpus=0, max_restarts=0, max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
+            ).remote(s.index, s.device, tvm.ir.save_json(s.mod), threads))
+            hosts.append(host)
+        pipe = cls(staged, plan, actors, hosts, max_in_flight=max_in_flight,
+                   stall_timeout_s=stall_timeout_s)
+        try:
+            where = ray.get([a.node.remote() for a in actors], timeout=start_timeout_s)
+        except Exception as e:
+            pipe.close()
+            raise ClusterError(f"a stage failed to start: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        for s, h, node in zip(staged.stages, hosts, where):
+            if node != h.node_id:  # the scheduling strategy is strict: not expected
+                pipe.close()
+                raise ClusterError(f"stage {s.index} started on node {node}, not on {h.name}")
+        return pipe
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def placement(self) -> tuple[tuple[Stage, Host], ...]:
+        """Each stage and the host its actor runs on."""
+        return tuple(zip(self.staged.stages, self._hosts))
+
+    def actor_nodes(self) -> tuple[str, ...]:
+        """The node id each stage's actor reports it runs on (asked of the actors)."""
+        ray = connected_ray()
+        return tuple(ray.get([a.node.remote() for a in self._actors]))
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, inputs: Iterable[Sequence[Any]]) -> list[list[Any]]:
+        """Every output of :meth:`stream`, as a list, and :attr:`stats` set.
+
+        Raises
+        ------
+        ClusterPipelineError
+            As :meth:`stream` does; its ``results`` holds the outputs that came back.
+        """
+        t0 = time.perf_counter()
+        results = list(self.stream(inputs))
+        wall = time.perf_counter() - t0
+        ray = connected_ray()
+        busy = tuple(ray.get([a.busy.remote() for a in self._actors]))
+        self.stats = PipelineStats(len(results), wall, busy)
+        return results
+
+    def stream(self, inputs: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:
+        """Stream ``inputs`` (each a sequence of the function's parameters) through the stages;
+        yields one list of outputs per input, in input order: numpy arrays, or torch tensors on
+        the first input's device where it gave torch tensors.
+
+        An input is read when fewer than ``max_in_flight`` are in flight.
+
+        Raises
+        ------
+        ClusterPipelineError
+            A stage raised, or its node or actor died, or no output came for
+            ``stall_timeout_s``: it names the stage, its host and the input, and carries the
+            outputs returned before it and the inputs taken without one.
+        """
+        pending: collections.deque = collections.deque()  # (seq, output refs, first ref per stage)
+        done: list[list[Any]] = []
+        torch_device = None
+        for seq, x in enumerate(inputs):
+            arrays, dev = self._arrays(seq, x)
+            if seq == 0:
+                torch_device = dev
+            pending.append((seq, *self._submit(arrays)))
+            while len(pending) >= self.max_in_flight:
+                out = self._collect(pending, done)
+                done.append(out)
+                yield _as_torch(out, torch_device)
+        while pending:
+            out = self._collect(pending, done)
+            done.append(out)
+            yield _as_torch(out, torch_device)
+
+    def close(self) -> None:
+        """End the actors (their builds go with them)."""
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return
+        for a in self._actors:
+            try:
+                ray.kill(a)
+            except Exception as e:  # noqa: BLE001 - a dead node's actor is gone already
+                log.debug("could not end an actor: %s", e)
+        self._actors = ()
+
+    def __enter__(self) -> RayPipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _arrays(self, seq: int, x) -> tuple[list[np.ndarray], Any]:
+        x = list(x)
+        if len(x) != len(self.staged.inputs):
+            raise TypeError(f"input {seq}: expected {len(self.staged.inputs)} arrays "
+                            f"({', '.join(self.staged.inputs)}), got {len(x)}")
+        dev = next((a.device for a in x if hasattr(a, "detach")), None)
+        return [a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+                for a in x], dev
+
+    def _submit(self, arrays: list[np.ndarray]) -> tuple[list, list]:
+        """Each stage called on one input; the model's outputs' refs (or values) and the first
+        ref of each stage."""
+        ray = connected_ray()
+        values: dict[str, Any] = {}
+        for name, a in zip(self.staged.inputs, arrays):  # put once what several stages read
+            values[name] = ray.put(a) if self._readers[name] > 1 else a
+        firsts = []
+        for s, actor in zip(self.staged.stages, self._actors):
+            refs = actor.run.options(num_returns=len(s.outputs)).remote(
+                *[values[n] for n in s.inputs])
+            refs = [refs] if len(s.outputs) == 1 else list(refs)
+            values.update(zip(s.outputs, refs))
+            firsts.append(refs[0])
+        outs = [self._consts[k] if k in self._consts else values[k] for k in self.staged.outputs]
+        return outs, firsts
+
+    def _collect(self, pending: collections.deque, done: list) -> list[np.ndarray]:
+        """The outputs of the oldest input in flight, or a :class:`ClusterPipelineError`."""
+        ray = connected_ray()
+        from ray.exceptions import GetTimeoutError
+
+        seq, outs, firsts = pending[0]
+        refs = [o for o in outs if isinstance(o, ray.ObjectRef)]
+        try:
+            got = iter(ray.get(refs, timeout=self.stall_timeout_s))
+        except GetTimeoutError:
+            raise self._failure(seq, firsts, pending, done, None) from None
+        except Exception as e:  # noqa: BLE001 - a stage's error or a dead actor, named below
+            raise self._failure(seq, firsts, pending, done, e) from e
+        pending.popleft()
+        # Copied: what ray.get returns is read-only, in the object store's memory.
+        return [np.array(next(got) if isinstance(o, ray.ObjectRef) else o) for o in outs]
+
+    def _failure(self, seq: int, firsts: list, pending, done, error) -> ClusterPipelineError:
+        """The error for input ``seq``: which stage failed (the actor that died, else the
+        first stage whose call raised, else a stage on a node that is gone), its host."""
+        ray = connected_ray()
+        stage = None
+        actor_id = getattr(error, "actor_id", None)
+        if actor_id is not None:
+            stage = self._stage_of_actor.get(actor_id)
+        if stage is None and error is not None:
+            for k, ref in enumerate(firsts):
+                ready, _ = ray.wait([ref], timeout=0)
+                if ready:
+                    try:
+                        ray.get(ref, timeout=0)
+                    except Exception:  # noqa: BLE001 - the failing stage found
+                        stage = k
+                        break
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        lost = [k for k, h in enumerate(self._hosts) if h.node_id not in alive]
+        if stage is None and lost:
+            stage = lost[0]
+        unprocessed = tuple(p[0] for p in pending)
+        left = (f"inputs {unprocessed[0]}..{unprocessed[-1]} have no output"
+                if len(unprocessed) > 1 else f"input {seq} has no output")
+        if stage is None:
+            what = f"no output for {self.stall_timeout_s:g} s and every node is alive"
+            s, host = None, None
+        else:
+            s, host = self.staged.stages[stage], self._hosts[stage]
+            if stage in lost:
+                what = f"stage {s.index} on {s.device.name}: host {host.name} (node " \
+                       f"{host.node_id[:12]}) is gone"
+            elif isinstance(error, ray.exceptions.RayActorError):
+                what = f"stage {s.index} on {s.device.name}: its actor on host {host.name} died"
+            elif error is None:
+                what = f"stage {s.index} on {s.device.name} (host {host.name}) gave no output " \
+                       f"for {self.stall_timeout_s:g} s"
+            else:
+                cause = getattr(error, "cause", None) or error
+                what = f"stage {s.index} on {s.device.name} (host {host.name}) failed: " \
+                       f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1][:200]}"
+        return ClusterPipelineError(
+            f"{what}, on input {seq}; {len(done)} outputs came back, {left} (later inputs "
+            "were not read)", None if s is None else s.index, seq,
+            None if host is None else host.name, list(done), unprocessed)
+
+
+def _as_torch(out: list[np.ndarray], device) -> list[Any]:
+    """One input's outputs as the caller gave its inputs: arrays, or torch tensors on
+    ``device``."""
+    if device is None:
+        return out
+    import torch
+
+    return [torch.from_numpy(a).to(device) for a in out]

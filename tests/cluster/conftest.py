@@ -1,0 +1,27 @@
+"""A Ray cluster of two nodes on this machine, hosts ``alpha`` (the head) and ``beta``, one CPU
+each, shared by the tests of a module and shut down after them."""
+
+import pytest
+
+STORE_BYTES = 200 * 2**20  # object store per node: small, the machine is shared
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the cluster tests need Ray: "
+                                            "pip install 'autoplace[cluster]'")
+    from ray.cluster_utils import Cluster
+
+    from autoplace.cluster import HOST_LABEL
+
+    c = Cluster(initialize_head=True, head_node_args=dict(
+        num_cpus=1, object_store_memory=STORE_BYTES, include_dashboard=False,
+        labels={HOST_LABEL: "alpha"}))
+    try:
+        c.add_node(num_cpus=1, object_store_memory=STORE_BYTES, labels={HOST_LABEL: "beta"})
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()

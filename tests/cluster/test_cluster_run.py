@@ -1,0 +1,145 @@
+"""A staged plan over two hosts of a real Ray cluster: outputs as the one-host build's, actors on
+the hosts the plan names, streaming bounded and in order; a stage that fails and a node that
+dies mid-stream are named."""
+
+import time
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace.devices import Device
+from autoplace.plan import Plan
+
+pytestmark = pytest.mark.slow
+
+
+def _mlp():
+    """x -> relu(x @ w1) = h -> tanh(h @ w2) = y -> y + h: three matmul-sized ops and a skip."""
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((64, 64)).astype("float32") / 8 for _ in range(2))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w1))))
+            y = bb.emit(relax.op.tanh(relax.op.matmul(h, relax.const(w2))))
+            out = bb.emit_output(relax.op.add(y, h))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _one_host(mod, xs):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    return [vm["main"](tvm.runtime.tensor(x)).numpy() for x in xs]
+
+
+def _inputs(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((16, 64)).astype("float32") for _ in range(n)]
+
+
+def _plan(mod, hosts, stages):
+    """One stage per entry of ``stages`` (a stage number per node), stage k on ``hosts[k]``."""
+    g = autoplace.OpGraph.from_relax(mod)
+    devs = [Device.cpu(0, host=h) for h in dict.fromkeys(hosts)]
+    return Plan.from_assignment(g, devs, [f"{hosts[s]}-cpu0" for s in stages],
+                                stages=tuple(stages), objective="throughput")
+
+
+def test_stages_on_two_hosts_match_one_host(ray_cluster):
+    from autoplace.cluster import RayPipeline, hosts
+
+    mod = _mlp()
+    # matmul, relu | matmul, tanh | add: stage 2 reads h from stage 0, past stage 1.
+    plan = _plan(mod, ["alpha", "beta", "alpha"], [0, 0, 1, 1, 2])
+    xs = _inputs(20)
+    with RayPipeline.from_plan(mod, plan, max_in_flight=4) as pipe:
+        node = {h.name: h.node_id for h in hosts()}
+        assert pipe.actor_nodes() == (node["alpha"], node["beta"], node["alpha"])
+        assert [h.name for _, h in pipe.placement] == ["alpha", "beta", "alpha"]
+        outs = pipe.run([x] for x in xs)
+        assert pipe.stats.inputs == 20 and len(pipe.stats.busy_s) == 3
+    want = _one_host(mod, xs)
+    assert len(outs) == 20
+    for got, w in zip(outs, want):
+        np.testing.assert_allclose(got[0], w, rtol=1e-5, atol=1e-6)
+
+
+def test_stream_is_bounded_and_in_order(ray_cluster):
+    from autoplace.cluster import RayPipeline
+
+    mod = _mlp()
+    plan = _plan(mod, ["alpha", "beta"], [0, 0, 1, 1, 1])
+    xs = _inputs(30, seed=2)
+    want = _one_host(mod, xs)
+    read = []
+
+    def feed():
+        for k, x in enumerate(xs):
+            read.append(k)
+            yield [x]
+
+    with RayPipeline.from_plan(mod, plan, max_in_flight=3) as pipe:
+        for k, out in enumerate(pipe.stream(feed())):
+            assert len(read) - k <= 3  # taken and not yet returned
+            np.testing.assert_allclose(out[0], want[k], rtol=1e-5, atol=1e-6)
+    assert k == 29
+
+
+def test_stage_error_names_stage_host_and_input(ray_cluster):
+    from autoplace.cluster import ClusterPipelineError, RayPipeline
+
+    mod = _mlp()
+    plan = _plan(mod, ["alpha", "beta"], [0, 0, 1, 1, 1])
+    xs = _inputs(6, seed=3)
+    xs[4] = np.zeros((16, 32), "float32")  # the wrong shape for stage 0's matmul
+    with RayPipeline.from_plan(mod, plan, max_in_flight=2) as pipe:
+        with pytest.raises(ClusterPipelineError) as e:
+            pipe.run([x] for x in xs)
+    err = e.value
+    assert (err.stage, err.input_index, err.host) == (0, 4, "alpha")
+    assert "stage 0" in str(err) and "alpha" in str(err) and "input 4" in str(err)
+    assert len(err.results) == 4 and err.unprocessed[0] == 4
+    for got, w in zip(err.results, _one_host(mod, xs[:4])):
+        np.testing.assert_allclose(got[0], w, rtol=1e-5, atol=1e-6)
+
+
+def test_node_dying_mid_stream_is_named_in_bounded_time(ray_cluster):
+    from autoplace.cluster import HOST_LABEL, ClusterPipelineError, RayPipeline
+
+    node = ray_cluster.add_node(num_cpus=1, object_store_memory=200 * 2**20,
+                                labels={HOST_LABEL: "gamma"})
+    ray_cluster.wait_for_nodes()
+    mod = _mlp()
+    plan = _plan(mod, ["alpha", "gamma"], [0, 0, 1, 1, 1])
+    xs = _inputs(40, seed=4)
+    want = _one_host(mod, xs)
+    got = []
+    pipe = RayPipeline.from_plan(mod, plan, max_in_flight=4, stall_timeout_s=30)
+    try:
+        stream = pipe.stream([x] for x in xs)
+        with pytest.raises(ClusterPipelineError) as e:
+            for out in stream:
+                got.append(out)
+                if len(got) == 5:
+                    ray_cluster.remove_node(node)
+                    t0 = time.monotonic()
+        waited = time.monotonic() - t0
+    finally:
+        pipe.close()
+    err = e.value
+    assert waited < 45, f"the dead node was reported after {waited:.1f} s"
+    assert (err.stage, err.host) == (1, "gamma") and "gamma" in str(err)
+    assert len(err.results) == len(got) >= 5
+    for out, w in zip(got, want):
+        np.testing.assert_allclose(out[0], w, rtol=1e-5, atol=1e-6)
+    # Every input taken has an output or is reported.
+    assert err.unprocessed[0] == len(got) and err.input_index == len(got)
+    assert list(err.unprocessed) == list(range(len(got), len(got) + len(err.unprocessed)))

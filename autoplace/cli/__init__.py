@@ -7,7 +7,7 @@ import logging
 import sys
 import textwrap
 
-from autoplace.cli import optimize, predict, profile, report, tune
+from autoplace.cli import cluster, optimize, predict, profile, report, tune
 from autoplace.dnn_partitioning import cli as dnn_partitioning_cli
 
 __all__ = ["build_parser", "main"]
@@ -20,6 +20,7 @@ EPILOG = """examples:
   autoplace report --model zoo:inception --out report/                   # plots of the plan
   autoplace profile --model zoo:resnet --device cpu:0 --db prof.db       # measure the costs
   autoplace solve benchmarks/data/dnn-partitioning/throughput/gnmt_inference.json --json
+  autoplace cluster --address auto          # a Ray cluster's hosts: --device HOST/cpu:0
 
 {models}
 autoplace COMMAND --help shows a command's options and more examples."""
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.register_cli(sub)
     report.register_cli(sub)
     tune.register_cli(sub)
+    cluster.register_cli(sub)
     return parser
 
 

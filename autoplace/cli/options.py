@@ -6,7 +6,8 @@ import argparse
 
 
 def devices(specs):
-    """The devices of ``--device`` specs, each checked to be on this machine."""
+    """The devices of ``--device`` specs, each of this machine checked to be there (a
+    cluster host's, ``HOST/cpu:0``, is checked by the cluster)."""
     from autoplace import Device
     from autoplace.profile import check_present
 
@@ -14,7 +15,8 @@ def devices(specs):
     if len({d.name for d in devs}) != len(devs):
         raise ValueError(f"devices must differ, got {specs}")
     for spec, dev in zip(specs, devs):
-        check_present(dev, spec)
+        if dev.host is None:  # a cluster's host's device: the cluster checks it when it runs
+            check_present(dev, spec)
     return devs
 
 

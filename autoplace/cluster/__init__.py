@@ -6,7 +6,9 @@ Ray is an optional dependency (``pip install 'autoplace[cluster]'``), imported w
 
 from autoplace.cluster._ray import INSTALL, ClusterError
 from autoplace.cluster.hosts import HOST_LABEL, Host, cluster_devices, host_nodes, hosts
+from autoplace.cluster.links import host_fingerprint, host_links, measure_host_links
 from autoplace.cluster.pipeline import ClusterPipelineError, RayPipeline
 
 __all__ = ["HOST_LABEL", "INSTALL", "ClusterError", "ClusterPipelineError", "Host",
-           "RayPipeline", "cluster_devices", "host_nodes", "hosts"]
+           "RayPipeline", "cluster_devices", "host_fingerprint", "host_links", "host_nodes",
+           "hosts", "measure_host_links"]

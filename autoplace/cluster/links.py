@@ -20,8 +20,7 @@ import numpy as np
 from autoplace.cluster._ray import ClusterError, connected_ray
 from autoplace.cluster.hosts import Host, hosts
 from autoplace.devices import Device, Link
-from autoplace.profile.links import fit_link
-from autoplace.profile.store import LinkFit, ProfileStore
+from autoplace.profile import LinkFit, ProfileStore, fit_link
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import pytest
 import autoplace
 from autoplace.cluster.links import host_fingerprint, host_links, measure_host_links
 from autoplace.devices import Device, Link
-from autoplace.profile.store import LinkFit, ProfileStore
+from autoplace.profile import LinkFit, ProfileStore
 from autoplace.solve import solve
 from autoplace.solve.build import build_problem
 

@@ -1,0 +1,56 @@
+"""``autoplace cluster`` and ``--device HOST/cpu:0``."""
+
+import builtins
+import json
+
+import pytest
+
+from autoplace.cli import main
+from autoplace.cli.options import devices
+
+
+def test_device_option_takes_a_host():
+    # A host's device is not looked for on this machine: the cluster has it.
+    devs = devices(["alpha/cpu:0", "beta/cpu:0", "cpu:0"])
+    assert [(d.name, d.host) for d in devs] == [("alpha-cpu0", "alpha"), ("beta-cpu0", "beta"),
+                                                ("cpu0", None)]
+
+
+def test_cluster_without_ray_is_one_line(monkeypatch, capsys):
+    real = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    assert main(["cluster"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("autoplace cluster: error: Ray is not installed: "
+                   "pip install 'autoplace[cluster]'")
+
+
+@pytest.mark.slow
+def test_cluster_lists_hosts(ray_cluster, capsys, tmp_path):
+    assert main(["cluster", "--address", ray_cluster.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["host", "address", "cpus"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["alpha", "beta"]
+    assert lines[1].split()[-1] == "alpha/cpu:0"
+    assert main(["cluster", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [h["devices"] for h in out["hosts"]] == [["alpha/cpu:0"], ["beta/cpu:0"]]
+    assert out["devices"][1]["host"] == "beta" and out["links"] == []
+
+
+@pytest.mark.slow
+def test_cluster_measures_links_into_a_store(ray_cluster, capsys, tmp_path):
+    db = str(tmp_path / "prof.db")
+    assert main(["cluster", "--measure-links", "--db", db]) == 0
+    links = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("link ")]
+    assert [ln.split(":")[0] for ln in links] == ["link alpha -> beta", "link beta -> alpha"]
+    from autoplace.profile import ProfileStore
+
+    with ProfileStore(db) as store:
+        assert len(store.links()) == 2

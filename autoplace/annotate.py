@@ -89,7 +89,7 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     import tvm
     from tvm import ir, relax
 
-    from autoplace.backend.torch_ops import relax_call
+    from autoplace.backend.torch_bridge import relax_call
 
     graph = OpGraph.from_relax(mod, func_name)
     plan.validate(graph)
@@ -272,11 +272,13 @@ def _is_tensor(expr) -> bool:
 
 def _torch_op(node, tensors, place: str) -> tuple[str, int]:
     """Op-graph node ``node`` (a Relax op, on ``tensors``, constants resolved) as a registered
-    call of its PyTorch equivalent (:func:`autoplace.backend.torch_ops.equivalent`) on PyTorch
-    device ``place`` (``"cpu"``, ``"cuda:0"``), holding the constants the torch device holds
-    (:func:`~autoplace.backend.torch_ops.holding_constants`): its global name, and how many of
-    the leading ``tensors`` it takes."""
-    from autoplace.backend.torch_ops import holding_constants, node_equivalent, register
+    call of its PyTorch equivalent (:func:`autoplace.backend.torch_equivalents.equivalent`) on
+    PyTorch device ``place`` (``"cpu"``, ``"cuda:0"``), holding the constants the torch device
+    holds (:func:`~autoplace.backend.torch_calls.holding_constants`): its global name, and how
+    many of the leading ``tensors`` it takes."""
+    from autoplace.backend.torch_bridge import register
+    from autoplace.backend.torch_calls import holding_constants
+    from autoplace.backend.torch_equivalents import node_equivalent
 
     op = node_equivalent(node)
     if op is None or len(tensors) != len(node.inputs):
@@ -291,12 +293,12 @@ def _torch_op(node, tensors, place: str) -> tuple[str, int]:
 
 
 def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
-    """The chains of :func:`autoplace.backend.torch_ops.fused_chains` that ``plan`` puts whole
+    """The chains of :func:`autoplace.graph.chains.fused_chains` that ``plan`` puts whole
     on one torch device, by anchor (``calls``: the function's op-call bindings, ``(var, call)``
     in node order)."""
     if all(d.runtime != "torch" for d in plan.used_devices()):
         return {}  # (and PyTorch may not be installed)
-    from autoplace.backend.torch_ops import fused_chains
+    from autoplace.graph.chains import fused_chains
 
     out = {}
     for chain in fused_chains(graph):
@@ -311,14 +313,16 @@ def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
 def _fused_torch_op(node, tensors, chain, calls, consts, place: str):
     """Chain ``chain`` (anchor ``node`` on ``tensors``, constants resolved; its bias add or
     batch norm, and activation, in ``calls``) as one registered PyTorch call
-    (:func:`autoplace.backend.torch_ops.with_fused_tail`; a batch norm folded into the weight
-    and bias, :func:`~autoplace.backend.torch_ops.fold_batch_norm`): its global name; None
+    (:func:`autoplace.backend.torch_calls.with_fused_tail`; a batch norm folded into the weight
+    and bias, :func:`~autoplace.backend.torch_calls.fold_batch_norm`): its global name; None
     where its weight, bias or statistics are not constants here. The call gives a tensor of
     the anchor's shape and type, as every member does."""
     from tvm import relax
 
-    from autoplace.backend.torch_ops import (chain_activation, fold_batch_norm, node_equivalent,
-                                             register, with_fused_tail)
+    from autoplace.backend.torch_bridge import register
+    from autoplace.backend.torch_calls import fold_batch_norm, with_fused_tail
+    from autoplace.backend.torch_equivalents import node_equivalent
+    from autoplace.graph.chains import chain_activation
 
     anchor_var = calls[chain[0]][0]
     bound = {v: c for v, c in calls}

@@ -831,7 +831,7 @@ def _costs(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_
     :class:`~autoplace.predict.torch_costs.TorchCostModel` costs: PyTorch calls timed here."""
     everything, devices = devices, [d for d in devices if d.runtime == "tvm"]
     if isinstance(cost_model, str) and cost_model == "auto":
-        from autoplace.backend.torch_ops import EQUIVALENTS
+        from autoplace.backend.torch_equivalents import EQUIVALENTS
         from autoplace.predict.calibrate import MIXED_CALIBRATION_WORKLOADS
 
         mixed = any(d.runtime == "torch" and any(map(d.can_run, EQUIVALENTS))
@@ -938,7 +938,7 @@ def _fused_torch_calls(graph: OpGraph, devices: Sequence[Device], costs: _Costs,
     torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
     if not torch_cols:
         return costs
-    from autoplace.backend.torch_ops import fused_chains
+    from autoplace.graph.chains import fused_chains
 
     pinned = rule_assignment(graph, devices, pins)
     cost, kept = costs.cost.copy(), []

@@ -170,7 +170,7 @@ def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
     from torch import fx
     from tvm import relax
 
-    from autoplace.backend.torch_ops import Slot, TorchOp, register, relax_call
+    from autoplace.backend.torch_bridge import Slot, TorchOp, register, relax_call
 
     tensors = []
 

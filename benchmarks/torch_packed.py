@@ -25,7 +25,7 @@ def bench(name: str) -> list[tuple]:
     import torch
 
     import autoplace
-    from autoplace.backend.torch_ops import PACKABLE
+    from autoplace.backend.torch_calls import PACKABLE
     from autoplace.graph import OpGraph
     from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.torch_runner import time_plain_and_packed, torch_op_for

@@ -11,8 +11,10 @@ torch = pytest.importorskip("torch")
 import autoplace  # noqa: E402
 from autoplace import Device, RooflineCostModel  # noqa: E402
 from autoplace.annotate import annotate_lifted  # noqa: E402
-from autoplace.backend import torch_ops  # noqa: E402
+from autoplace.backend import torch_bridge  # noqa: E402
+from autoplace.backend.torch_calls import fold_batch_norm  # noqa: E402
 from autoplace.graph import OpGraph  # noqa: E402
+from autoplace.graph.chains import chain_activation, fused_chains  # noqa: E402
 from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
 from autoplace.profile import DeviceUnavailable  # noqa: E402
 
@@ -114,10 +116,10 @@ def test_an_op_raising_in_pytorch_names_it():
 
 def test_pytorch_calls_are_registered_by_a_stable_id(lacking):
     _, mod, _ = lacking
-    names = {str(c) for c in torch_ops._REGISTRY}
+    names = {op.id for op in torch_bridge.registered()}
     again = autoplace.from_torch(torch_models.Lacking().eval(), list(_inputs()))
-    assert {str(c) for c in torch_ops._REGISTRY} == names  # same model: same ids, none new
-    assert torch_ops.missing(["autoplace.torch_op.0000", "other"]) == ["autoplace.torch_op.0000"]
+    assert {op.id for op in torch_bridge.registered()} == names  # same model: same ids, none new
+    assert torch_bridge.missing(["autoplace.torch_op.0000", "other"]) == ["autoplace.torch_op.0000"]
     assert OpGraph.from_relax(again).summary() == OpGraph.from_relax(mod).summary()
 
 
@@ -171,8 +173,6 @@ def test_torch_device_without_pytorch_is_one_line_and_exit_2(monkeypatch, capsys
 
 
 def test_a_saved_module_with_pytorch_calls_loads_where_they_are_registered(tmp_path, monkeypatch):
-    from autoplace.backend import torch_ops
-
     class Cdist(torch.nn.Module):
         def forward(self, a, b):
             return torch.cdist(a, b).relu()
@@ -184,7 +184,7 @@ def test_a_saved_module_with_pytorch_calls_loads_where_they_are_registered(tmp_p
     m.save(tmp_path / "m.apmod")
     torch.testing.assert_close(autoplace.load_module(tmp_path / "m.apmod")(a, b),
                                torch.cdist(a, b).relu())
-    monkeypatch.setattr(torch_ops, "_REGISTRY", {})  # another process: nothing registered
+    monkeypatch.setattr(torch_bridge, "_REGISTRY", {})  # another process: nothing registered
     with pytest.raises(ValueError, match="PyTorch op.*not registered.*import the same model"):
         autoplace.load_module(tmp_path / "m.apmod")
 
@@ -340,7 +340,7 @@ CONV_ATTRS = dict(data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", o
 
 
 def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device():
-    from autoplace.backend.torch_ops import equivalent
+    from autoplace.backend.torch_equivalents import equivalent
 
     attrs = CONV_ATTRS
     shapes = [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")]
@@ -427,7 +427,7 @@ def test_every_relax_op_with_an_equivalent_runs_on_pytorch_and_matches():
 
 
 def test_a_clip_whose_bounds_are_not_numbers_has_no_equivalent():
-    from autoplace.backend.torch_ops import equivalent
+    from autoplace.backend.torch_equivalents import equivalent
 
     shape = [((1, 4), "float32")]
     assert equivalent("clip", {}, shape, shape, "c", ("T.int64(0)", "T.float64(6)")) is not None
@@ -451,7 +451,8 @@ class Weighted(torch.nn.Module):
 
 
 def test_constant_weights_are_held_by_the_pytorch_call_and_the_faster_variant_runs():
-    from autoplace.backend.torch_ops import Fastest, lookup
+    from autoplace.backend.torch_bridge import lookup
+    from autoplace.backend.torch_calls import Fastest
 
     torch.manual_seed(0)
     model, x = Weighted().eval(), torch.randn(1, 8, 12, 12)
@@ -464,7 +465,7 @@ def test_constant_weights_are_held_by_the_pytorch_call_and_the_faster_variant_ru
         want = model(x).numpy()
     for _ in range(10):  # the first calls try each variant in turn; every one must match
         np.testing.assert_allclose(built(x.numpy())[0], want, rtol=1e-4, atol=1e-5)
-    ops = [lookup(n) for n in torch_ops.called(autoplace.annotate(mod, plan))]
+    ops = [lookup(n) for n in torch_bridge.called(autoplace.annotate(mod, plan))]
     assert sorted(op.name.split("[")[0] for op in ops) == ["torch.conv2d"] * 2 + ["torch.matmul"]
     # each call takes the activation alone: its weight is the call's, packed for oneDNN too
     text = str(autoplace.annotate(mod, plan))
@@ -492,8 +493,8 @@ def test_a_batch_norm_on_pytorch_holds_its_statistics_and_hands_back_its_data_al
                            [("op:nn.batch_norm", "torch"), ("op:torch.*", "torch"),
                             ("*", "cpu0")])
     text = str(autoplace.annotate(mod, plan))
-    (name,) = [n for n in torch_ops.called(text) if "batch_norm" in torch_ops.lookup(n).name]
-    assert torch_ops.lookup(name).outputs == (((1, 8, 8, 8), "float32"),)
+    (name,) = [n for n in torch_bridge.called(text) if "batch_norm" in torch_bridge.lookup(n).name]
+    assert torch_bridge.lookup(name).outputs == (((1, 8, 8, 8), "float32"),)
     assert re.search(re.escape(f'"{name}"') + r", \w+, ty_args=", text)
     with torch.no_grad():
         np.testing.assert_allclose(autoplace.compile(mod, plan)(x.numpy())[0], model(x).numpy(),
@@ -501,7 +502,8 @@ def test_a_batch_norm_on_pytorch_holds_its_statistics_and_hands_back_its_data_al
 
 
 def test_the_same_op_with_other_weights_is_another_call():
-    from autoplace.backend.torch_ops import equivalent, with_constant_weight
+    from autoplace.backend.torch_calls import with_constant_weight
+    from autoplace.backend.torch_equivalents import equivalent
 
     op = equivalent("matmul", {"out_dtype": "float32"}, [((4, 8), "float32"), ((8, 3), "float32")],
                     [((4, 3), "float32")], "mm")
@@ -518,7 +520,7 @@ def test_the_same_op_with_other_weights_is_another_call():
 def test_fastest_settles_on_the_variant_of_least_time():
     import time
 
-    from autoplace.backend.torch_ops import Fastest
+    from autoplace.backend.torch_calls import Fastest
 
     slow = lambda x: time.sleep(0.004) or x + 1  # noqa: E731
     fast = lambda x: x + 1  # noqa: E731
@@ -528,7 +530,7 @@ def test_fastest_settles_on_the_variant_of_least_time():
 
 
 def test_a_conv_is_charged_the_faster_of_plain_and_packed(monkeypatch):
-    from autoplace.backend import torch_ops as ops
+    from autoplace.backend import torch_calls as ops
     from autoplace.profile import torch_runner
     from autoplace.profile.measure import TimingPolicy
 
@@ -617,10 +619,10 @@ def test_a_pytorch_call_whose_result_is_a_view_of_its_input_hands_back_a_copy():
     # any call's view, an importer fallback's too, comes back as a copy
     import tvm
 
-    op = torch_ops.TorchOp(lambda t: t[0], "view", (torch_ops.Slot(0),), (), (((4,), "float32"),),
-                           False, "v")
+    op = torch_bridge.TorchOp(lambda t: t[0], "view", (torch_bridge.Slot(0),), (),
+                              (((4,), "float32"),), False, "v")
     a = tvm.runtime.tensor(np.arange(8, dtype="float32").reshape(2, 4))
-    out = tvm.get_global_func(torch_ops.register(op))(a)
+    out = tvm.get_global_func(torch_bridge.register(op))(a)
     a.copyfrom(np.zeros((2, 4), "float32"))
     np.testing.assert_array_equal(out.numpy(), [0, 1, 2, 3])
 
@@ -629,34 +631,36 @@ def test_a_call_from_the_vm_checks_its_result_and_leaves_pytorch_as_it_was():
     import tvm
 
     def run(op, *arrays):
-        return tvm.get_global_func(torch_ops.register(op))(*map(tvm.runtime.tensor, arrays))
+        return tvm.get_global_func(torch_bridge.register(op))(*map(tvm.runtime.tensor, arrays))
 
     x = np.arange(6, dtype="float32").reshape(2, 3)
-    slot = torch_ops.Slot
+    slot = torch_bridge.Slot
     # tensors as positional arguments, inside a list, or as a keyword: the same results
     for args, kwargs in (((slot(0), slot(1)), ()), (([slot(0), slot(1)],), ()),
                          ((slot(0),), (("other", slot(1)),))):
         target = torch.cat if isinstance(args[0], list) else torch.add
-        op = torch_ops.TorchOp(target, "t", args, kwargs, (((4, 3) if target is torch.cat
-                                                             else (2, 3), "float32"),), False, "n")
+        op = torch_bridge.TorchOp(target, "t", args, kwargs, (((4, 3) if target is torch.cat
+                                                                else (2, 3), "float32"),), False,
+                                  "n")
         want = np.concatenate([x, x]) if target is torch.cat else x + x
         np.testing.assert_array_equal(run(op, x, x).numpy(), want)
     threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
-    wrong = torch_ops.TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (slot(0),), (),
-                              (((3, 2), "float32"),), False, "wrong")
+    wrong = torch_bridge.TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (slot(0),),
+                                 (), (((3, 2), "float32"),), False, "wrong")
     # a TorchOpError; through TVM's FFI the caller sees the RuntimeError it derives from
     with pytest.raises(RuntimeError, match=r"node 'wrong'\) gave \[\(\(2, 3\), "
                                             r"'torch.float32'\)\], the build expects"):
         run(wrong, x)
-    raising = torch_ops.TorchOp(torch.ops.aten.mm.default, "aten.mm.default", (slot(0), slot(0)),
-                                (), (((2, 2), "float32"),), False, "mm")
+    raising = torch_bridge.TorchOp(torch.ops.aten.mm.default, "aten.mm.default",
+                                   (slot(0), slot(0)), (), (((2, 2), "float32"),), False, "mm")
     with pytest.raises(RuntimeError, match=r"aten.mm.default \(node 'mm'.*raised"):
         run(raising, x)
     assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)
 
 
 def test_a_weight_onednn_cannot_pack_runs_plain(monkeypatch):
-    from autoplace.backend.torch_ops import Fastest, equivalent, packed_call, with_constant_weight
+    from autoplace.backend.torch_calls import Fastest, packed_call, with_constant_weight
+    from autoplace.backend.torch_equivalents import equivalent
 
     attrs = {**CONV_ATTRS, "padding": [1, 1, 1, 1]}
     op = equivalent("nn.conv2d", attrs, [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32")],
@@ -775,24 +779,24 @@ def chains():
 
 def test_a_conv_or_linear_its_bias_and_activation_are_one_chain(chains):
     g = OpGraph.from_relax(chains[2])
-    found = [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)]
+    found = [[g.nodes[i].op_type for i in c] for c in fused_chains(g)]
     assert found == [["nn.conv2d", "add", "nn.relu"], ["matmul", "add", "nn.gelu"],
                      ["matmul", "add", "sigmoid", "multiply"], ["matmul", "add"]]
-    assert [torch_ops.chain_activation(f[2:]) for f in found] == [
+    assert [chain_activation(f[2:]) for f in found] == [
         "nn.relu", "nn.gelu", "nn.silu", None]
     from tvm import relax
 
     linear = _linear_graph
-    assert torch_ops.fused_chains(linear()) == [(0, 1)]
+    assert fused_chains(linear()) == [(0, 1)]
     # a weight that is a parameter of the function (computed, for all the graph knows): none
-    assert torch_ops.fused_chains(linear(weight_is_input=True)) == []
+    assert fused_chains(linear(weight_is_input=True)) == []
     # read twice, by other than x * sigmoid(x): the chain ends at the bias add
-    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
+    assert fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
         y, bb.emit(relax.op.nn.relu(y))))) == [(0, 1)]
     # x * sigmoid(x) with the sigmoid read again: not SiLU alone
-    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.add(
+    assert fused_chains(linear(tail=lambda bb, y: relax.op.add(
         relax.op.multiply(y, s := bb.emit(relax.op.sigmoid(y))), s))) == [(0, 1)]
-    assert torch_ops.fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
+    assert fused_chains(linear(tail=lambda bb, y: relax.op.multiply(
         bb.emit(relax.op.sigmoid(y)), y))) == [(0, 1, 2, 3)]
 
 
@@ -820,7 +824,7 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
                              cost_model=RooflineCostModel(), baseline_guard=False,
                              pins=[("op:nn.conv2d", "torch"), ("op:matmul", "torch")])
     p, g = res.problem, res.graph
-    chains_found = torch_ops.fused_chains(g)
+    chains_found = fused_chains(g)
     for g_id, chain in enumerate(chains_found):  # kept together, on PyTorch as the pins say
         assert (p.groups[list(chain)] == g_id).all()
         assert {res.plan.assignment[i] for i in chain} == {"torch"}
@@ -869,9 +873,9 @@ def test_hardswish_and_hardsigmoid_as_export_writes_them_join_their_chains():
     model, x = HardActivations().eval(), 3 * torch.randn(1, 3, 8, 8)
     mod = autoplace.from_torch(model, [x])
     g = OpGraph.from_relax(mod)
-    chains = torch_ops.fused_chains(g)
+    chains = fused_chains(g)
     types = [tuple(g.nodes[i].op_type for i in c[2:]) for c in chains]
-    assert [torch_ops.chain_activation(t) for t in types] == [
+    assert [chain_activation(t) for t in types] == [
         "hardswish", "hardsigmoid", "hardswish"], types
     res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
                              cost_model=RooflineCostModel(), baseline_guard=False,
@@ -895,9 +899,9 @@ def test_a_composite_activation_is_matched_by_its_constants_not_only_its_ops():
 
         return _linear_graph(tail=hardswish)
 
-    assert torch_ops.fused_chains(graph()) == [(0, 1, 2, 3, 4, 5)]
+    assert fused_chains(graph()) == [(0, 1, 2, 3, 4, 5)]
     for other in (dict(add=1.0), dict(hi=5.0), dict(div=3.0)):  # not hardswish: no activation
-        assert torch_ops.fused_chains(graph(**other)) == [(0, 1)], other
+        assert fused_chains(graph(**other)) == [(0, 1)], other
 
 
 def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
@@ -908,7 +912,7 @@ def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 4, 1), torch.nn.SiLU()).eval()
     g = OpGraph.from_relax(autoplace.from_torch(model, [torch.randn(1, 16, 1, 1)]))
-    (chain,) = torch_ops.fused_chains(g)
+    (chain,) = fused_chains(g)
     assert [g.nodes[i].op_type for i in chain] == ["nn.conv2d", "add", "sigmoid", "multiply"]
     timing = time_fused_chain([g.nodes[i] for i in chain], TimingPolicy(budget_s=0.2))
     assert 0 < timing.median_s < 0.01
@@ -927,7 +931,7 @@ def test_a_chain_that_cannot_be_timed_as_one_call_is_charged_as_its_ops(chains, 
                              cost_model=RooflineCostModel(), baseline_guard=False)
     p, g = res.problem, res.graph
     assert (p.groups < 0).all()  # no chain kept together
-    for chain in torch_ops.fused_chains(g):
+    for chain in fused_chains(g):
         assert np.isfinite(p.cost[list(chain), 1]).all() and (p.cost[list(chain), 1] > 0).all()
     assert "could not time the chain nn.conv2d[1, 3, 8, 8]+add" in caplog.text
     assert "RuntimeError('refused')" in caplog.text
@@ -940,7 +944,7 @@ def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):
                              cost_model=RooflineCostModel(), baseline_guard=False,
                              pins=[("op:nn.conv2d", "torch"), ("op:nn.relu", "cpu0")])
     g = res.graph
-    conv_chain = torch_ops.fused_chains(g)[0]
+    conv_chain = fused_chains(g)[0]
     assert (res.problem.groups[list(conv_chain)] < 0).all()
     assert res.plan.assignment[conv_chain[0]] == "torch"
     with torch.no_grad():
@@ -974,7 +978,7 @@ def test_a_convs_batch_norm_is_folded_into_its_call():
     model, x = ConvNorm().eval(), torch.randn(1, 3, 8, 8)
     mod = autoplace.from_torch(model, [x])
     g = OpGraph.from_relax(mod)
-    assert [[g.nodes[i].op_type for i in c] for c in torch_ops.fused_chains(g)] == [
+    assert [[g.nodes[i].op_type for i in c] for c in fused_chains(g)] == [
         ["nn.conv2d", "nn.batch_norm", "nn.relu"],
         ["nn.conv2d", "nn.batch_norm", "sigmoid", "multiply"]]
     res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
@@ -990,6 +994,6 @@ def test_a_convs_batch_norm_is_folded_into_its_call():
     # the fold itself: inference's batch norm of the conv's output
     w, gamma, beta = np.ones((2, 1, 1, 1)), np.array([2.0, 0.5]), np.array([1.0, -1.0])
     mean, var = np.array([0.5, 1.0]), np.array([3.0, 0.0])
-    fw, fb = torch_ops.fold_batch_norm(w, np.array([1.0, 2.0]), gamma, beta, mean, var, 1.0)
+    fw, fb = fold_batch_norm(w, np.array([1.0, 2.0]), gamma, beta, mean, var, 1.0)
     np.testing.assert_allclose(fw.reshape(-1), [1.0, 0.5])
     np.testing.assert_allclose(fb, [(1.0 - 0.5) * 1.0 + 1.0, (2.0 - 1.0) * 0.5 - 1.0])

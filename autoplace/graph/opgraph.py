@@ -220,7 +220,7 @@ def torch_op_of(call):
     ``autoplace.torch_op.<id>`` runs, or None for any other call."""
     from tvm import relax
 
-    from autoplace.backend.torch_ops import PREFIX, lookup
+    from autoplace.backend.torch_bridge import PREFIX, lookup
 
     if call.op.name != "relax.call_pure_packed" or not call.args \
             or not isinstance(call.args[0], relax.ExternFunc) \

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplace.backend.torch_ops import TorchOp
+from autoplace.backend.torch_bridge import TorchOp
 from autoplace.profile.measure import TimingPolicy
 from autoplace.profile.torch_runner import (call_timing, time_fused_chain, time_in_sequence,
                                             time_torch_call, torch_op_for)
@@ -260,7 +260,7 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
     import tvm
     from tvm import relax
 
-    from autoplace.backend.torch_ops import Slot, one_thread, register, relax_call
+    from autoplace.backend.torch_bridge import Slot, one_thread, register, relax_call
 
     try:
         op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),

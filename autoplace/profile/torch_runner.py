@@ -1,7 +1,7 @@
 """Timing PyTorch's calls: the torch device (:meth:`autoplace.Device.torch`) as the profiler reaches it.
 
 A node placed on a torch device runs as one PyTorch call from the Relax VM
-(:mod:`autoplace.backend.torch_ops`): the ATen op the model exported where the importer lacked
+(:mod:`autoplace.backend.torch_bridge`): the ATen op the model exported where the importer lacked
 it, or the PyTorch equivalent of a Relax op. :class:`TorchRunner` times that call in eager
 PyTorch, on random inputs of the workload's shapes on the device's CPU or GPU, and on one PyTorch
 thread as the VM calls it,
@@ -26,19 +26,20 @@ from autoplace.profile.measure import (OpFailed, Timing, TimingPolicy, _cpu_mode
 if TYPE_CHECKING:
     import tvm
 
-    from autoplace.backend.torch_ops import TorchOp
+    from autoplace.backend.torch_bridge import TorchOp
     from autoplace.graph import OpNode
 
 
 def torch_op_for(node: OpNode) -> TorchOp | None:
     """The PyTorch call that runs ``node``: a PyTorch call's own (registered at import), a
-    Relax op's equivalent (:func:`autoplace.backend.torch_ops.equivalent`), or None."""
-    from autoplace.backend.torch_ops import _REGISTRY, node_equivalent
+    Relax op's equivalent (:func:`autoplace.backend.torch_equivalents.equivalent`), or None."""
+    from autoplace.backend.torch_bridge import registered
+    from autoplace.backend.torch_equivalents import node_equivalent
 
     if not node.is_torch:
         return node_equivalent(node)
     sig = dict(node.attrs)["call"]
-    for op in _REGISTRY.values():
+    for op in registered():
         if op.signature == sig and f"torch.{op.aten}" == node.op:
             return op
     return None
@@ -126,7 +127,7 @@ def time_torch_call(node: OpNode, op: TorchOp, policy: TimingPolicy,
     times it, the faster
     of plain and packed where both were timed: a build runs the faster where the weight is a
     constant, as in a model for inference
-    (:func:`~autoplace.backend.torch_ops.with_constant_weight`; a weight computed at run time
+    (:func:`~autoplace.backend.torch_calls.with_constant_weight`; a weight computed at run time
     runs plain, and may cost more than charged)."""
     plain, packed = time_plain_and_packed(node, op, policy, rng, place)
     return packed if packed is not None and packed.median_s < plain.median_s else plain
@@ -138,7 +139,7 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
     (:func:`random_torch_inputs`) on device ``place``, on one PyTorch thread and without
     autograd, as the VM calls it; and, for a conv or 2-D matmul on the CPU, the same with its
-    weight packed once (each copy's own, :func:`~autoplace.backend.torch_ops.packed_call`), else
+    weight packed once (each copy's own, :func:`~autoplace.backend.torch_calls.packed_call`), else
     None. Whatever the op raises on those inputs is raised.
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
@@ -150,7 +151,8 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     import torch
 
-    from autoplace.backend.torch_ops import one_thread, packed_call
+    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_calls import packed_call
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0), place)
     copies = _copies(sum(t.numel() * t.element_size() for t in tensors), place)
@@ -174,8 +176,8 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
 def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | None = None,
                      place: str = "cpu") -> Timing:
     """The call that runs chain ``nodes`` (op-graph nodes: a conv2d or 2-D matmul, its bias add
-    or batch norm and its activation, if any: :func:`~autoplace.backend.torch_ops.fused_chains`)
-    as a build runs it (:func:`~autoplace.backend.torch_ops.with_fused_tail`: weight and bias
+    or batch norm and its activation, if any: :func:`~autoplace.graph.chains.fused_chains`)
+    as a build runs it (:func:`~autoplace.backend.torch_calls.with_fused_tail`: weight and bias
     held, the faster of oneDNN's fused call and the plain one), timed on random data, weight and
     bias on device ``place``, on one PyTorch thread; each call reads another copy of them
     (:func:`_copies`), as :func:`time_plain_and_packed` does. Whatever the call raises is
@@ -184,8 +186,9 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
 
     import torch
 
-    from autoplace.backend.torch_ops import (chain_activation, fold_batch_norm, one_thread,
-                                             with_fused_tail)
+    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_calls import fold_batch_norm, with_fused_tail
+    from autoplace.graph.chains import chain_activation
 
     rng = rng or np.random.default_rng(0)
     anchor, tail = nodes[0], nodes[1]
@@ -232,7 +235,7 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
     after another on device ``place``, each on random inputs of its own shapes, as a build runs
     them where all are
     placed on PyTorch, holding their constants
-    (:func:`~autoplace.backend.torch_ops.holding_constants`: a conv's weight packed or plain,
+    (:func:`~autoplace.backend.torch_calls.holding_constants`: a conv's weight packed or plain,
     whichever is faster); and the indices of the nodes it ran: one that has no call or raises
     on its inputs is left out. None where none runs, or their inputs would take more than
     :data:`SEQUENCE_MAX_BYTES`.
@@ -241,7 +244,8 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
     model the next call is another op's, its code and data no longer in the caches."""
     import torch
 
-    from autoplace.backend.torch_ops import holding_constants, one_thread
+    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_calls import holding_constants
 
     rng = rng or np.random.default_rng(0)
     calls, ran, nbytes = [], [], 0
@@ -283,7 +287,7 @@ class TorchRunner:
     ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
     as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, its place (``cpu`` or
     ``cuda``), the PyTorch version, the calls it makes
-    (:data:`~autoplace.backend.torch_ops.CALLS`), the CPU model or the GPU's name and one thread
+    (:data:`~autoplace.backend.torch_bridge.CALLS`), the CPU model or the GPU's name and one thread
     (the VM calls PyTorch on one); no TVM target or version (its timings involve neither).
     """
 
@@ -308,7 +312,7 @@ class TorchRunner:
     def info(self) -> dict[str, Any]:
         import torch
 
-        from autoplace.backend.torch_ops import CALLS
+        from autoplace.backend.torch_bridge import CALLS
 
         hardware = (_cpu_model() if self.device.target == "cpu"
                     else torch.cuda.get_device_name(self.device.torch_place))
@@ -344,7 +348,7 @@ class TorchRunner:
         node = graph.nodes[0]
         if not self.device.can_run(node.op_type):
             raise OpFailed(f"{self.spec} runs no {node.op_type}: no PyTorch equivalent "
-                           "(autoplace.backend.torch_ops.EQUIVALENTS)")
+                           "(autoplace.backend.torch_equivalents.EQUIVALENTS)")
         op = torch_op_for(node)
         if op is None:
             raise OpFailed(f"no PyTorch call of {node.op_type} with these attributes and shapes "

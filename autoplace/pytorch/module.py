@@ -25,7 +25,7 @@ from autoplace._version import __version__
 from autoplace.annotate import vm_devices
 from autoplace.api import COMPILED, EAGER, OptimizeResult, optimize, with_measured_baseline
 from autoplace.backend import own_pool
-from autoplace.backend.torch_ops import called, missing
+from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile

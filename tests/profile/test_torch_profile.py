@@ -88,7 +88,7 @@ def test_a_campaign_stores_pytorch_rows_and_resumes(tmp_path, cdist):
 
 def _lopsided():
     """A conv2d padded on one side only (PyTorch's conv2d pads both), its relu, and a conv3d
-    (no PyTorch equivalent in torch_ops.EQUIVALENTS)."""
+    (no PyTorch equivalent in torch_equivalents.EQUIVALENTS)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -157,7 +157,7 @@ def test_a_handoff_that_cannot_be_measured_is_an_error_not_a_stored_default(tmp_
     def broken(*a, **k):
         raise RuntimeError("no LLVM here")
 
-    monkeypatch.setattr("autoplace.backend.torch_ops.register", broken)  # the probe's op
+    monkeypatch.setattr("autoplace.backend.torch_bridge.register", broken)  # the probe's op
     store = ProfileStore(tmp_path / "p.db")
     _cpu_overheads_stored(store)
     rep = record_overheads(["cpu:0", "torch:cpu"], store, measure_overheads)

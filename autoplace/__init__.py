@@ -10,15 +10,18 @@
 from autoplace import frontends, zoo
 from autoplace._version import __version__ as __version__
 from autoplace.annotate import annotate
-from autoplace.api import OptimizeResult, build_problem, node_costs, optimize
+from autoplace.api import optimize
 from autoplace.devices import Device, Link
 from autoplace.frontends import from_torch
 from autoplace.graph import OpGraph, OpNode, TensorInfo, UnsupportedModelError
 from autoplace.manual import place
 from autoplace.plan import Plan, PlanError
 from autoplace.predict import RooflineCostModel, load_cost_model
+from autoplace.pricing import node_costs
+from autoplace.report.result import OptimizeResult
 from autoplace.run import CompiledModel, compile
 from autoplace.solve import InfeasibleError, Problem, Solution, solve
+from autoplace.solve.build import build_problem
 from autoplace.tuning import tune
 
 __all__ = [

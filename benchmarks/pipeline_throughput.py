@@ -34,7 +34,7 @@ import numpy as np
 
 import autoplace
 from autoplace import zoo
-from autoplace.api import auto_cost_model
+from autoplace.pricing import auto_cost_model
 from autoplace.predict import MeasuredCostModel
 from autoplace.profile import DeviceProfile
 from autoplace.run.baseline import fastest_single_device, random_inputs_like, time_sequential

@@ -200,7 +200,7 @@ def test_copies_count_tensors_per_destination_not_edges(devs):
 
 
 def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
-    from autoplace.api import auto_cost_model
+    from autoplace.pricing import auto_cost_model
     from autoplace.profile import LocalRunner, fingerprint
     from autoplace.profile.store import shipped_profile
 
@@ -232,7 +232,7 @@ def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
 
 
 def test_roofline_costs_have_one_name_whether_asked_for_or_fallen_back_on(devs, monkeypatch):
-    from autoplace.api import ROOFLINE, auto_cost_model
+    from autoplace.pricing import ROOFLINE, auto_cost_model
 
     mod = zoo.load("mlp").mod
     asked = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), time_limit=2)

@@ -22,6 +22,7 @@ LAYERS = [
     ["manual", "annotate"],
     ["run"],                      # multi-device build, stage split, pipeline executor
     ["cluster"],                  # hosts of a Ray cluster, links between them, stages as actors
+    ["pricing"],                  # what the solver charges: costs, overheads, runtime devices
     ["report"],
     ["api"],
     ["pytorch"],                  # torch.compile backend and optimize_module: PyTorch's door

@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 
 import autoplace
 from autoplace import Device, Link, zoo
-from autoplace.report import (cost_spread, explain, plot_accuracy, plot_gantt, plot_graph,
+from autoplace.predict import cost_spread
+from autoplace.report import (explain, plot_accuracy, plot_gantt, plot_graph,
                               plot_stage_loads)
 from autoplace.solve.simulate import (copies_needed, device_loads, link_loads, stage_counts,
                                        stage_overhead)

@@ -8,7 +8,8 @@ from autoplace.predict.learned import (NearestNeighborCostModel, NotFittedError,
 from autoplace.predict.measured import MeasuredCostModel
 from autoplace.predict.roofline import RooflineCostModel
 from autoplace.predict.rows import profile_rows
+from autoplace.predict.spread import cost_spread
 
 __all__ = ["FEATURE_NAMES", "AdaptedCostModel", "KernelAnalysis", "MeasuredCostModel",
            "NearestNeighborCostModel", "NotFittedError", "RooflineCostModel", "XGBCostModel",
-           "features", "load_cost_model", "profile_rows", "quick_profile"]
+           "cost_spread", "features", "load_cost_model", "profile_rows", "quick_profile"]

@@ -227,7 +227,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     entry of this host already holds; workloads the entry holds are not timed again, and where
     it holds them all, its model is reused and nothing is timed. ``overheads(store, spec)``,
     if given, measures into the entry's store the overheads of running a plan on the device
-    that it lacks (the run layer's work: :func:`autoplace.api.auto_cost_model` passes it).
+    that it lacks (the run layer's work: :func:`autoplace.pricing.auto_cost_model` passes it).
 
     Raises ValueError where the device has no CLI spec (:attr:`Device.spec`) or cannot be
     timed.

@@ -23,7 +23,8 @@ import tvm
 from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
 from autoplace.annotate import vm_devices
-from autoplace.api import COMPILED, EAGER, OptimizeResult, optimize, with_measured_baseline
+from autoplace.api import optimize
+from autoplace.report.result import COMPILED, EAGER, OptimizeResult, with_measured_baseline
 from autoplace.backend import own_pool
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device

@@ -5,8 +5,8 @@
 >>> plot_gantt(res).savefig("gantt.png")                     # doctest: +SKIP
 """
 
-from autoplace.report.explain import Copy, Explanation, NodeExplanation, cost_spread, explain
+from autoplace.report.explain import Copy, Explanation, NodeExplanation, explain
 from autoplace.report.plots import plot_accuracy, plot_gantt, plot_graph, plot_stage_loads
 
-__all__ = ["Copy", "Explanation", "NodeExplanation", "cost_spread", "explain", "plot_accuracy",
+__all__ = ["Copy", "Explanation", "NodeExplanation", "explain", "plot_accuracy",
            "plot_gantt", "plot_graph", "plot_stage_loads"]

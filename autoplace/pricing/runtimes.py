@@ -1,0 +1,151 @@
+"""Runtime devices beside TVM's: which ops they take and what their calls cost.
+
+A runtime device (PyTorch's kernels, :meth:`Device.torch <autoplace.devices.Device.torch>`)
+runs ops as calls from the VM of a TVM device. :func:`runtime_devices` adds one where the model
+needs it, :func:`with_runtime_costs` gives each a column of costs (its calls as its profile
+measured them or timed here, the hand-off included), and :func:`fused_runtime_calls` charges a
+chain a build runs as one call as one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from autoplace.devices import Device
+from autoplace.graph import OpGraph
+from autoplace.pricing.auto import fingerprints
+from autoplace.pricing.prices import Prices, check_runnable
+from autoplace.solve import InfeasibleError
+
+
+def runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "latency"
+                     ) -> tuple[list[Device], tuple[str, ...]]:
+    """The devices with the runtime devices (PyTorch) after TVM's, a torch device
+    added where the model calls PyTorch and none was given; and lines saying which ops run in
+    PyTorch and why. A throughput plan with PyTorch calls is refused (not built yet)."""
+    torch_nodes = [n for n in graph.nodes if n.is_torch]
+    given = [d for d in devices if d.runtime == "torch"]
+    if (torch_nodes or given) and objective == "throughput":
+        raise ValueError("pipelines with PyTorch calls (a torch device) are not built yet: "
+                         "optimize this model with objective='latency'")
+    if given or torch_nodes:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ImportError("a torch device needs PyTorch: pip install 'autoplace[frontends]'"
+                              ) from None
+    if given and not any(d.runtime == "tvm" for d in devices):
+        tvm_op = next((n for n in graph.nodes if not given[0].can_run(n.op_type)), None)
+        if tvm_op is not None:
+            raise InfeasibleError(f"node {tvm_op.name!r} ({tvm_op.op_type}) can run on no "
+                                  f"device: {given[0].name} has no PyTorch equivalent for it; "
+                                  "add a TVM device (Device.cpu(0))")
+        raise ValueError("a torch device runs inside the VM of a TVM device: add one "
+                         "(Device.cpu(0))")
+    if not torch_nodes:
+        return devices, ()
+    if not given:  # for the calls only: ordinary ops on PyTorch are the caller's choice
+        given = [Device.torch(fallback_only=True)]
+        if any(d.name == "torch" for d in devices):
+            raise ValueError("the model calls PyTorch and a device is named 'torch': pass a "
+                             "torch device (Device.torch(name=...)) yourself")
+    out = [d for d in devices if d.runtime == "tvm"] + given
+    lacked = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes
+                     if dict(n.attrs).get("why", "").startswith("the importer lacks")})
+    reading = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes} - set(lacked))
+    parts = ([f"the importer lacks aten.{', aten.'.join(lacked)}"] if lacked else []) + (
+        [f"aten.{', aten.'.join(reading)} give or read a tensor whose shape depends on the data"]
+        if reading else [])
+    return out, (f"runs in PyTorch ({given[0].name}), {len(torch_nodes)} op(s): "
+                 + "; ".join(parts),)
+
+
+def competes(devices: Sequence[Device]) -> bool:
+    """Whether a runtime device of ``devices`` may take the model's ordinary ops (not only the
+    calls nothing else runs)."""
+    from autoplace.backend.torch_equivalents import EQUIVALENTS
+
+    return any(d.runtime == "torch" and any(map(d.can_run, EQUIVALENTS)) for d in devices)
+
+
+def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
+                       torch_devices: Sequence[Device], db=None) -> Prices:
+    """``costs`` (of ``tvm_devices``) with a column per torch device: its PyTorch calls as a
+    profile of it measured them (given to the cost model, in store ``db``, or shipped), those
+    it lacks timed here, plus the hand-off of a call from the VM
+    (:class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
+    cost ``inf``."""
+    if not torch_devices:
+        return costs
+    from autoplace.predict.torch_costs import TorchCostModel, WithTorch, torch_profile
+    from autoplace.profile import check_present
+
+    models = {}
+    for d in torch_devices:
+        check_present(d)  # timed here, whatever check_devices says
+        profile = torch_profile(d, db=db, cost_model=costs.model)
+        callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
+        models[d.name] = (TorchCostModel(place=d.torch_place) if profile is None else
+                          TorchCostModel.from_profile(profile, callers, place=d.torch_place))
+    model = WithTorch(costs.model, models)
+    torch_nodes = [n.index for n in graph.nodes if n.is_torch]
+    cost = costs.cost.copy()
+    cost[torch_nodes] = np.inf
+    cols = [model.predict(graph, d) for d in torch_devices]
+    by_torch = [model.sources(graph, d) for d in torch_devices]  # measured or timed here
+    runs = [[t[n.index] for t in by_torch if t[n.index] != "unsupported"] for n in graph.nodes]
+    sources = tuple("+".join(dict.fromkeys(r if n.is_torch else [s, *r]))
+                    for n, s, r in zip(graph.nodes, costs.sources, runs))
+    spread = np.column_stack([costs.spread] + [np.where(np.isfinite(c), TorchCostModel.spread,
+                                                         np.nan) for c in cols])
+    overhead = costs.overheads.charged
+    if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
+        overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
+    note = tuple(f"{d.name}: {models[d.name].describe(graph)}" for d in torch_devices)
+    cost = np.column_stack([cost] + cols)
+    check_runnable(graph, [*tvm_devices, *torch_devices], cost, model)
+    sources_of = {**costs.overheads.sources, **{d.name: "measured" for d in torch_devices}}
+    return replace(costs, model=model, cost=cost, sources=sources, spread=spread,
+                   overheads=replace(costs.overheads, charged=overhead, sources=sources_of),
+                   notes=replace(costs.notes, profiles=costs.notes.profiles + note))
+
+
+def fused_runtime_calls(graph: OpGraph, devices: Sequence[Device], costs: Prices,
+                        pinned: Mapping[int, str]) -> Prices:
+    """``costs`` where a build runs several ops as one PyTorch call: each chain of a conv or
+    linear, its bias add (or a conv's batch norm) and its activation
+    (:func:`~autoplace.graph.chains.fused_chains`) that a torch device can run whole is
+    charged there as one call (the anchor the call's cost,
+    :meth:`~autoplace.predict.torch_costs.TorchCostModel.fused_cost`; the others nothing) and
+    kept on one device (``groups``), as annotate makes one call of a chain placed whole on
+    PyTorch. A chain that the pins (``pinned``: node index -> device name) put on two
+    devices, or that could not be timed as one call, stays ops of their own, charged as their
+    calls."""
+    models = getattr(costs.model, "models", {})
+    torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
+    if not torch_cols:
+        return costs
+    from autoplace.graph.chains import fused_chains
+
+    cost, kept = costs.cost.copy(), []
+    for chain in fused_chains(graph):
+        runs = [(k, d) for k, d in torch_cols
+                if all(d.can_run(graph.nodes[i].op_type) for i in chain)]
+        if not runs or len({pinned[i] for i in chain if i in pinned}) > 1:
+            continue
+        timed = [(k, c) for k, d in runs
+                 if np.isfinite(c := models[d.name].fused_cost(graph, d, chain))]
+        for k, c in timed:  # (one that could not be timed is charged as its ops' calls)
+            cost[chain[0], k] = c
+            cost[list(chain[1:]), k] = 0.0
+        if timed:
+            kept.append(tuple(chain))
+    note = (f"{', '.join(d.name for _, d in torch_cols)}: {len(kept)} chain(s) of a conv or "
+            "linear, its bias add or batch norm and activation, each charged as one call "
+            "(timed as one)",) if kept else ()
+    return replace(costs, cost=cost, groups=tuple(kept),
+                   notes=replace(costs.notes, profiles=costs.notes.profiles + note))
+

@@ -2,12 +2,16 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test
+.PHONY: demo test bench
 demo: $(VENV)/.installed
 	$(VENV)/bin/autoplace demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The benchmarks, one line each; run one with `$(PY) -m benchmarks NAME` (benchmarks/README.md).
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

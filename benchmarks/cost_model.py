@@ -1,6 +1,6 @@
 """How well the learned cost model predicts unmeasured ops, next to the issue's targets.
 
-    python benchmarks/cost_model.py --db prof.db [--device cpu:0] [--json OUT.json]
+    .venv/bin/python -m benchmarks cost_model --db prof.db [--device cpu:0] [--json OUT.json]
 
 Prints :func:`autoplace.predict.evaluate.evaluate`'s table for a profile store, then each target
 with the measured figure and PASS / FAIL. Targets: on held-out shapes >= 90 % of ops within
@@ -10,7 +10,7 @@ split. The whole-model error (the same predictions against the model compiled an
 this machine, when the store's device is here) is printed beside them, with no target: per-op
 costs leave out fusion and the VM's own work. The median cv of one measurement's repeats
 understates the labels' noise: measuring the same ops again another time
-(``benchmarks/retest_noise.py``) is the ceiling any model can reach against these labels (the
+(``python -m benchmarks retest_noise``) is the ceiling any model can reach against these labels (the
 shipped CPU profile, three passes by the fastest repeat, against another store of two passes:
 95.9 % of ops within +-10 %).
 """
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     else:
         print(f"median cv of one measurement's repeats: {100 * result['noise_cv']:.1f}% "
               "(test-retest noise across passes is larger: profile with --passes 2, or compare "
-              "two stores with benchmarks/retest_noise.py)")
+              "two stores with python -m benchmarks retest_noise)")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(result), indent=1))
     return 0 if all(ok for *_, ok in rows) else 1

@@ -1,5 +1,7 @@
-"""A new user's first run: ``optimize`` with defaults only, on held-out models no zoo or profile
-has seen, its prediction against the build it returns, on this host as it is.
+"""A new user's first run: ``optimize`` with defaults on held-out models, predicted vs measured.
+
+``optimize`` with defaults only, on held-out models no zoo or profile has seen, its prediction
+against the build it returns, on this host as it is.
 
 Per model, with an empty calibration cache (``AUTOPLACE_CACHE_DIR`` set to a fresh folder) and,
 with ``--hide-shipped``, no shipped profile (``AUTOPLACE_SHIPPED_PROFILES=0``: every user's host):
@@ -16,8 +18,8 @@ with ``--hide-shipped``, no shipped profile (``AUTOPLACE_SHIPPED_PROFILES=0``: e
 Targets of the issue (printed, not asserted): m/p within 0.85-1.15 on every model; first call
 under 30 s on a model the size of resnet18, 0 s of calibration afterwards.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/first_run.py --hide-shipped
-    PYTHONPATH=. .venv/bin/python benchmarks/first_run.py --hide-shipped --throughput-only
+    .venv/bin/python -m benchmarks first_run --hide-shipped
+    .venv/bin/python -m benchmarks first_run --hide-shipped --throughput-only
 """
 
 from __future__ import annotations

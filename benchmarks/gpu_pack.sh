@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
+# Pack TVM and the rest of autoplace's dependencies for the GPU machine, in carryable parts.
+#
 # Pack what the GPU machine needs to import autoplace and TVM into parts the device tool can
 # carry (run here, where pip can reach the package registries; the GPU machine cannot).
 #
-#   benchmarks/gpu_pack.sh [PART_MB]          (default 30)
+#   .venv/bin/python -m benchmarks gpu_pack [PART_MB]     (default 30; or benchmarks/gpu_pack.sh)
 #
 # The GPU machine's image has Python 3.12 with numpy, scipy, matplotlib and PyTorch, but not
 # TVM, its FFI, XGBoost, OR-Tools, networkx or tqdm. This downloads their CPython 3.12

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
+# A GPU session's checklist: environment, overheads, latency, throughput and pipelines.
+#
 # A GPU session's checklist (issue 24, item 6): what a session lent the GPU machine runs, start
 # to finish, in under 25 minutes.
 #
 #   benchmarks/gpu_session.sh [STEP ...]      (default: every step, in this order)
+#   (.venv/bin/python -m benchmarks gpu_session [STEP ...] where a .venv exists; the GPU
+#   machine has none before `setup`)
 #
 # Steps:
 #   env        nvidia-smi, uptime, cores, commit, Python/TVM versions        -> env.txt

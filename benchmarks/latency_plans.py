@@ -1,6 +1,6 @@
 """Latency plans built, run and timed as a user runs them, against what a user would run instead.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/latency_plans.py [--models zoo:inception resnet18 ...]
+Run: .venv/bin/python -m benchmarks latency_plans [--models zoo:inception resnet18 ...]
      [--device cpu:0 --device cpu:1] [--repeat 30] [--rounds 3] [--db auto|none|PATH]
      [--json [FILE]] [--profile FILE ...] [--overhead]
 

@@ -1,6 +1,6 @@
 """Pipelined throughput per zoo model: measured vs sequential vs predicted.
 
-Run: .venv/bin/python benchmarks/pipeline_throughput.py [--inputs 64] [--rounds 3] [--models a,b]
+Run: .venv/bin/python -m benchmarks pipeline_throughput [--inputs 64] [--rounds 3] [--models a,b]
      [--micro-batch 1 8]   (a row per micro-batch size, same plan, same inputs)
      [--threads 1 0]   (a row per TVM thread count of each stage; 0: the executor's default)
      [--device cpu:0 --device cuda:0]   (default: two CPU devices, cpu:0 and cpu:1)

@@ -1,7 +1,9 @@
-"""Profile the zoo on this machine's CPU: throughput of the campaign, dedup, spread, copy fits,
-and how well the per-op profile predicts each whole model.
+"""Profile the zoo on this machine's CPU: the campaign's speed, spread, copy fits, whole models.
 
-Run: .venv/bin/python benchmarks/profile_campaign.py [--db prof.db] [--models a,b]
+The campaign's throughput (workloads per minute), dedup, spread, copy fits, and how well the
+per-op profile predicts each whole model.
+
+Run: .venv/bin/python -m benchmarks profile_campaign [--db prof.db] [--models a,b]
      [--sweep OP[:N[:FAMILY]]] [--passes K] [--export NAME.json]
 With an existing --db, only what is missing is measured (the campaign resumes).
 """

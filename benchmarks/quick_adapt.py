@@ -1,4 +1,6 @@
-"""A machine never profiled, in minutes: whole-model latency predicted before and after
+"""A machine never profiled: latency predicted before and after ``profile --quick``, vs measured.
+
+A machine never profiled, in minutes: whole-model latency predicted before and after
 ``autoplace profile --quick``, against the model built and timed on that machine.
 
 "The new machine" is one of this machine's own devices that no shipped profile describes, chosen
@@ -19,8 +21,8 @@ Each prediction charges the ops as ``optimize`` does (those the build runs no ke
 nothing) and, but for the roofline's, a call of the device as the shipped profile measured it;
 the reference is the model compiled whole for the device with TVM's default kernels and timed.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/quick_adapt.py --device cpu:0:native
-    TVM_NUM_THREADS=2 PYTHONPATH=. .venv/bin/python benchmarks/quick_adapt.py --device cpu:0
+    .venv/bin/python -m benchmarks quick_adapt --device cpu:0:native
+    TVM_NUM_THREADS=2 .venv/bin/python -m benchmarks quick_adapt --device cpu:0
 """
 
 from __future__ import annotations

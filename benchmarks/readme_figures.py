@@ -1,6 +1,6 @@
 """Make the README's figures from the commands it shows, so that they cannot drift from them.
 
-Run: ``.venv/bin/python benchmarks/readme_figures.py [--check]``
+Run: ``.venv/bin/python -m benchmarks readme_figures [--check]``
 
 Each figure is a command the README shows, run as a user runs it (``python -m autoplace ...``
 with ``--json``): its image is copied into ``docs/img/`` and its numbers written between

@@ -1,6 +1,6 @@
 """Test-retest noise of a profile: the same workloads measured in two campaigns, side by side.
 
-Run: .venv/bin/python benchmarks/retest_noise.py --db A.db --db B.db [--device cpu:0]
+Run: .venv/bin/python -m benchmarks retest_noise --db A.db --db B.db [--device cpu:0]
 
 A cost model is scored against measured labels, so the share of workloads whose second
 measurement lands within +-10 % of the first is the most any model can score on that metric

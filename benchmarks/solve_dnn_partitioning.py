@@ -1,7 +1,6 @@
 """Tables for the public dnn-partitioning inputs, scored by the benchmark's own models.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/solve_dnn_partitioning.py [--time-limit S]
-[--only NAME ...]``
+Run: .venv/bin/python -m benchmarks solve_dnn_partitioning [--time-limit S] [--only NAME ...]
 
 Throughput columns: our contiguous split (``solve_benchmark``: DP over ideals, else CP-SAT), its
 proven lower bound and gap, the method that closed it, seconds; our split of any shape (CP-SAT
@@ -12,22 +11,16 @@ CP-SAT), its bound (the larger of CP-SAT's and the longest path's) and gap, seco
 split alone, the paper's greedy (README), autoplace's greedy and HEFT (``nan``: their plan puts
 a non-convex set on an accelerator, which the model does not allow), one accelerator.
 
-:func:`throughput_row` and :func:`latency_row` compute one input's row as a dict (the keys of
-``THROUGHPUT_COLUMNS`` / ``LATENCY_COLUMNS``); ``notebooks/dnn_partitioning.ipynb`` uses them too.
+The rows are :mod:`autoplace.dnn_partitioning.tables`' (``notebooks/dnn_partitioning.ipynb``
+draws the same); this script prints them with the columns of ``THROUGHPUT_COLUMNS`` /
+``LATENCY_COLUMNS``.
 """
 
 import argparse
-import os
-import time
 from pathlib import Path
 
-import numpy as np
-
 from autoplace import dnn_partitioning as dnn
-from autoplace.solve import InfeasibleError
-from autoplace.solve.baselines import greedy, heft
-from autoplace.solve.coarsen import coarse_graph, coarsen
-from autoplace.dnn_partitioning.maxload import ideals
+from autoplace.dnn_partitioning.tables import inputs, latency_row, throughput_row
 
 #: The benchmark's inputs, with its licence and README, as the repository carries them.
 ROOT = Path(__file__).resolve().parent / "data" / "dnn-partitioning"
@@ -46,71 +39,6 @@ LATENCY_COLUMNS = [
     ("bound", "bound", ">10.4f"), ("gap %", "gap %", ">7.1f"), ("s", "s", ">6.1f"),
     ("topo DP", "topo DP", ">10.4f"), ("paper greedy", "paper gr.", ">10.4f"),
     ("greedy", "greedy", ">10.4f"), ("heft", "heft", ">10.4f"), ("one acc", "one acc", ">10.4f")]
-
-
-def _single_acc(bench, score):
-    a = np.where(np.isfinite(bench.problem.cost[:, 0]), 0, bench.cpu)
-    if bench.problem.node_mem[a == 0].sum() > bench.problem.mem_cap[0]:
-        return float("nan")
-    return score(bench, a)
-
-
-def _baseline(rule, bench, objective, score):
-    try:
-        return score(bench, rule(bench.problem, objective).assignment)
-    except InfeasibleError:
-        return float("nan")
-
-
-def inputs(kind, only=None, root=ROOT):
-    """(name, :class:`dnn.Benchmark`) of each ``root/kind/*.json`` (kind: ``"throughput"`` or
-    ``"latency"``), by name; only those named in ``only`` when given. A missing folder raises."""
-    if not Path(root, kind).is_dir():
-        raise FileNotFoundError(f"no benchmark inputs at {Path(root, kind)}: they ship in the "
-                                "repository under benchmarks/data/dnn-partitioning")
-    for path in sorted(Path(root, kind).glob("*.json")):
-        name = os.path.basename(path).removesuffix("_inference.json")
-        if not only or name in only:
-            yield name, dnn.load(path)
-
-
-def throughput_row(name, b, time_limit):
-    """One input's throughput row: our contiguous and any-shape splits with their bounds, and
-    the baselines, all scored by :func:`dnn.max_load`."""
-    rep = coarsen(b.problem)
-    count = ideals(coarse_graph(b.problem, rep), dnn.IDEAL_CAP)
-    t0 = time.perf_counter()
-    s = dnn.solve_benchmark(b, "throughput", time_limit=time_limit)
-    dt = time.perf_counter() - t0
-    g = dnn.solve_benchmark(b, "throughput", contiguous=False, time_limit=time_limit)
-    return {
-        "input": name, "n": b.problem.num_nodes, "coarse": int(rep.max()) + 1,
-        "ideals": len(count) if count else None,  # None: more than IDEAL_CAP
-        "maxLoad": s.value, "bound": s.bound,
-        "gap %": max(0.0, 100 * (s.value - s.bound) / s.value),
-        "method": "ideals" if count is not None else "cpsat", "s": dt,
-        "any shape": g.value, "any bound": g.bound,
-        "any gap %": 100 * (g.value - g.bound) / g.value,
-        "topo DP": dnn.max_load(b, dnn.interval_dp(b, "throughput")),
-        "one acc": _single_acc(b, dnn.max_load),
-        "all cpu": dnn.max_load(b, np.full(b.problem.num_nodes, b.cpu)),
-        "greedy": _baseline(greedy, b, "throughput", dnn.max_load)}
-
-
-def latency_row(name, b, time_limit):
-    """One input's latency row: our split with its bound, and the baselines (the paper's greedy
-    from the README), all scored by :func:`dnn.latency` (``nan``: not allowed by the model)."""
-    t0 = time.perf_counter()
-    s = dnn.solve_benchmark(b, "latency", time_limit=time_limit)
-    dt = time.perf_counter() - t0
-    return {
-        "input": name, "n": b.problem.num_nodes, "latency": s.value, "bound": s.bound,
-        "gap %": 100 * (s.value - s.bound) / s.value, "s": dt,
-        "topo DP": dnn.latency(b, dnn.interval_dp(b, "latency")),
-        "paper greedy": dnn.PAPER_GREEDY_LATENCY.get(name, float("nan")),
-        "greedy": _baseline(greedy, b, "latency", dnn.latency),
-        "heft": _baseline(heft, b, "latency", dnn.latency),
-        "one acc": _single_acc(b, dnn.latency)}
 
 
 def _line(columns, row=None):
@@ -134,12 +62,12 @@ def main():
 
     print("THROUGHPUT (max-load, benchmark model; contiguous, then any shape)")
     print(_line(THROUGHPUT_COLUMNS))
-    for name, b in inputs("throughput", args.only):
+    for name, b in inputs("throughput", args.only, root=ROOT):
         print(_line(THROUGHPUT_COLUMNS, throughput_row(name, b, args.time_limit)), flush=True)
     print()
     print("LATENCY (benchmark model)")
     print(_line(LATENCY_COLUMNS))
-    for name, b in inputs("latency", args.only):
+    for name, b in inputs("latency", args.only, root=ROOT):
         print(_line(LATENCY_COLUMNS, latency_row(name, b, args.time_limit)), flush=True)
 
 

@@ -1,6 +1,6 @@
 """What one pipeline stage costs beyond its kernels: time per input of k trivial stages, a + b*k.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/stage_overhead.py [--device cpu:0 --device cpu:1]
+Run: .venv/bin/python -m benchmarks stage_overhead [--device cpu:0 --device cpu:1]
      [--max-stages 6] [--inputs 200] [--rounds 3]
 
 One fit per device (every stage on it), then one with the stages alternating over all devices,

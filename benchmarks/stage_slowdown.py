@@ -1,8 +1,10 @@
-"""Why a pipeline's stages run slower than their profile: each stage of a throughput plan timed
+"""Why a pipeline's stages run slower than their profile: each stage timed four ways.
+
+Why a pipeline's stages run slower than their profile: each stage of a throughput plan timed
 alone, side by side with the other stage on reused inputs, side by side on fresh inputs, and in
 the pipeline.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/stage_slowdown.py [--models mobilenet,inception]
+Run: .venv/bin/python -m benchmarks stage_slowdown [--models mobilenet,inception]
      [--seconds 2] [--rounds 3]
 
 The four are timed one after another, ``--seconds`` each, in ``--rounds`` rounds (this machine's

@@ -1,6 +1,6 @@
 """Throughput plans run as a user runs them, against what a user would run instead.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/throughput_plans.py [--models zoo:resnet resnet18 ...]
+Run: .venv/bin/python -m benchmarks throughput_plans [--models zoo:resnet resnet18 ...]
      [--device cpu:0 --device cpu:1] [--inputs 64] [--rounds 3] [--db auto|none|PATH]
      [--no-guard] [--json [FILE]] [--profile FILE ...]
 

@@ -1,8 +1,10 @@
-"""PyTorch's GPU kernels (cuDNN, cuBLAS) as a placement target beside TVM's on the same GPU
+"""PyTorch's GPU kernels as a device beside TVM's on one GPU, against eager and Inductor.
+
+PyTorch's GPU kernels (cuDNN, cuBLAS) as a placement target beside TVM's on the same GPU
 (issue 42): the mixed plan over ``[cuda:0, torch:cuda:0]`` against PyTorch eager, ``torch.compile``
 and TVM alone, on that GPU.
 
-Run: PYTHONPATH=. python benchmarks/torch_cuda.py [--models resnet18 bert] [--repeats 50]
+Run: .venv/bin/python -m benchmarks torch_cuda [--models resnet18 bert] [--repeats 50]
      [--db gpu.db] [--no-compile] [--place cuda]
 
 Per model (``_models.py``; ``bert`` is the encoder written in torch, whatever is installed):

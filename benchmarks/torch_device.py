@@ -1,8 +1,10 @@
-"""PyTorch as a runtime device (issue 42): models with ops TVM's importer lacks, run as a mixed
+"""PyTorch as a runtime device for ops TVM cannot import, against eager and TVM alone.
+
+PyTorch as a runtime device (issue 42): models with ops TVM's importer lacks, run as a mixed
 plan (TVM's kernels, and PyTorch's for those ops, called from the Relax VM), against PyTorch eager
 and, where the model imports without PyTorch calls, TVM alone.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/torch_device.py [--repeats 50] [--threads N]
+Run: .venv/bin/python -m benchmarks torch_device [--repeats 50] [--threads N]
 
 Per model: eager PyTorch at its default threads and at one (timed first, before TVM has started
 its thread pool), then TVM alone (``tvm.relax.frontend.torch.from_exported_program`` as it is:

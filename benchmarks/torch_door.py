@@ -1,8 +1,10 @@
-"""PyTorch's door, timed: ``torch.compile(model, backend="autoplace")`` against the same plan
+"""``torch.compile(model, backend="autoplace")`` timed against eager, Inductor and numpy calls.
+
+PyTorch's door, timed: ``torch.compile(model, backend="autoplace")`` against the same plan
 called on numpy arrays, PyTorch eager and ``torch.compile`` with Inductor, at one thread count;
 and the per-call cost of ``optimize_module``'s wrapper over the raw build on a tiny model.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/torch_door.py [--rounds 7] [--models resnet bert]
+Run: .venv/bin/python -m benchmarks torch_door [--rounds 7] [--models resnet bert]
      [--db PATH]
 
 Models: zoo ``resnet`` (a small ResNet, 1x3x32x32; torchvision's resnet18 where torchvision is

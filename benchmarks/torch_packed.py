@@ -1,10 +1,12 @@
-"""The torch device's conv and matmul calls: plain (the weight reordered by oneDNN, or read by
+"""The torch device's conv and matmul calls per workload: plain against weights packed once.
+
+The torch device's conv and matmul calls: plain (the weight reordered by oneDNN, or read by
 MKL, on every call, as eager PyTorch runs them) against the weight packed once for oneDNN
-(``autoplace.backend.torch_ops.packed_call``, result made contiguous), per distinct conv and
+(``autoplace.backend.torch_calls.packed_call``, result made contiguous), per distinct conv and
 2-D-weight matmul workload of a model, and what the cost model charges (the faster of the two;
 a build runs the faster where the weight is a constant, as every such weight of these models is).
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/torch_packed.py [--models resnet18 bert ...]
+Run: .venv/bin/python -m benchmarks torch_packed [--models resnet18 bert ...]
 
 Each call is timed as the cost model times it (``torch_runner.time_plain_and_packed``): one PyTorch
 thread, no autograd, each call reading another copy of its inputs (as many as fill twice the

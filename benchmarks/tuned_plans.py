@@ -1,6 +1,6 @@
 """Tuned plans: predicted against measured whole-model latency, and tuned against default builds.
 
-Run: .venv/bin/python benchmarks/tuned_plans.py --db STORE [--models resnet,mlp] [--repeat 20]
+Run: .venv/bin/python -m benchmarks tuned_plans --db STORE [--models resnet,mlp] [--repeat 20]
      [--device cpu:0 --device cpu:1] [--rounds 3]
 
 Per model, on the first device alone and on all the given devices: the plan optimize makes with

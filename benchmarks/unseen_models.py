@@ -25,8 +25,8 @@ a time. Steps (each resumable; run them together or one by one with ``--steps``)
 
 Targets of the issue (printed, not asserted): every model's predicted/measured within 10 %.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/unseen_models.py --db out/unseen.db
-    PYTHONPATH=. .venv/bin/python benchmarks/unseen_models.py --db out/unseen.db --steps score \\
+    .venv/bin/python -m benchmarks unseen_models --db out/unseen.db
+    .venv/bin/python -m benchmarks unseen_models --db out/unseen.db --steps score \\
         --families mobilenet bert --two-device
 """
 
@@ -61,7 +61,7 @@ def shipped_workloads():
     whole, and each sweep workload under its sweep's name."""
     from autoplace import zoo
     from autoplace.profile import shipped_dir
-    from autoplace.profile.store import load_profile_json
+    from autoplace.profile.profiles import load_profile_json
     from autoplace.profile.workload import module_from_key
 
     data = load_profile_json(shipped_dir() / f"{SHIPPED}.json")
@@ -137,7 +137,7 @@ def score_step(db: Path, families: list[str], whole: dict, two_device: bool,
     import autoplace
     from autoplace import Device, OpGraph
     from autoplace.predict import KernelAnalysis, MeasuredCostModel, profile_rows
-    from autoplace.predict.learned import load_cost_model
+    from autoplace.predict.saved import load_cost_model
     from autoplace.profile import DeviceProfile, ProfileStore, shipped_dir
 
     dev = Device.cpu(0)

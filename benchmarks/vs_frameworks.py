@@ -1,8 +1,10 @@
-"""TVM (default and tuned kernels) and autoplace's mixed plans (TVM's kernels and PyTorch's, per
+"""TVM and autoplace's mixed plans against PyTorch eager, ``torch.compile`` and ONNX Runtime.
+
+TVM (default and tuned kernels) and autoplace's mixed plans (TVM's kernels and PyTorch's, per
 op) against PyTorch eager, ``torch.compile`` and ONNX Runtime, per model, at one thread count:
 medians, ratios, relative errors, and the kernels that hold the tuned build back.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/vs_frameworks.py [--models zoo:resnet resnet18 ...]
+Run: .venv/bin/python -m benchmarks vs_frameworks [--models zoo:resnet resnet18 ...]
      [--trials 64] [--minutes 20] [--db out/vs_frameworks.db] [--device cpu:0:native]
      [--threads 1] [--repeats 20] [--json] [--work DIR]
 

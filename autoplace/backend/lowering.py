@@ -96,10 +96,10 @@ def legalize_map() -> dict:
 
     On a CPU (an ``llvm`` target), ``erf`` and GELU use ``topi.fast_erf``, the rational
     approximation TVM's ``FastMathTransform`` uses: plain arithmetic that LLVM vectorizes, where
-    TVM's exact ``erf`` is a scalar libm call per element (``benchmarks/fast_erf.py``: about 30x
-    faster on a GELU, and closer to a float64 GELU than PyTorch's float32 one). An op's target
-    is its output's virtual device, else the target being built for; any other target keeps
-    TVM's lowering.
+    TVM's exact ``erf`` is a scalar libm call per element (about 30x faster on a GELU, and
+    closer to a float64 GELU than PyTorch's float32 one: ``docs/results.md``, "GELU's erf"). An
+    op's target is its output's virtual device, else the target being built for; any other
+    target keeps TVM's lowering.
     """
     return {"relax.nn.gelu": _on_cpu("relax.nn.gelu", _fast_gelu),
             "relax.erf": _on_cpu("relax.erf", _fast_erf)}

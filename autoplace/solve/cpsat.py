@@ -328,10 +328,12 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
         model.Add(sum(int(problem.cost[i, k] * scale) * x[i, k] for i in range(n)
                       if (i, k) in x) + overhead[k] * stages[k] <= period)
     # Every directed link's summed copy time fits in the period.
+    copies_on: dict[tuple[int, int], list] = {}  # (j, k) -> its copies' terms, z read once
+    for (u, j, k), var in z.items():
+        copies_on.setdefault((j, k), []).append(int(problem.transfer_time(u, j, k) * scale) * var)
     for j in range(d):
         for k in range(d):
-            terms = [int(problem.transfer_time(u, j, k) * scale) * var
-                     for (u, jj, kk), var in z.items() if (jj, kk) == (j, k)]
+            terms = copies_on.get((j, k))
             if terms:
                 model.Add(sum(terms) <= period)
     # The host's load, every stage's hand-off, fits in the period.

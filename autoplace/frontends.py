@@ -50,7 +50,7 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
 
     Ops the importer lacks (``adaptive_max_pool2d``, ``_cdist_forward``, ``searchsorted``,
     ``nonzero``, ``_unique2``...: those of the decomposed program that its converter map does
-    not name) become calls into PyTorch (:mod:`autoplace.backend.torch_ops`), which a
+    not name) become calls into PyTorch (:mod:`autoplace.backend.torch_bridge`), which a
     :meth:`Device.torch <autoplace.Device.torch>` device runs. Where an op's output shape
     depends on the data (``nonzero``, ``unique``), it returns a new tensor on every call, and
     every op that reads such a tensor runs in PyTorch too: no TVM kernel ever sees a shape
@@ -165,7 +165,7 @@ def _example_values(program) -> dict:
 
 
 def _torch_call(node, importer, dynamic: bool, example, why: str = ""):
-    """Emit ``node`` as a call of a registered PyTorch op (:mod:`autoplace.backend.torch_ops`)."""
+    """Emit ``node`` as a call of a registered PyTorch op (:mod:`autoplace.backend.torch_bridge`)."""
     import torch
     from torch import fx
     from tvm import relax

@@ -457,10 +457,9 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     build's time), where without them it says what is missing."""
     import shutil
 
-    from autoplace.backend.tuned import KernelRecords, target_key
+    from autoplace.backend.tuned import KernelRecords, target_key, tuning_target
     from autoplace.run.cores import all_threads
     from autoplace.tuning import device_kernels
-    from autoplace.tuning.campaign import tuning_target
     from autoplace.tuning.costs import (BUILD, DEFAULT_KERNEL, build_key, fingerprint_at,
                                         time_kernels_at_threads)
 

@@ -79,6 +79,16 @@ def fused_kernels(mod: tvm.IRModule, target=None) -> tvm.IRModule:
         return tvm.transform.Sequential(passes[:names.index("AttachTargets") + 1])(mod)
 
 
+def count_kernels(mod: tvm.IRModule, records: KernelRecords | None) -> dict[str, int]:
+    """How many kernels of ``mod``'s build ``records`` would give a tuned schedule
+    (``"tuned"``) and how many would keep the default one (``"default"``)."""
+    from autoplace.backend.tuned import KernelRecords, apply_records
+
+    counts: dict[str, int] = {}
+    apply_records(records or KernelRecords({}), counts)(fused_kernels(mod))
+    return {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)}
+
+
 def legalize(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     """``mod``'s Relax ops lowered to TIR as an autoplace build lowers them for ``target`` (a
     target or its string; ``None``: as TVM's ``LegalizeOps`` does): :func:`legalize_map` on top

@@ -39,6 +39,17 @@ def target_key(target) -> str:
     return " ".join(parts)
 
 
+def tuning_target(device, threads: int) -> tvm.target.Target:
+    """The target of ``device`` (a :class:`~autoplace.Device` or a runner) with the thread count
+    MetaSchedule needs (``num-cores``)."""
+    import tvm
+
+    target = device.tvm_target()
+    if target.kind.name != "llvm" or target.attrs.get("num-cores") is not None:
+        return target
+    return tvm.target.Target({**target.export(), "num-cores": int(threads)})
+
+
 def record_id(record) -> str:
     """A short name for a tuning record's schedule (a hash of its trace): what a tuned
     measurement says it timed (``schedule = "tuned:<id>"`` in the profile store)."""
@@ -174,13 +185,3 @@ def apply_records(records: KernelRecords, counts: dict[str, int]) -> tvm.transfo
         return out
 
     return _pass
-
-
-def count_kernels(mod: tvm.IRModule, records: KernelRecords | None) -> dict[str, int]:
-    """How many kernels of ``mod``'s build ``records`` would give a tuned schedule
-    (``"tuned"``) and how many would keep the default one (``"default"``)."""
-    from autoplace.backend.lowering import fused_kernels
-
-    counts: dict[str, int] = {}
-    apply_records(records or KernelRecords({}), counts)(fused_kernels(mod))
-    return {"tuned": counts.get("tuned", 0), "default": counts.get("default", 0)}

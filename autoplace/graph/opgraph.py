@@ -216,7 +216,7 @@ def is_op_call(value) -> bool:
 
 
 def torch_op_of(call):
-    """The PyTorch op (:class:`autoplace.backend.torch_ops.TorchOp`) a call of
+    """The PyTorch op (:class:`autoplace.backend.torch_bridge.TorchOp`) a call of
     ``autoplace.torch_op.<id>`` runs, or None for any other call."""
     from tvm import relax
 

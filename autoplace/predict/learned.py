@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
 
-__all__ = ["NearestNeighborCostModel", "NotFittedError", "XGBCostModel", "load_cost_model",
-           "profile_rows"]
+__all__ = ["NearestNeighborCostModel", "NotFittedError", "XGBCostModel", "booster_from_json",
+           "booster_to_json", "profile_rows"]
 
 _DEVICE_COLUMNS = ("threads", "log10_peak_flops", "log10_mem_bandwidth", "log10_t_compute",
                    "log10_t_memory")
@@ -236,7 +236,8 @@ class XGBCostModel(_Learned):
              "feature_min": [_num(v) for v in self.feature_min_],
              "feature_max": [_num(v) for v in self.feature_max_],
              "instructions": self.instructions_ and self.instructions_.to_dict(),
-             "booster": _trees(self.booster_), "point_booster": _trees(self.point_booster_)}
+             "booster": booster_to_json(self.booster_),
+             "point_booster": booster_to_json(self.point_booster_)}
         Path(path).write_text(json.dumps(d))
 
     @classmethod
@@ -258,8 +259,8 @@ class XGBCostModel(_Learned):
         model.op_types_, model.n_train_ = d["op_types"], d["n_train"]
         model.feature_min_ = np.array([_inf(v, -1) for v in d["feature_min"]], dtype=float)
         model.feature_max_ = np.array([_inf(v, +1) for v in d["feature_max"]], dtype=float)
-        model.booster_ = _booster(d["booster"], model.threads)
-        model.point_booster_ = _booster(d["point_booster"], model.threads)
+        model.booster_ = booster_from_json(d["booster"], model.threads)
+        model.point_booster_ = booster_from_json(d["point_booster"], model.threads)
         return model
 
 
@@ -334,27 +335,6 @@ class NearestNeighborCostModel(_Learned):
         return cls(k=d["k"]).fit(rows)
 
 
-def load_cost_model(path: str | Path):
-    """Load a saved cost model of any kind (the JSON's ``"model"``: roofline, xgboost, nearest,
-    adapted).
-
-    >>> import autoplace                                              # doctest: +SKIP
-    >>> autoplace.load_cost_model("cpu_model.json").predict(graph, autoplace.Device.cpu())  # doctest: +SKIP
-    """
-    try:
-        kind = json.loads(Path(path).read_text()).get("model")
-    except (OSError, json.JSONDecodeError, AttributeError) as e:
-        raise ValueError(f"cannot read a cost model from {path}: {e}") from None
-    from autoplace.predict.adapt import AdaptedCostModel
-
-    classes = {"roofline": RooflineCostModel, "xgboost": XGBCostModel,
-               "nearest": NearestNeighborCostModel, "adapted": AdaptedCostModel}
-    if kind not in classes:
-        raise ValueError(f"{path} is not a saved cost model (model={kind!r}; "
-                         f"expected one of {sorted(classes)})")
-    return classes[kind].load(path)
-
-
 def _target(device) -> str | None:
     """The TVM target of a fitted device's record (``"target"``) or of a :class:`Device`."""
     if isinstance(device, dict):
@@ -373,12 +353,14 @@ def _read(path, name: str) -> dict:
     return d
 
 
-def _trees(booster) -> dict:
+def booster_to_json(booster) -> dict:
+    """An XGBoost booster's trees as XGBoost's own JSON model, to save in a cost model's file."""
     return json.loads(bytes(booster.save_raw(raw_format="json")))
 
 
-def _booster(trees: dict, threads: int):
-    """The XGBoost booster of ``trees`` (:func:`_trees`), predicting on ``threads`` threads."""
+def booster_from_json(trees: dict, threads: int):
+    """The XGBoost booster of ``trees`` (:func:`booster_to_json`), predicting on ``threads``
+    threads."""
     import xgboost as xgb
 
     booster = xgb.Booster()

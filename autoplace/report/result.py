@@ -75,7 +75,7 @@ class OptimizeResult:
     def kernels(self) -> dict[str, int]:
         """How many kernels of the plan's build get tuned schedules and how many keep TVM's
         default ones (a kernel built for two devices counts twice)."""
-        from autoplace.backend.tuned import count_kernels
+        from autoplace.backend.lowering import count_kernels
 
         return count_kernels(self.mod, self.records)
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoplace.backend import fused_kernels
-from autoplace.backend.tuned import kernel_key, kernel_workload
+from autoplace.backend.tuned import kernel_key, kernel_workload, tuning_target
 from autoplace.graph.fusion import is_call_tir
 from autoplace.profile.campaign import as_runner
 from autoplace.profile.measure import (OpFailed, TimingPolicy, fingerprint, interrupts_kept,
@@ -116,17 +116,6 @@ class TuneReport:
                 "out_of_time": self.out_of_time,
                 "wall_s": self.wall_s,
                 "databases": self.databases}
-
-
-def tuning_target(device, threads: int) -> tvm.target.Target:
-    """The target of ``device`` (a :class:`Device` or a runner) with the thread count
-    MetaSchedule needs (``num-cores``)."""
-    import tvm
-
-    target = device.tvm_target()
-    if target.kind.name != "llvm" or target.attrs.get("num-cores") is not None:
-        return target
-    return tvm.target.Target({**target.export(), "num-cores": int(threads)})
 
 
 class KernelUse(NamedTuple):

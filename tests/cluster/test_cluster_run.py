@@ -143,3 +143,17 @@ def test_node_dying_mid_stream_is_named_in_bounded_time(ray_cluster):
     # Every input taken has an output or is reported.
     assert err.unprocessed[0] == len(got) and err.input_index == len(got)
     assert list(err.unprocessed) == list(range(len(got), len(got) + len(err.unprocessed)))
+
+
+def test_torch_tensors_in_torch_tensors_out(ray_cluster):
+    torch = pytest.importorskip("torch")
+    from autoplace.cluster import RayPipeline
+
+    mod = _mlp()
+    plan = _plan(mod, ["beta", "alpha"], [0, 0, 0, 1, 1])
+    xs = _inputs(3, seed=5)
+    with RayPipeline.from_plan(mod, plan) as pipe:
+        outs = pipe.run([torch.from_numpy(x)] for x in xs)
+    for got, w in zip(outs, _one_host(mod, xs)):
+        assert isinstance(got[0], torch.Tensor)
+        np.testing.assert_allclose(got[0].numpy(), w, rtol=1e-5, atol=1e-6)

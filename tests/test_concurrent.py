@@ -45,7 +45,30 @@ def _two_branch_inputs(rng):
     return [(rng.standard_normal((192, 192)) / 14).astype("float32") for _ in range(2)]
 
 
-def test_branches_on_two_devices_run_at_the_same_time(devs, rng):
+def test_branches_on_two_devices_run_at_the_same_time(devs, rng, monkeypatch):
+    # Each branch's segment (0 on a, 1 on b) waits inside its call until the other's has begun:
+    # both are running at once by construction, whatever the host's load, and a runner that
+    # ran them one after the other would leave the first waiting, and fail this test.
+    from tvm import relax
+
+    meet, missed = threading.Barrier(2), []
+
+    class Meeting(relax.VirtualMachine):
+        def __getitem__(self, name):
+            fn = super().__getitem__(name)
+            if name not in ("segment0", "segment1"):
+                return fn
+
+            def met(*args):
+                try:
+                    meet.wait(timeout=60)
+                except threading.BrokenBarrierError:
+                    missed.append(name)
+                return fn(*args)
+
+            return met
+
+    monkeypatch.setattr(relax, "VirtualMachine", Meeting)
     graph = autoplace.OpGraph.from_relax(TwoBranches)
     plan = autoplace.Plan.from_assignment(graph, devs, ["a"] * 3 + ["b"] * 3 + ["a"])
     inputs = _two_branch_inputs(rng)
@@ -53,6 +76,7 @@ def test_branches_on_two_devices_run_at_the_same_time(devs, rng):
         assert run.segments == 3
         for _ in range(3):
             [out] = run(*inputs)
+            assert not missed, f"{missed} waited 60 s for the other branch: run one at a time"
             np.testing.assert_allclose(out, _reference(TwoBranches, inputs, devs)[0], rtol=1e-4)
             first = {b.device: b for b in run.busy if b.segment < 2}
             assert set(first) == {"a", "b"}

@@ -4,6 +4,8 @@ Skipped where TVM sees no CUDA device (CI has none); run them on a GPU machine w
 ``python -m pytest tests/test_cuda.py``.
 """
 
+import time
+
 import numpy as np
 import pytest
 import tvm
@@ -54,13 +56,21 @@ def test_a_cpu_and_gpu_pipeline_gives_the_single_device_outputs(name):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _assert_seconds_of_one_call(runner):
+    """The probe's timing is in seconds of one call: all the calls timed fit in the seconds the
+    timing took (a figure in ms is 1000 times over), on any host at any load."""
+    t0 = time.perf_counter()
+    t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
+    took = time.perf_counter() - t0
+    assert 0 < t.min_s <= t.median_s and t.min_s * t.number * t.repeats <= took, (t, took)
+
+
 def test_the_gpu_is_profiled_like_any_device():
     runner = LocalRunner(DEVS[1])
     runner.check()
     info = runner.info()
     assert info["kind"] == "cuda" and info["hardware"] != "absent"
-    t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
-    assert 0 < t.min_s <= t.median_s < 1e-2
+    _assert_seconds_of_one_call(runner)
 
 
 def test_the_overheads_of_the_gpu_and_the_cpu_are_measured():
@@ -158,6 +168,5 @@ def test_pytorchs_gpu_is_profiled_like_any_device():
     runner.check()
     info = runner.info()
     assert info["place"] == "cuda" and info["hardware"] == torch.cuda.get_device_name(0)
-    t = runner.measure(probe_module(), TimingPolicy(min_repeat_ms=1, max_repeats=5))
-    assert 0 < t.min_s <= t.median_s < 1e-2
+    _assert_seconds_of_one_call(runner)
     assert 0 <= measure_handoff(strict=True, place="cuda:0") < 1e-3

@@ -545,10 +545,13 @@ def test_a_pipeline_gives_torch_for_torch_and_numpy_for_numpy(two_stage_pipe, wh
 
 
 def test_a_fast_producer_is_held_back_by_the_bounded_queues(two_stage_pipe, monkeypatch):
-    # Stage 1 is slowed to 2 ms an input; a generator makes inputs at once. Pulled but not done
-    # stays within (queue_size + 2) * micro_batch (+1 being pulled) = 4: the pipeline reads the
-    # generator only as stage 0 is free, and stage 0 waits on the full queue to stage 1.
-    done, lead = [0], []
+    # Stage 1 holds its first input until the generator is two inputs ahead of it (as a slow
+    # stage would, however fast the host runs stage 0), then takes 2 ms an input; a generator
+    # makes inputs at once. Pulled but not done stays within (queue_size + 2) * micro_batch (+1
+    # being pulled) = 4: the pipeline reads the generator only as stage 0 is free, and stage 0
+    # waits on the full queue to stage 1. (A pipeline that let no input ahead would leave stage
+    # 1 waiting a minute, and fail.)
+    done, lead, ahead = [0], [], threading.Event()
     Pipeline = autoplace.run.Pipeline
     original = Pipeline._processor
 
@@ -558,6 +561,7 @@ def test_a_fast_producer_is_held_back_by_the_bounded_queues(two_stage_pipe, monk
             return process
 
         def counted(item):
+            ahead.wait(60)
             time.sleep(0.002)
             process(item)
             done[0] += 1
@@ -567,6 +571,8 @@ def test_a_fast_producer_is_held_back_by_the_bounded_queues(two_stage_pipe, monk
     def producer():
         for n in range(60):
             lead.append(n - done[0])
+            if lead[-1] >= 2:
+                ahead.set()
             yield [torch.ones(4, 8)]
 
     # The workers make their processors as a pipeline starts: a fresh one on the same builds.

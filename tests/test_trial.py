@@ -2,6 +2,7 @@
 interleaved, and keeps the fastest; ``res.compile()`` does so where the guard returned a plan
 over others predicted faster within their costs' uncertainty."""
 
+import sys
 import time
 
 import numpy as np
@@ -29,6 +30,32 @@ class Sleeper:
         self.closed = True
 
 
+class Clock:
+    """Seconds that pass only as the Sleepers and Streams sleep."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A :class:`Clock` read by the trial as ``time.perf_counter`` and slept on by this file's
+    Sleepers and Streams: what the trial measures is their seconds exactly, whatever the host's
+    speed and load, so that its counts and choices can be worked out here."""
+    from autoplace.run import trial
+
+    fake = Clock()
+    for module in (trial, sys.modules[trial.median_call_s.__module__], sys.modules[__name__]):
+        monkeypatch.setattr(module, "time", fake)
+    return fake
+
+
 class Failing(Sleeper):
     def __init__(self):
         super().__init__(0.0)
@@ -37,16 +64,17 @@ class Failing(Sleeper):
         raise ValueError("bad input")
 
 
-def test_the_fastest_candidate_is_kept_and_the_others_closed():
+def test_the_fastest_candidate_is_kept_and_the_others_closed(clock):
     slow, fast = Sleeper(3e-3), Sleeper(2e-4)
     run, trial = run_fastest([Candidate("returned", 1e-4, lambda: slow),
                               Candidate("contender", 2e-4, lambda: fast)], [np.ones(2)], rounds=3)
     assert run is fast and trial.chosen == "contender" and trial.rounds == 3
     assert slow.closed and not fast.closed
     got = {e.name: e.measured_s for e in trial.entries}
-    # two calls each before the rounds; in each round, a warm-up and the calls of 20 ms
-    assert got["returned"] > 5 * got["contender"] and 2 + 3 * 2 <= slow.calls <= 2 + 3 * 7
-    assert fast.calls > slow.calls
+    assert got == pytest.approx({"returned": 3e-3, "contender": 2e-4})
+    # Two calls each before the rounds; in each round, a warm-up and the calls that fill 20 ms:
+    # 6 of 3 ms; of 0.2 ms, 100, cut to max_calls (30).
+    assert (slow.calls, fast.calls) == (2 + 3 * (1 + 6), 2 + 3 * (1 + 30))
     assert "runs contender" in str(trial) and "predicted 0.1 ms" in str(trial)
 
 
@@ -179,7 +207,7 @@ class Stream:
         self.closed = True
 
 
-def test_a_stream_trial_times_batches_and_reports_seconds_per_input():
+def test_a_stream_trial_times_batches_and_reports_seconds_per_input(clock):
     from autoplace.run.trial import run_stream_fastest, stream_items
 
     slow, fast = Stream(2e-4), Stream(5e-5)
@@ -191,8 +219,8 @@ def test_a_stream_trial_times_batches_and_reports_seconds_per_input():
     assert set(slow.sizes) == {20} and set(fast.sizes) == {20}
     got = {e.name: e for e in trial.entries}
     assert got["returned"].predicted_s == 1e-4 and got["contender"].predicted_s is None
-    assert 2e-4 <= got["returned"].measured_s < 2e-3  # per input, not per batch of 20
-    assert got["contender"].measured_s < got["returned"].measured_s
+    # per input, not per batch of 20
+    assert (got["returned"].measured_s, got["contender"].measured_s) == pytest.approx((2e-4, 5e-5))
     assert "rounds of 20 inputs" in str(trial) and "(predicted 0.1 ms an input)" in str(trial)
     # Inputs per call: about 50 ms at the fastest prediction, within [16, 256].
     assert stream_items([1e-3, 2e-3]) == 50 and stream_items([None]) == 16

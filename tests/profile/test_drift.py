@@ -31,10 +31,17 @@ def _measured_earlier(path, speedup: float) -> ProfileStore:
     return store
 
 
+# Drifts far beyond what a host's load makes of the same ops timed seconds apart (the rows are
+# timed here, then divided): a 20x drift is far past a 15 % tolerance, and a steady device's
+# ratio stays within the 5x either way allowed it.
+DRIFTED, STEADY = 20.0, 4.0
+
+
 def test_a_drifted_device_measures_nothing_and_says_why(tmp_path):
-    store = _measured_earlier(tmp_path / "p.db", speedup=3.0)
+    store = _measured_earlier(tmp_path / "p.db", speedup=DRIFTED)
     before = store.measurements()
-    with pytest.raises(DriftError, match=r"median \d\.\d\dx as long on 3 workloads.*--allow-drift"):
+    with pytest.raises(DriftError,
+                       match=r"median \d+\.\d\dx as long on 3 workloads.*--allow-drift"):
         run_campaign([("cnn", zoo.load("branchy_cnn").mod)], ["cpu:0"], store, policy=FAST,
                      progress=False, drift_tolerance=0.15)
     assert store.measurements() == before and store.links() == []
@@ -46,9 +53,9 @@ def test_a_drifted_device_measures_nothing_and_says_why(tmp_path):
 def test_a_steady_device_is_checked_and_goes_on(tmp_path):
     store = _measured_earlier(tmp_path / "p.db", speedup=1.0)
     rep = run_campaign([("cnn", zoo.load("branchy_cnn").mod)], ["cpu:0"], store, policy=FAST,
-                       progress=False, links=False, drift_tolerance=1.0)
+                       progress=False, links=False, drift_tolerance=STEADY)
     (dev,) = rep.devices
-    assert dev.measured == 9 and 0.5 < dev.drift < 2.0
+    assert dev.measured == 9 and 1 / (1 + STEADY) < dev.drift < 1 + STEADY
     assert "timed again, take a median" in rep.table()
 
 
@@ -67,7 +74,7 @@ def test_this_occasions_rows_and_more_passes_are_not_checked(tmp_path):
 
 def test_the_cli_refuses_a_drifted_store_unless_allowed(tmp_path):
     db = tmp_path / "p.db"
-    _measured_earlier(db, speedup=3.0).close()
+    _measured_earlier(db, speedup=DRIFTED).close()
     args = [sys.executable, "-m", "autoplace", "profile", "--model", "zoo:branchy_cnn",
             "--db", str(db), "--no-links", "--no-overheads", "--budget", "0.3", "--json"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)

@@ -17,6 +17,7 @@ from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.profile import (DeviceProfile, LocalRunner, OverheadFit, ProfileStore,  # noqa: E402
                                TimingPolicy, fingerprint, run_campaign)
 from autoplace.profile.torch_runner import TorchRunner  # noqa: E402
+from fastest import fastest_call_s  # noqa: E402
 
 FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2, budget_s=0.2)
 
@@ -61,9 +62,12 @@ def test_a_campaign_stores_pytorch_rows_and_resumes(tmp_path, cdist):
     info = store.device(torch_rep.fingerprint).info
     assert info["kind"] == "torch" and info["threads"] == 1 and info["torch"] == torch.__version__
     rows = {m.workload: m for m in store.measurements(torch_rep.fingerprint)}
-    assert all(m.ok and 0 < m.min_s <= m.median_s < 0.01 for m in rows.values())
+    assert all(m.ok and 0 < m.min_s <= m.median_s for m in rows.values())
     cdist_key = next(n.workload_key for n in OpGraph.from_relax(cdist).nodes if n.is_torch)
     assert cdist_key in rows
+    # Seconds of one call: all the calls timed fit in the seconds the campaign spent timing
+    # (a row in ms is 1000 times over), on any host at any load.
+    assert sum(m.min_s * m.number * m.repeats for m in rows.values()) <= torch_rep.seconds
     # the PyTorch call runs on no TVM device: cpu:0 skips it, and stores the five others
     assert (cpu_rep.measured, cpu_rep.skipped) == (5, 1)
     assert cdist_key not in {m.workload for m in store.measurements(cpu_rep.fingerprint)}
@@ -132,7 +136,10 @@ def test_the_handoff_is_stored_per_device_pair_and_travels_with_the_profile(tmp_
         ("torch:cpu", "cpu:0", "handoff")]
     (fit,) = [f for f in store.overheads() if f.kind == "handoff"]
     assert (fit.device, fit.peer) == (_fp("torch:cpu"), _fp("cpu:0"))
-    assert 0 <= fit.seconds < 1e-3  # microseconds: a call into Python and DLPack's wrapping
+    # A call into Python and DLPack's wrapping: some eager calls of the probe's op, timed here
+    # (a figure not divided by the probe's 32 calls, or in microseconds, is above it).
+    x = torch.randn(64, 8, 8)
+    assert 0 <= fit.seconds < 100 * fastest_call_s(lambda: torch.relu(x))
     again = record_overheads(["cpu:0", "torch:cpu"], store, measure_overheads)
     assert again.stored == [] and "not measured again" in again.notes[0]
     alone = record_overheads(["torch:cpu"], store, measure_overheads)
@@ -244,8 +251,12 @@ def test_the_learned_model_predicts_pytorch_calls_it_never_timed(tmp_path):
     """Rows of both devices in one store; a quarter of the torch device's held out. Fitted as
     ``autoplace train`` fits it (TVM's kernel features too: a torch device has no TVM target, so
     its rows have no code features and keep the roofline baseline), the model predicts them on
-    the torch device near what PyTorch took; the same rows predicted on the CPU device (TVM's
-    untuned kernels) are not, so the model tells the devices apart."""
+    the torch device far nearer what PyTorch took than a constant does, in the order measured;
+    the same rows predicted on the CPU device (TVM's untuned kernels) are further off, so the
+    model tells the devices apart. Every bound compares figures of this one run, so that no
+    host's speed or load decides it."""
+    from scipy.stats import spearmanr
+
     from autoplace.predict import XGBCostModel
     from autoplace.predict.features import workload_rows
     from autoplace.predict.rows import profile_rows
@@ -261,9 +272,16 @@ def test_the_learned_model_predicts_pytorch_calls_it_never_timed(tmp_path):
     model = XGBCostModel(rounds=200).fit([r for r in rows if r not in held])
     assert set(model.devices_) == {tfp, _fp("cpu:0")}
     measured = np.array([r["latency_s"] for r in held])
-    error = np.abs(np.log(model.predict_workloads(held) / measured))
+    predicted = model.predict_workloads(held)
+    error = np.abs(np.log(predicted / measured))
     as_cpu = np.abs(np.log(model.predict_workloads(held, _fp("cpu:0")) / measured))
-    assert np.median(error) < np.log(2) and error.max() < np.log(5)
+    # The held-out calls span three decades (the sweeps' sizes) on any host, so a constant (the
+    # median of the torch rows fitted on) is several-fold off; a model that reads the shapes is
+    # off by under half as much (in log), and ranks the calls as they measured.
+    constant = np.median([r["latency_s"] for r in rows if r["device"] == tfp and r not in held])
+    as_constant = np.abs(np.log(constant / measured))
+    assert np.median(error) < 0.5 * np.median(as_constant), (error, as_constant)
+    assert spearmanr(predicted, measured).statistic > 0.6, (predicted, measured)
     assert np.median(error) < np.median(as_cpu)
     # a graph's nodes asked of Device.torch() are predicted on the fitted torch device
     g = OpGraph.from_relax(mods[0][1])

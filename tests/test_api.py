@@ -202,7 +202,7 @@ def test_copies_count_tensors_per_destination_not_edges(devs):
 def test_auto_costs_use_this_machines_shipped_profile_or_say_roofline(devs):
     from autoplace.pricing import auto_cost_model
     from autoplace.profile import LocalRunner, fingerprint
-    from autoplace.profile.store import shipped_profile
+    from autoplace.profile.profiles import shipped_profile
 
     # Devices build for this host's CPU by default, which no shipped profile (measured for
     # generic x86-64) describes: their costs are calibrated here.
@@ -237,7 +237,7 @@ def test_roofline_costs_have_one_name_whether_asked_for_or_fallen_back_on(devs, 
     mod = zoo.load("mlp").mod
     asked = autoplace.optimize(mod, devs, cost_model=autoplace.RooflineCostModel(), time_limit=2)
     assert asked.cost_model == ROOFLINE
-    monkeypatch.setattr("autoplace.profile.store.shipped_profile", lambda fingerprint: None)
+    monkeypatch.setattr("autoplace.profile.profiles.shipped_profile", lambda fingerprint: None)
     model, described = auto_cost_model(devs)  # a machine no shipped profile matches
     assert isinstance(model, autoplace.RooflineCostModel)
     assert described == f"{ROOFLINE} (no profile of this machine)"

@@ -316,7 +316,7 @@ def test_the_all_threads_build_runs_on_the_callers_thread_and_pays_no_hand_off(d
     for one inference or a stream."""
     import dataclasses
 
-    from autoplace.profile.store import OverheadFit
+    from autoplace.profile.measurements import OverheadFit
     from autoplace.run.cores import all_threads
 
     m = zoo.load("branchy_cnn")

@@ -71,7 +71,7 @@ def test_devices_this_machine_lacks_are_one_line_before_any_work(command, extra,
 
 
 def test_a_profile_of_an_unreadable_schema_is_refused_like_profile_import(tmp_path):
-    from autoplace.profile.store import PROFILE_FORMAT
+    from autoplace.profile.measurements import PROFILE_FORMAT
 
     path = tmp_path / "v99.json"
     path.write_text(json.dumps({

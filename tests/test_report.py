@@ -171,7 +171,7 @@ def test_a_model_called_directly_says_a_pipeline_would_cost_more():
 
 def test_cost_spread_reads_the_profile_cv_and_the_learned_band():
     from autoplace.predict import MeasuredCostModel, RooflineCostModel
-    from autoplace.profile.store import DeviceProfile
+    from autoplace.profile.profiles import DeviceProfile
 
     graph = autoplace.OpGraph.from_relax(zoo.load("branchy_cnn").mod)
     stem = graph.nodes[0].workload_key

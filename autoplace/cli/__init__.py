@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         args.device = ["cpu:0", "cpu:1"]
     from autoplace import InfeasibleError, PlanError, UnsupportedModelError
     from autoplace.profile import DeviceUnavailable
-    from autoplace.profile.store import ProfileStoreError
+    from autoplace.profile.measurements import ProfileStoreError
 
     try:
         return args.func(args)

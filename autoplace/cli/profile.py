@@ -193,7 +193,8 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_import(args) -> int:
-    from autoplace.profile.store import ProfileStore, load_profile_json
+    from autoplace.profile.store import ProfileStore
+    from autoplace.profile.profiles import load_profile_json
 
     data = load_profile_json(args.file)
     with ProfileStore(args.db) as store:
@@ -203,7 +204,7 @@ def _cmd_import(args) -> int:
 
 
 def _cmd_recover(args) -> int:
-    from autoplace.profile.store import recover
+    from autoplace.profile.recover import recover
 
     copied = recover(args.db, args.out)
     print(f"copied into {args.out} the rows of {args.db} still readable: "

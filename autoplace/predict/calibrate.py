@@ -35,7 +35,7 @@ from autoplace.profile.measure import TimingPolicy
 
 if TYPE_CHECKING:
     from autoplace.devices import Device
-    from autoplace.profile.store import DeviceProfile
+    from autoplace.profile.profiles import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,9 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     """
     from autoplace.predict.adapt import AdaptedCostModel, adapt, shipped_base, time_chosen
     from autoplace.predict.rows import profile_rows
-    from autoplace.profile.store import DeviceProfile, ProfileStore, ProfileStoreError
+    from autoplace.profile.profiles import DeviceProfile
+    from autoplace.profile.store import ProfileStore
+    from autoplace.profile.measurements import ProfileStoreError
 
     if device.spec is None:
         raise ValueError(f"{device.name}: target {device.target!r} has no device spec to time "

@@ -12,7 +12,7 @@ from autoplace.predict.roofline import RooflineCostModel
 if TYPE_CHECKING:
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
-    from autoplace.profile.store import DeviceProfile
+    from autoplace.profile.profiles import DeviceProfile
 
 
 class MeasuredCostModel:
@@ -112,7 +112,7 @@ class MeasuredCostModel:
 
     def overheads(self, devices: Sequence[Device]) -> dict[str, dict[str, float]]:
         """Seconds of each overhead kind (``"stage"``, ``"segment"``, ``"call"``; see
-        :data:`autoplace.profile.store.OVERHEAD_KINDS`) that each device's profile measured on
+        :data:`autoplace.profile.measurements.OVERHEAD_KINDS`) that each device's profile measured on
         that device alone, by device name; a device whose profile measured none is left out."""
         out = {}
         for d in devices:

@@ -39,7 +39,7 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
-    from autoplace.profile.store import shipped_profile
+    from autoplace.profile.profiles import shipped_profile
 
     profiles, adapted, first, notes = {}, {}, {}, []
     for d, fp in zip(devices, fingerprints(devices)):

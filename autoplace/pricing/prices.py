@@ -380,7 +380,7 @@ def all_threads_costs(graph: OpGraph, devices: Sequence[Device], prices: Prices)
     cost_model = prices.model
     if prices.described.startswith("measured") and isinstance(cost_model, ProfiledCostModel):
         from autoplace.profile import LocalRunner, fingerprint
-        from autoplace.profile.store import shipped_profile
+        from autoplace.profile.profiles import shipped_profile
 
         info = {**LocalRunner(devices[k]).info(), "threads": threads}
         found = shipped_profile(fingerprint(info))

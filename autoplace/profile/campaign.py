@@ -25,7 +25,8 @@ from autoplace.profile.links import copy_times, fit_link
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, OpFailed, TimingPolicy,
                                        check_present, fingerprint, interrupts_kept, timing_lock,
                                        timing_lock_name)
-from autoplace.profile.store import LinkFit, Measurement, ProfileStore
+from autoplace.profile.measurements import LinkFit, Measurement
+from autoplace.profile.store import ProfileStore
 from autoplace.profile.torch_runner import TorchRunner
 from autoplace.profile.workload import single_op_modules
 

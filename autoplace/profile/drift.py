@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.profile.measure import OpFailed, TimingPolicy
-from autoplace.profile.store import Measurement
+from autoplace.profile.measurements import Measurement
 from autoplace.profile.workload import module_from_key
 
 if TYPE_CHECKING:

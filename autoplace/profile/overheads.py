@@ -1,6 +1,6 @@
 """What running a plan costs beyond its ops, measured on this machine's devices into a store.
 
-The figures (:data:`~autoplace.profile.store.OVERHEAD_KINDS`) are measured by running small
+The figures (:data:`~autoplace.profile.measurements.OVERHEAD_KINDS`) are measured by running small
 pipelines and concurrent models, which is the run package's work: :func:`record_overheads`
 takes the measuring function as an argument (``autoplace profile`` passes
 :func:`autoplace.run.overhead.measure_overheads`) and keeps the store's side: which devices and
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from autoplace.profile.campaign import runner_from_spec
 from autoplace.profile.measure import (DeviceUnavailable, LocalRunner, check_present, fingerprint,
                                        interrupts_kept, op_failed, timing_lock, timing_lock_name)
-from autoplace.profile.store import OverheadFit, ProfileStore
+from autoplace.profile.measurements import OverheadFit
+from autoplace.profile.store import ProfileStore
 from autoplace.profile.torch_runner import TorchRunner
 
 log = logging.getLogger(__name__)

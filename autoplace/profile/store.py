@@ -3,11 +3,11 @@
 Every measurement is committed on its own, so a campaign killed at any point keeps everything it
 measured; WAL mode and a busy timeout let several processes write to one store. A profile of one
 device can be exported to JSON and imported into another store; the package ships a few
-(:func:`shipped_dir`).
+(:func:`~autoplace.profile.profiles.shipped_dir`).
 
 A store is checked (``PRAGMA quick_check``) whenever it is opened, so a damaged one is refused
-before anything reads or writes it; :func:`recover` copies the rows still readable into a new
-store. Commands that only read open it read-only (``readonly=True``), which also works in a
+before anything reads or writes it; :func:`~autoplace.profile.recover.recover` copies the rows
+still readable into a new store. Commands that only read open it read-only (``readonly=True``), which also works in a
 directory this process cannot write. Any SQLite failure (damage, a read-only file, a full disk) is
 a :class:`ProfileStoreError` that says what is wrong and what to do.
 """
@@ -17,23 +17,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import sqlite3
-import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
-# Version 1 had no passes or slowest_s column (one pass each); versions 1 and 2 had no overheads.
-READABLE_VERSIONS = (1, 2, 3)
-PROFILE_FORMAT = "autoplace-profile"
+from autoplace.profile.measurements import (PROFILE_FORMAT, READABLE_VERSIONS, SCHEMA_VERSION,
+                                            DeviceRecord, LinkFit, Measurement, OverheadFit,
+                                            ProfileStoreError, fastest, overhead_row, timestamp)
 
-#: What an overhead row measures (:func:`autoplace.run.overhead.measure_overheads`): a
-#: pipeline stage's hand-off, a concurrent latency run's segment, a direct call, the least a
-#: kernel costs, a call into PyTorch from the VM (a torch device's, with the TVM device as peer).
-OVERHEAD_KINDS = ("stage", "segment", "call", "kernel", "handoff")
 
 _OVERHEADS_TABLE = """
 CREATE TABLE overheads (
@@ -91,131 +84,6 @@ CREATE TABLE links (
 """ + _OVERHEADS_TABLE + ";\n"
 
 
-class ProfileStoreError(RuntimeError):
-    """The store cannot be used as asked; the message says what was wrong and how to fix it."""
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One workload's latency on one device (``status == "unsupported"``: it failed there).
-
-    Each repeat is the mean of ``number`` back-to-back calls; ``passes`` counts the occasions
-    (campaign passes) it was timed on, and the row keeps the fastest occasion (:func:`fastest`)
-    and the slowest occasion's latency (``slowest_s``).
-    """
-
-    workload: str
-    device: str  # fingerprint
-    status: str
-    median_s: float | None = None
-    min_s: float | None = None
-    mean_s: float | None = None
-    cv: float | None = None
-    repeats: int | None = None
-    number: int | None = None
-    schedule: str = "default"
-    error: str | None = None
-    measured_at: str = ""
-    passes: int = 1
-    slowest_s: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def latency_s(self) -> float | None:
-        """The latency profiles report: the fastest repeat. Other load on the machine only ever
-        slows a repeat down, so the fastest one is the most repeatable statistic: two campaigns
-        back to back on a quiet 2-core machine agreed within +-10 % on 93 % of 104 workloads by
-        it, on 83 % by the median (``benchmarks/retest_noise.py``, ``shipped/README.md``)."""
-        return self.min_s
-
-    @property
-    def occasion_spread(self) -> float | None:
-        """How much slower the slowest occasion was than the fastest (``None`` after one pass):
-        the test-retest noise of this workload's label."""
-        if not self.ok or self.slowest_s is None or not self.latency_s:
-            return None
-        return self.slowest_s / self.latency_s - 1
-
-    @property
-    def spread(self) -> float | None:
-        """How sure the label is, relative to it: the larger of its repeats' spread (``cv``) and
-        its occasions' (:attr:`occasion_spread`); None when neither is known."""
-        known = [s for s in (self.cv, self.occasion_spread) if s is not None]
-        return max(known) if known else None
-
-
-def fastest(old: Measurement | None, new: Measurement) -> Measurement:
-    """One more pass over a workload: keep the faster occasion, count both. A failure does not
-    replace a success."""
-    if old is None or not old.ok:
-        return new
-    if not new.ok:
-        return old
-    keep = new if new.latency_s < old.latency_s else old
-    slowest = max(m.slowest_s if m.slowest_s is not None else m.latency_s for m in (old, new))
-    return replace(keep, passes=old.passes + new.passes, slowest_s=slowest)
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """Copy time ``alpha_s + bytes / beta_bps`` from device ``src`` to ``dst`` (fingerprints)."""
-
-    src: str
-    dst: str
-    alpha_s: float
-    beta_bps: float
-    r2: float
-    points: tuple[tuple[int, float], ...]
-    measured_at: str = ""
-
-
-@dataclass(frozen=True)
-class OverheadFit:
-    """Seconds of one overhead ``kind`` (:data:`OVERHEAD_KINDS`) measured on device ``device``
-    (a fingerprint): its own figure (``peer == ""``), or with stages or segments alternating
-    between it and ``peer``. ``detail`` says how it was measured."""
-
-    device: str
-    peer: str
-    kind: str
-    seconds: float
-    detail: dict = field(default_factory=dict)
-    measured_at: str = ""
-
-
-def _overhead_row(f: OverheadFit) -> tuple:
-    """The row of a well-formed overhead; ValueError or TypeError says what is wrong."""
-    if not all(isinstance(v, str) for v in (f.device, f.peer, f.kind, f.measured_at)):
-        raise TypeError(f"overhead {f.kind!r} of {f.device!r}: device, peer, kind and "
-                        "measured_at must be strings")
-    if f.kind not in OVERHEAD_KINDS:
-        raise ValueError(f"overhead kind {f.kind!r} is not one of {OVERHEAD_KINDS}")
-    seconds = f.seconds
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not 0 <= seconds < float("inf"):
-        raise ValueError(f"overhead {f.kind!r} of {f.device}: seconds must be a finite number "
-                         f">= 0, got {seconds!r}")
-    if not isinstance(f.detail, dict):
-        raise TypeError(f"overhead {f.kind!r} of {f.device}: detail must be a JSON object")
-    return (f.device, f.peer, f.kind, float(seconds), json.dumps(f.detail, sort_keys=True),
-            f.measured_at or _now())
-
-
-def _checked(f: OverheadFit) -> OverheadFit:
-    _overhead_row(f)
-    return f
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    fingerprint: str
-    name: str
-    info: dict
-
-
 def _guarded(method):
     """A store method whose SQLite failures are :class:`ProfileStoreError` (``_failure``)."""
 
@@ -263,7 +131,7 @@ class ProfileStore:
             raise
 
     def _open(self, timeout_s: float) -> None:
-        self._db = _connect(self.path, timeout_s, self.readonly)
+        self._db = connect(self.path, timeout_s, self.readonly)
         self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         tables = {r[0] for r in self._db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -345,7 +213,7 @@ class ProfileStore:
                     db.execute(statement)
             db.executemany("INSERT INTO meta VALUES (?, ?)", [
                 ("format", PROFILE_FORMAT), ("schema_version", str(SCHEMA_VERSION)),
-                ("created_by", f"autoplace {__version__}"), ("created_at", _now())])
+                ("created_by", f"autoplace {__version__}"), ("created_at", timestamp())])
 
     def _check(self, tables: set[str]) -> None:
         meta = dict(self._db.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
@@ -476,7 +344,7 @@ class ProfileStore:
     @staticmethod
     def _write(db, m: Measurement) -> None:
         row = asdict(m)
-        row["measured_at"] = row["measured_at"] or _now()
+        row["measured_at"] = row["measured_at"] or timestamp()
         db.execute(f"INSERT OR REPLACE INTO measurements ({', '.join(row)}) "
                    f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
 
@@ -499,7 +367,7 @@ class ProfileStore:
         with self._tx() as db:
             old = self._read(db, "device = ? AND workload = ? AND schedule = ?",
                              (m.device, m.workload, m.schedule))
-            m = replace(m, measured_at=m.measured_at or _now())
+            m = replace(m, measured_at=m.measured_at or timestamp())
             merged = fastest(old[0] if old else None, m)
             self._write(db, merged)
         return merged
@@ -544,7 +412,7 @@ class ProfileStore:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO links VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (fit.src, fit.dst, fit.alpha_s, fit.beta_bps, fit.r2,
-                        json.dumps(fit.points), fit.measured_at or _now()))
+                        json.dumps(fit.points), fit.measured_at or timestamp()))
 
     @_guarded
     def links(self) -> list[LinkFit]:
@@ -562,7 +430,7 @@ class ProfileStore:
         ValueError, TypeError
             A kind not in :data:`OVERHEAD_KINDS`, or seconds not a finite number >= 0.
         """
-        row = _overhead_row(fit)
+        row = overhead_row(fit)
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO overheads VALUES (?, ?, ?, ?, ?, ?)", row)
 
@@ -637,7 +505,7 @@ class ProfileStore:
                     if not isinstance(f, dict) or f.get("device") != fp:
                         raise ValueError(f"an overhead of another device than {fp}: {f!r}")
                     db.execute("INSERT OR IGNORE INTO overheads VALUES (?, ?, ?, ?, ?, ?)",
-                               _overhead_row(OverheadFit(**f)))
+                               overhead_row(OverheadFit(**f)))
         except (KeyError, TypeError, ValueError, sqlite3.IntegrityError) as e:
             raise ProfileStoreError(f"malformed profile: {type(e).__name__}: {e}; "
                                     "nothing was imported") from None
@@ -654,130 +522,7 @@ class ProfileStore:
                 "overheads": q("SELECT count(*) FROM overheads")}
 
 
-def load_profile_json(path: str | Path) -> dict:
-    """Read an exported profile file, with a clear error if it is not one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileStoreError(f"cannot read profile {path}: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise ProfileStoreError(f"{path} is not an autoplace profile (no format "
-                                f"{PROFILE_FORMAT!r}); export one with 'autoplace profile-export'")
-    version = data.get("schema_version")
-    if version not in READABLE_VERSIONS:
-        raise ProfileStoreError(f"{path} is a profile of schema version {version!r}; this autoplace "
-                                f"reads {' or '.join(map(str, READABLE_VERSIONS))}: export it "
-                                "again with this autoplace's 'autoplace profile-export'")
-    return data
-
-
-_TABLES = ("devices", "workloads", "workload_models", "measurements", "links",
-           "overheads")  # referenced first
-
-
-def recover(damaged: str | Path, out: str | Path) -> dict[str, int]:
-    """Copy every row still readable from the damaged store ``damaged`` into the store ``out``.
-
-    ``damaged`` is only read. ``out`` is created if missing; rows it holds already are kept, as
-    by :meth:`ProfileStore.import_profile`. Each table is read in rowid order and, where a read
-    fails, from past the damaged pages on: the rows on those pages are lost, the others copied.
-    A measurement whose device's row was lost is kept; the next campaign on that device records
-    the device again.
-
-    Returns
-    -------
-    dict
-        How many rows were copied, per table.
-    """
-    damaged, out = Path(damaged), Path(out)
-    if not damaged.is_file():
-        raise ProfileStoreError(f"no file {damaged} to recover")
-    if out.exists() and out.resolve() == damaged.resolve():
-        raise ProfileStoreError(f"recover {damaged} into a new file, not into itself")
-    try:
-        src = _connect(damaged, 60.0, readonly=True)
-    except sqlite3.Error as e:
-        raise ProfileStoreError(f"cannot read {damaged} at all ({e}); nothing to recover") from None
-    copied = {}
-    try:
-        with ProfileStore(out) as store, store._guard():
-            store._db.execute("PRAGMA foreign_keys = OFF")  # outside a transaction, or a no-op
-            with store._tx() as db:
-                for table in _TABLES:
-                    have = _columns(src, table)
-                    if table == "overheads" and not have:
-                        continue  # a store from before overheads (or its schema is lost)
-                    cols = [c for c in _columns(db, table) if c in have or not have]
-                    insert = (f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
-                              f"VALUES ({', '.join('?' * len(cols))})")
-                    copied[table] = 0
-                    for row in _readable_rows(src, table, cols):
-                        try:
-                            copied[table] += db.execute(insert, row).rowcount
-                        except sqlite3.IntegrityError:
-                            pass  # a damaged row that the schema refuses
-    finally:
-        src.close()
-    return copied
-
-
-def _columns(db, table: str) -> list[str]:
-    try:
-        return [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
-    except sqlite3.DatabaseError:
-        return []  # the schema itself is damaged
-
-
-def _readable_rows(db, table: str, cols: list[str]):
-    """``cols`` of every row of ``table`` that can still be read, in rowid order."""
-    scan = f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? ORDER BY rowid"
-    after, retried = 0, None  # SQLite numbers rows from 1
-    while True:
-        try:
-            for rowid, *values in db.execute(scan, (after,)):
-                after = rowid
-                yield values
-            return
-        except sqlite3.DatabaseError:
-            pass
-        nxt = _next_reachable(db, table, after)
-        if nxt is None:
-            return
-        # Go on from the next row a seek reaches; if that row itself cannot be read, past it.
-        after, retried = (nxt if nxt == retried else nxt - 1), nxt
-
-
-def _next_reachable(db, table: str, after: int) -> int | None:
-    """The first rowid above ``after`` that a seek past the damaged pages reaches, if any:
-    seek further and further until one succeeds, then bisect back to the damage's end."""
-    def seek(rowid):
-        try:
-            row = db.execute(f"SELECT rowid FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1",
-                             (rowid,)).fetchone()
-        except sqlite3.DatabaseError:
-            return False, None
-        return True, row and row[0]
-
-    failed, step = after, 1
-    while True:
-        if after + step >= 2**63:
-            return None
-        ok, found = seek(after + step)
-        if ok:
-            break
-        failed, step = after + step, step * 2
-    reached = after + step
-    while reached - failed > 1:
-        mid = (failed + reached) // 2
-        ok, at = seek(mid)
-        if ok:
-            reached, found = mid, at
-        else:
-            failed = mid
-    return found
-
-
-def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
+def connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection:
     """An autocommit connection (transactions are explicit); ``mode=ro`` if ``readonly``."""
     if not readonly:
         return sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
@@ -796,114 +541,3 @@ def _connect(path: Path, timeout_s: float, readonly: bool) -> sqlite3.Connection
     # with writers, and none can be made, so read the file as it is. (A campaign that another
     # user runs on it meanwhile would not be seen.)
     return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=timeout_s, isolation_level=None)
-
-
-def _or_nan(x: float | None) -> float:
-    return float("nan") if x is None else x
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-
-@dataclass(frozen=True)
-class DeviceProfile:
-    """What was measured on one device: latency or failure per workload, copy fits, and the
-    overheads of running a plan on it (:meth:`overhead`).
-
-    Read from an exported JSON file (:meth:`load`) or straight from a store (:meth:`from_store`).
-    """
-
-    name: str
-    fingerprint: str
-    info: dict
-    latency_s: dict[str, float]        # workload key -> seconds (Measurement.latency_s)
-    spread: dict[str, float]           # workload key -> Measurement.spread (nan: unknown)
-    unsupported: dict[str, str]        # workload key -> why it failed there
-    links: tuple[LinkFit, ...] = ()
-    overheads: tuple[OverheadFit, ...] = ()
-
-    @property
-    def kind(self) -> str:
-        return self.info.get("kind", "cpu")
-
-    @classmethod
-    def from_export(cls, data: dict) -> DeviceProfile:
-        dev = data["device"]
-        ok = [Measurement(**m, device=dev["fingerprint"]) for m in data["measurements"]
-              if m["status"] == "ok"]
-        return cls(dev["name"], dev["fingerprint"], dev["info"],
-                   {m.workload: m.latency_s for m in ok},
-                   {m.workload: _or_nan(m.spread) for m in ok},
-                   {m["workload"]: m["error"] or "" for m in data["measurements"]
-                    if m["status"] == "unsupported"},
-                   tuple(LinkFit(**{**f, "points": tuple(map(tuple, f["points"]))})
-                         for f in data.get("links", [])),
-                   tuple(_checked(OverheadFit(**f)) for f in data.get("overheads", [])
-                         if f["device"] == dev["fingerprint"]))
-
-    @classmethod
-    def load(cls, path: str | Path) -> DeviceProfile:
-        try:
-            return cls.from_export(load_profile_json(path))
-        except KeyError as e:
-            raise ProfileStoreError(f"malformed profile {path}: missing {e}") from None
-        except (TypeError, ValueError) as e:
-            raise ProfileStoreError(f"malformed profile {path}: {e}") from None
-
-    @classmethod
-    def from_store(cls, store: ProfileStore, device: str) -> DeviceProfile:
-        return cls.from_export(store.export_profile(device))
-
-    def link(self, dst_fingerprint: str | None = None) -> LinkFit | None:
-        """The measured copy from this device to ``dst_fingerprint`` (default: its own kind)."""
-        dst = dst_fingerprint or self.fingerprint
-        return next((f for f in self.links if f.src == self.fingerprint and f.dst == dst), None)
-
-    def overhead(self, kind: str, peer_fingerprint: str | None = None) -> OverheadFit | None:
-        """The measured overhead ``kind`` (:data:`OVERHEAD_KINDS`) of this device: its own
-        figure, or with ``peer_fingerprint``, the pair's; None where none was measured."""
-        peer = peer_fingerprint or ""
-        return next((f for f in self.overheads if f.kind == kind and f.peer == peer), None)
-
-
-def shipped_dir() -> Path:
-    """The folder of the profiles shipped with the package (``NAME.json``, each with the cost
-    model trained on it as ``NAME.xgb.json`` where there is one), wherever it is installed.
-
-    >>> DeviceProfile.load(shipped_dir() / "amd-epyc-cpu-1thread.json")  # doctest: +SKIP
-    """
-    from importlib.resources import files
-
-    return Path(str(files("autoplace.profile") / "shipped"))
-
-
-def shipped_profiles_used() -> bool:
-    """Whether the shipped profiles and tuned stores may describe this machine: not where
-    ``AUTOPLACE_SHIPPED_PROFILES=0`` is set (a host no shipped profile describes, as every
-    user's is; the shipped learned models still serve as the base of a calibration)."""
-    return os.environ.get("AUTOPLACE_SHIPPED_PROFILES", "1").strip().lower() not in (
-        "0", "no", "off", "false")
-
-
-def shipped_profile(fingerprint_: str, dirs=None) -> tuple[DeviceProfile, Path] | None:
-    """The shipped profile (or one under ``dirs``) measured on a device with this fingerprint
-    (none from the package where :func:`shipped_profiles_used` says no).
-
-    A cost model trained on it, if shipped, sits beside it as ``<same name>.xgb.json``.
-    """
-    if dirs is None:
-        if not shipped_profiles_used():
-            return None
-        dirs = [shipped_dir()]
-    for d in map(Path, dirs):
-        paths = sorted(p for p in d.glob("*.json") if not p.name.endswith(".xgb.json"))
-        for path in paths if d.is_dir() else ():
-            try:
-                prof = DeviceProfile.load(path)
-            except ProfileStoreError:
-                continue
-            if prof.fingerprint == fingerprint_:
-                return prof, path
-    return None

@@ -21,7 +21,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.profile.store import OVERHEAD_KINDS
+from autoplace.profile.measurements import OVERHEAD_KINDS
 from autoplace.run.pipeline import MICRO_BATCH, Pipeline, compile_stage
 from autoplace.run.split import split
 
@@ -306,7 +306,7 @@ def call_order(n: int) -> list[int]:
 class OverheadFigure:
     """One measured overhead, in seconds.
 
-    ``kind`` is one of :data:`~autoplace.profile.store.OVERHEAD_KINDS`:
+    ``kind`` is one of :data:`~autoplace.profile.measurements.OVERHEAD_KINDS`:
 
     - ``"stage"``: what one pipeline stage on ``device`` costs per input in hand-offs (a
       throughput plan's stage; the slope of :func:`measure_stage_overhead`);

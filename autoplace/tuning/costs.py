@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.backend import fused_kernels
-from autoplace.backend.tuned import (KernelRecords, kernel_key, kernel_workload, record_id,
-                                     tuning_target)
+from autoplace.backend.tuned import KernelRecords, kernel_key, kernel_workload, record_id
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
 from autoplace.profile.campaign import as_runner
 from autoplace.profile.measure import LocalRunner, OpFailed, TimingPolicy, fingerprint
-from autoplace.profile.store import Measurement, ProfileStore, fastest
+from autoplace.profile.measurements import Measurement, fastest
+from autoplace.profile.store import ProfileStore
 
 if TYPE_CHECKING:
     import tvm
@@ -383,6 +383,8 @@ class _Timed:
 def _kernel_funcs(mod: tvm.IRModule, device: Device):
     """``(target, {name: PrimFunc})``: the kernels of ``mod``'s build for the CPU ``device``."""
     import tvm
+
+    from autoplace.tuning.campaign import tuning_target
 
     target = tuning_target(device, LocalRunner(device).info()["threads"])
     return target, {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()

@@ -183,9 +183,9 @@ def open_records(store_path: str | Path, devices: Sequence[Device],
 def shipped_store(fingerprints: Sequence[str], dirs=None) -> Path | None:
     """The shipped store (``*.db`` in :func:`autoplace.profile.shipped_dir`, or in ``dirs``) with
     tuning records made on a device with one of these ``fingerprints``; ``None`` if none (and
-    none from the package where :func:`~autoplace.profile.store.shipped_profiles_used` says
+    none from the package where :func:`~autoplace.profile.profiles.shipped_profiles_used` says
     no)."""
-    from autoplace.profile.store import shipped_dir, shipped_profiles_used
+    from autoplace.profile.profiles import shipped_dir, shipped_profiles_used
 
     if dirs is None:
         if not shipped_profiles_used():

@@ -14,7 +14,7 @@ from autoplace import zoo
 from autoplace.predict import XGBCostModel, load_cost_model, profile_rows
 from autoplace.predict.adapt import AdaptedCostModel, adapt, choose_workloads, op_class
 from autoplace.profile import ProfileStore, shipped_dir
-from autoplace.profile.store import load_profile_json
+from autoplace.profile.profiles import load_profile_json
 
 # How much faster "the new machine" runs each class of op than the profiled one: unequal, as a
 # wider vector unit speeds up convs and matmuls more than copies.

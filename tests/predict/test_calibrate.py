@@ -93,7 +93,7 @@ def test_a_profile_this_host_runs_at_half_its_times_is_noticed_and_calibrated(
     check = check_profile(slow, dev, keys)
     assert check is not None and not check.agrees and check.ratio < 0.75
     assert "not as the profile says" in check.describe()
-    monkeypatch.setattr("autoplace.profile.store.shipped_profile",
+    monkeypatch.setattr("autoplace.profile.profiles.shipped_profile",
                         lambda fp, dirs=None: (slow, new_host / "half-speed.json")
                         if fp == slow.fingerprint else None)
     res = autoplace.optimize(m.mod, [dev])

@@ -9,7 +9,7 @@ import pytest
 
 from autoplace.profile import (DeviceProfile, LinkFit, Measurement, OverheadFit, ProfileStore,
                                ProfileStoreError, fit_link, shipped_dir)
-from autoplace.profile.store import SCHEMA_VERSION
+from autoplace.profile.measurements import SCHEMA_VERSION
 
 
 class _Node:
@@ -236,7 +236,7 @@ def test_fit_link_recovers_alpha_and_beta():
 
 def test_shipped_cpu_profile_covers_the_zoo():
     import autoplace
-    from autoplace.profile.store import shipped_profile
+    from autoplace.profile.profiles import shipped_profile
 
     path = shipped_dir() / "amd-epyc-cpu-1thread.json"
     prof = DeviceProfile.load(path)

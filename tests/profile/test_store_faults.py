@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from autoplace.profile import ProfileStore, ProfileStoreError
-from autoplace.profile.store import PROFILE_FORMAT, SCHEMA_VERSION, recover
+from autoplace.profile.measurements import PROFILE_FORMAT, SCHEMA_VERSION
+from autoplace.profile.recover import recover
 
 MODELS = ["--model", "zoo:mlp", "--model", "zoo:branchy_cnn"]  # 12 workloads, a few seconds
 CAMPAIGN = ["profile", *MODELS, "--device", "cpu:0", "--budget", "0.02", "--no-links",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.predict.features import workload_row, workload_rows
+from autoplace.predict.learned import XGBCostModel, booster_from_json, booster_to_json
 from autoplace.predict.rows import match_device
 
 if TYPE_CHECKING:
@@ -143,21 +144,18 @@ class AdaptedCostModel:
     def save(self, path: str | Path) -> None:
         """One JSON file: the booster's trees, the device, and where the base model is (a
         shipped model by its file name, else its path as given to :func:`adapt`)."""
-        from autoplace.predict.learned import _trees
-
         if self.base_path is None:
             raise ValueError("the base model has no file: save it first and pass base_path")
         d = {"model": self.model_name, "format_version": 2, "base": self.base_path,
              "base_device": self.base_device, "device": next(iter(self.devices_.values())),
              "calibration": self.calibration,
-             "booster": _trees(self.booster)}
+             "booster": booster_to_json(self.booster)}
         Path(path).write_text(json.dumps(d))
 
     @classmethod
     def load(cls, path: str | Path, base=None) -> AdaptedCostModel:
         """The model :meth:`save` wrote; ``base``: its base model, loaded already (else it is
         loaded from where the file says)."""
-        from autoplace.predict.learned import _booster, load_cost_model
         from autoplace.profile.profiles import shipped_dir
 
         base_model = base
@@ -176,9 +174,9 @@ class AdaptedCostModel:
         if not base.exists():
             raise ValueError(f"{path} adapts {d['base']}, which is not there: adapt again "
                              "('autoplace profile --quick')")
-        return cls(load_cost_model(base) if base_model is None else base_model,
+        return cls(XGBCostModel.load(base) if base_model is None else base_model,
                    d["base_device"], d["device"],
-                   _booster(d["booster"], BOOSTER["nthread"]), d["calibration"],
+                   booster_from_json(d["booster"], BOOSTER["nthread"]), d["calibration"],
                    base_path=d["base"])
 
 
@@ -293,12 +291,11 @@ def shipped_base(kind: str = "cpu"):
     """``(model, file name)`` of the learned model shipped for a device of ``kind``, the base
     :func:`quick_profile` adapts (read once a process: use it as it is, do not fit it);
     ValueError if none or several ship."""
-    from autoplace.predict.learned import load_cost_model
     from autoplace.profile.profiles import shipped_dir
 
     found = []
     for path in sorted(shipped_dir().glob("*.xgb.json")):
-        model = load_cost_model(path)
+        model = XGBCostModel.load(path)
         if any(d.get("kind", "cpu") == kind for d in model.devices_.values()):
             found.append((model, path.name))
     if len(found) != 1:

@@ -142,7 +142,7 @@ class TorchCostModel:
 
     def fused_cost(self, graph: OpGraph, device: Device, chain: Sequence[int]) -> float:
         """Seconds of ``chain`` (node indices of ``graph``: a conv or linear, its bias add and
-        its activation, :func:`~autoplace.backend.torch_ops.fused_chains`) run as one call on
+        its activation, :func:`~autoplace.graph.chains.fused_chains`) run as one call on
         ``device`` (:func:`~autoplace.profile.torch_runner.time_fused_chain`, timed once per
         chain of workloads), plus one call's hand-off and its excess in the model's sequence as
         :meth:`predict` charges them (:meth:`in_sequence`, kept per model); ``inf`` where it

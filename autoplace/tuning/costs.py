@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.backend import fused_kernels
-from autoplace.backend.tuned import KernelRecords, kernel_key, kernel_workload, record_id
+from autoplace.backend.tuned import (KernelRecords, kernel_key, kernel_workload, record_id,
+                                     tuning_target)
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.graph.fusion import anchor, fused_groups
@@ -383,8 +384,6 @@ class _Timed:
 def _kernel_funcs(mod: tvm.IRModule, device: Device):
     """``(target, {name: PrimFunc})``: the kernels of ``mod``'s build for the CPU ``device``."""
     import tvm
-
-    from autoplace.tuning.campaign import tuning_target
 
     target = tuning_target(device, LocalRunner(device).info()["threads"])
     return target, {gv.name_hint: f for gv, f in fused_kernels(mod, target).functions.items()

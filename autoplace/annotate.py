@@ -293,20 +293,17 @@ def _torch_op(node, tensors, place: str) -> tuple[str, int]:
 
 
 def _torch_chains(graph, plan: Plan, calls) -> dict[int, tuple[int, ...]]:
-    """The chains of :func:`autoplace.graph.chains.fused_chains` that ``plan`` puts whole
-    on one torch device, by anchor (``calls``: the function's op-call bindings, ``(var, call)``
-    in node order)."""
-    if all(d.runtime != "torch" for d in plan.used_devices()):
-        return {}  # (and PyTorch may not be installed)
-    from autoplace.graph.chains import fused_chains
-
+    """The groups of ``plan`` (:attr:`~autoplace.plan.Plan.groups`: chains of a conv or
+    linear, :func:`autoplace.graph.chains.fused_chains`) that it puts whole on one torch
+    device, by anchor (``calls``: the function's op-call bindings, ``(var, call)`` in node
+    order)."""
     out = {}
-    for chain in fused_chains(graph):
+    for chain in plan.groups:
         where = {plan.assignment[i] for i in chain}
         if len(where) == 1 and plan.device(where.pop()).runtime == "torch" and all(
                 calls[i][1].op.name.removeprefix("relax.") == graph.nodes[i].op_type
                 for i in chain):
-            out[chain[0]] = chain
+            out[chain[0]] = tuple(chain)
     return out
 
 

@@ -70,6 +70,9 @@ def rule_assignment(graph: OpGraph, devices: Sequence[Device],
 def place(graph: OpGraph, devices: Sequence[Device], rules: Sequence[tuple[str, str]],
           default: str | None = None) -> Plan:
     """A plan from rules; nodes no rule matches go to ``default`` (an error if there is none).
+    Over a torch device, each chain of a conv or linear, its bias add and its activation
+    (:func:`autoplace.graph.chains.fused_chains`) is one of the plan's groups: the rules that
+    put it whole on the torch device make it one PyTorch call.
 
     >>> place(g, devs, [("op:nn.conv2d#0", "a"), ("*", "b")])   # doctest: +SKIP
     """
@@ -80,4 +83,10 @@ def place(graph: OpGraph, devices: Sequence[Device], rules: Sequence[tuple[str, 
     if missing:
         raise PlanError(f"{len(missing)} node(s) match no rule, first {missing[:5]}: add a rule "
                         "('*' for the rest) or pass default=")
-    return Plan.from_assignment(graph, devices, [chosen[i] for i in range(len(graph.nodes))])
+    groups = ()
+    if any(d.runtime == "torch" for d in devices):
+        from autoplace.graph.chains import fused_chains
+
+        groups = tuple(tuple(c) for c in fused_chains(graph))
+    return Plan.from_assignment(graph, devices, [chosen[i] for i in range(len(graph.nodes))],
+                                groups=groups)

@@ -42,6 +42,10 @@ class Plan:
     assignment then puts every node on the first of them, in one stage. ``threads``: TVM threads
     the plan's one device runs with, on every core this process may use (a single-device plan
     given the threads of all the CPU devices it was chosen over); ``None``: TVM's default.
+    ``groups``: node indices a runtime device runs as one call where the plan puts them all
+    on it (a conv or linear with its bias add and activation, on PyTorch): the colocation
+    groups the plan was solved with; :func:`autoplace.annotate.annotate` makes one call of each
+    group placed whole on a runtime device.
     """
 
     nodes: tuple[str, ...]
@@ -54,6 +58,7 @@ class Plan:
     solver: str = "manual"
     replicas: tuple[str, ...] = ()
     threads: int | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         names = [d.name for d in self.devices]
@@ -83,6 +88,10 @@ class Plan:
             if len(set(self.assignment)) > 1 or self.replicas:
                 raise PlanError("threads is for a plan of one device: a plan over several "
                                 "devices gives each its share of the cores")
+        grouped = [i for g in self.groups for i in g]
+        if len(set(grouped)) != len(grouped) or any(
+                not isinstance(i, int) or not 0 <= i < len(self.nodes) for i in grouped):
+            raise PlanError("groups must be disjoint tuples of node indices of the plan")
 
     def _check_replicas(self, names: list[str]) -> None:
         reps = tuple(self.replicas)
@@ -190,6 +199,8 @@ class Plan:
             extra["replicas"] = list(self.replicas)
         if self.threads is not None:
             extra["threads"] = self.threads
+        if self.groups:
+            extra["groups"] = [list(g) for g in self.groups]
         return json.dumps({
             "format_version": 2 if extra else 1,
             "objective": self.objective,
@@ -226,6 +237,7 @@ class Plan:
                 solver=d.get("solver", "manual"),
                 replicas=tuple(d.get("replicas") or ()),
                 threads=d.get("threads"),
+                groups=tuple(tuple(g) for g in d.get("groups") or ()),
             )
         except (KeyError, TypeError) as e:
             raise PlanError(f"not a plan: missing or malformed field {e}") from None

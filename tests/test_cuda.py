@@ -161,7 +161,7 @@ def test_the_solver_weighs_pytorchs_gpu_kernels_and_its_plan_runs():
 
 def test_pytorchs_gpu_is_profiled_like_any_device():
     torch = _torch_cuda()
-    from autoplace.predict.torch_costs import measure_handoff
+    from autoplace.profile.torch_timings import measure_handoff
     from autoplace.profile.torch_runner import TorchRunner
 
     runner = TorchRunner(TORCH_GPU)

@@ -17,6 +17,7 @@ from autoplace.backend.torch_calls import fold_batch_norm  # noqa: E402
 from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.graph.chains import chain_activation, fused_chains  # noqa: E402
 from autoplace.predict.torch_costs import TorchCostModel  # noqa: E402
+from autoplace.profile.torch_timings import time_torch_device  # noqa: E402
 from autoplace.profile import DeviceUnavailable  # noqa: E402
 
 import torch_models  # noqa: E402
@@ -145,15 +146,18 @@ def test_torch_device_specs():
 def test_torch_costs_are_timed_and_charged(lacking):
     _, mod, res = lacking
     g = OpGraph.from_relax(mod)
-    model = TorchCostModel(handoff_s=5e-6)
-    cost = model.predict(g, Device.torch(fallback_only=True))
+    calls_only = Device.torch(fallback_only=True)
+    timings = time_torch_device(g, calls_only, handoff_s=5e-6)
+    model = TorchCostModel(timings)
+    cost = model.predict(g, calls_only)
     torch_nodes = [n.index for n in g.nodes if n.is_torch]
     assert np.isfinite(cost[torch_nodes]).all() and (cost[torch_nodes] > 5e-6).all()
     assert np.isinf(np.delete(cost, torch_nodes)).all()
-    assert len(model.timed_) == len({g.nodes[i].workload_key for i in torch_nodes})
+    assert len(timings.calls) == len({g.nodes[i].workload_key for i in torch_nodes})
     assert np.isinf(model.predict(g, Device.cpu(0))).all()
     # a torch device that takes ordinary ops too: those with an equivalent (conv, add, relu)
-    every = model.predict(g, Device.torch())
+    every = TorchCostModel(time_torch_device(g, Device.torch(), handoff_s=5e-6)).predict(
+        g, Device.torch())
     kinds = {n.op_type: np.isfinite(every[n.index]) for n in g.nodes}
     assert kinds["nn.conv2d"] and kinds["nn.relu"] and kinds["greater"] and not kinds["take"]
     # the plan charges them: the torch column of the solver's costs, hand-off included
@@ -288,10 +292,10 @@ def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkey
     monkeypatch.setattr(backend, "settle", lambda **kw: waits.append(kw) or 0.0)
     g = OpGraph.from_relax(convnet[2])
     assert not any(n.is_torch for n in g.nodes)
-    model = TorchCostModel(handoff_s=5e-6)
-    model.predict(g, Device.torch())
-    assert len(waits) == 1 and model.timed_
-    model.predict(g, Device.torch())  # all timed: nothing to wait for
+    timings = time_torch_device(g, Device.torch(), handoff_s=5e-6)
+    assert len(waits) == 1 and timings.calls
+    prof = _profile_of(timings)
+    time_torch_device(g, Device.torch(), handoff_s=5e-6, profile=prof)  # nothing to time
     assert len(waits) == 1
 
 
@@ -299,17 +303,18 @@ def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeyp
     # Timed alone, a call runs the same code again and again; in the model the next call is
     # another op's. Each is charged its share of what the calls took one after another beyond
     # their times alone.
-    import autoplace.predict.torch_costs as tc
+    from autoplace.profile import torch_timings
 
     g = OpGraph.from_relax(convnet[2])
     dev = Device.torch()
-    model = TorchCostModel(handoff_s=5e-6)
+    timings = time_torch_device(g, dev, handoff_s=5e-6)
+    model = TorchCostModel(timings)
     cost = model.predict(g, dev)
     runs = [n for n in g.nodes if np.isfinite(cost[n.index])]
-    (extra,) = model.sequence_.values()
+    extra = timings.in_sequence_s
     assert extra >= 0.0 and "in the model's sequence" in model.describe(g)
     for n in runs:
-        assert cost[n.index] == pytest.approx(model.timed_[n.workload_key] + 5e-6 + extra)
+        assert cost[n.index] == pytest.approx(timings.calls[n.workload_key] + 5e-6 + extra)
 
     # the sequence itself: every node with a call, in order, on inputs of its own
     from autoplace.profile import torch_runner
@@ -319,16 +324,25 @@ def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeyp
     monkeypatch.setattr(torch_runner, "SEQUENCE_MAX_BYTES", 16)
     assert torch_runner.time_in_sequence(runs) is None  # inputs past the limit: not timed
 
-    alone = sum(model.timed_[n.workload_key] for n in runs[:2])
+    prof = _profile_of(timings)  # the calls as timed: none timed again
+    alone = sum(timings.calls[n.workload_key] for n in runs[:2])
     for found, want in (((alone + 4e-5, [n.index for n in runs[:2]]), 2e-5),
                         ((alone / 2, [n.index for n in runs[:2]]), 0.0),  # never below alone
                         (None, 0.0)):  # not measured: nothing charged
-        monkeypatch.setattr(tc, "time_in_sequence", lambda nodes, place, found=found: found)
-        fresh = TorchCostModel(handoff_s=5e-6)
-        fresh.timed_ = dict(model.timed_)
-        got = fresh.predict(g, dev)
-        assert got[runs[0].index] == pytest.approx(model.timed_[runs[0].workload_key] + 5e-6
+        monkeypatch.setattr(torch_timings, "time_in_sequence",
+                            lambda nodes, place, found=found: found)
+        fresh = time_torch_device(g, dev, handoff_s=5e-6, profile=prof)
+        assert fresh.in_sequence_s == pytest.approx(want)
+        got = TorchCostModel(fresh).predict(g, dev)
+        assert got[runs[0].index] == pytest.approx(timings.calls[runs[0].workload_key] + 5e-6
                                                    + want)
+
+
+def _profile_of(timings):
+    """A profile that measured ``timings``' calls (no overheads)."""
+    from autoplace.profile.profiles import DeviceProfile
+
+    return DeviceProfile("torch", "fp", {"kind": "torch"}, dict(timings.calls), {}, {})
 
 
 def test_pytorch_costs_carry_a_spread(convnet):
@@ -745,8 +759,10 @@ def test_a_torch_device_on_a_gpu_copies_as_its_gpu_does():
 
 def test_a_torch_cost_model_times_one_place():
     g_dev = Device.torch("cuda", 0)
+    g = OpGraph.from_relax(_tiny_mod())
+    timings = time_torch_device(g, Device.torch(), handoff_s=0.0)
     with pytest.raises(ValueError, match="one TorchCostModel per torch device"):
-        TorchCostModel(handoff_s=0.0).predict(OpGraph.from_relax(_tiny_mod()), g_dev)
+        TorchCostModel(timings).predict(g, g_dev)
 
 
 def _tiny_mod():
@@ -852,11 +868,10 @@ def test_a_chain_placed_on_pytorch_runs_as_one_call_and_is_charged_so(chains):
             reason = explained[i].reason
             assert f"with its group ({len(chain)} ops)" in reason or "pinned" in reason, reason
     # the call is what a chain costs as one: timed once per chain of workloads
-    model_t = res.predictor.models["torch"]
+    timings = res.predictor.models["torch"].timings
     first = chains_found[0]
-    key = "chain:" + "|".join(g.nodes[i].workload_key for i in first)
-    assert p.cost[first[0], 1] == pytest.approx(model_t.timed_[key] + model_t.handoff()
-                                                + (model_t.last_sequence_ or 0.0))
+    assert p.cost[first[0], 1] == pytest.approx(timings.chain_s(g, first) + timings.handoff_s
+                                                + timings.in_sequence_s)
 
 
 class HardActivations(torch.nn.Module):
@@ -934,12 +949,12 @@ def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
 
 def test_a_chain_that_cannot_be_timed_as_one_call_is_charged_as_its_ops(chains, monkeypatch,
                                                                           caplog):
-    import autoplace.predict.torch_costs as torch_costs
+    from autoplace.profile import torch_timings
 
     def fails(*_args, **_kwargs):
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(torch_costs, "time_fused_chain", fails)
+    monkeypatch.setattr(torch_timings, "time_fused_chain", fails)
     model, x, mod = chains
     res = autoplace.optimize(mod, [Device.cpu(0), Device.torch()], calibrate=False, db=None,
                              cost_model=RooflineCostModel(), baseline_guard=False)

@@ -76,20 +76,24 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     """``costs`` (of ``tvm_devices``) with a column per torch device: its PyTorch calls as a
     profile of it measured them (given to the cost model, in store ``db``, or shipped), those
     it lacks timed here, plus the hand-off of a call from the VM
-    (:class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
+    (:func:`~autoplace.profile.torch_timings.time_torch_device`, each chain of a conv or
+    linear a build may run as one call timed as one too;
+    :class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
     cost ``inf``."""
     if not torch_devices:
         return costs
-    from autoplace.predict.torch_costs import TorchCostModel, WithTorch, torch_profile
+    from autoplace.graph.chains import fused_chains
+    from autoplace.predict.torch_costs import TorchCostModel, WithTorch
     from autoplace.profile import check_present
+    from autoplace.profile.torch_timings import time_torch_device, torch_profile
 
-    models = {}
+    models, chains = {}, fused_chains(graph)
     for d in torch_devices:
         check_present(d)  # timed here, whatever check_devices says
-        profile = torch_profile(d, db=db, cost_model=costs.model)
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
-        models[d.name] = (TorchCostModel(place=d.torch_place) if profile is None else
-                          TorchCostModel.from_profile(profile, callers, place=d.torch_place))
+        timings = time_torch_device(graph, d, callers=callers, chains=chains,
+                                    profile=torch_profile(d, db=db, cost_model=costs.model))
+        models[d.name] = TorchCostModel(timings)
     model = WithTorch(costs.model, models)
     torch_nodes = [n.index for n in graph.nodes if n.is_torch]
     cost = costs.cost.copy()

@@ -46,13 +46,13 @@ def choose(graph: OpGraph, devices: Sequence[Device], prices: Prices, problems: 
     costs' uncertainty (``pinned``: node index -> device name)."""
     problem, plain = problems
     names, calls = problem.device_names, prices.overheads.calls
-    plan = plan_of(graph, devices, solution, objective, prices.sources)
+    plan = plan_of(graph, devices, solution, objective, prices)
     threaded = all_threads_costs(graph, devices, prices)
     torch_calls = np.array([n.is_torch for n in graph.nodes], dtype=bool)
     found = predict_baselines(problem, objective, prices.spread, replicate=replicate,
                               all_threads=threaded,
                               stay=torch_calls if torch_calls.any() else None)
-    plans = {b.name: plan_of(graph, devices, b.solution, objective, prices.sources, b.threads)
+    plans = {b.name: plan_of(graph, devices, b.solution, objective, prices, b.threads)
              for b in found if b.solution is not None}
     vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
     if vm_only and plain is not None:  # ... so nothing overlaps: a baseline's ops add up
@@ -187,12 +187,13 @@ def call_of(calls: Mapping[str, float], names: Sequence[str], sol: Solution | No
 
 
 def plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective: str,
-            sources: tuple[str, ...], threads: int | None = None) -> Plan:
-    """The plan of a solution (its replicas by name, and ``threads`` for an all-threads one)."""
+            prices: Prices, threads: int | None = None) -> Plan:
+    """The plan of a solution (its replicas by name, and ``threads`` for an all-threads one),
+    with the cost sources and colocation groups of the ``prices`` it was solved on."""
     return Plan.from_assignment(
         graph, devices, [devices[k].name for k in sol.assignment],
         stages=None if sol.stages is None else tuple(int(s) for s in sol.stages),
-        objective=objective, predicted_s=float(sol.value), cost_sources=sources,
-        solver=sol.solver, threads=threads,
+        objective=objective, predicted_s=float(sol.value), cost_sources=prices.sources,
+        solver=sol.solver, threads=threads, groups=prices.groups,
         replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas))
 

@@ -318,7 +318,7 @@ class OverheadFigure:
       of :func:`measure_kernel_floor`);
     - ``"handoff"``: one call into PyTorch on torch device ``device`` from the VM of TVM device
       ``peer``, beyond the op itself
-      (:func:`autoplace.predict.torch_costs.measure_handoff`).
+      (:func:`autoplace.profile.torch_timings.measure_handoff`).
 
     With a ``peer`` (but for ``"handoff"``), the figure is the pair's: stages or segments alternating ``device``,
     ``peer``, ``device``..., the slope per stage or segment (the mean of the two devices'
@@ -427,7 +427,7 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
         out.append(OverheadFigure(a, "segment", max(seg.per_segment_s, 0.0), b,
                                   {**how, "fit": _fit_detail(seg)}))
     if handoffs:
-        from autoplace.predict.torch_costs import measure_handoff
+        from autoplace.profile.torch_timings import measure_handoff
 
         # The VM's call into Python, the same from any host device (once per place: the
         # host's memory or a GPU's); a failure is the measurement's error, never a default
@@ -437,7 +437,8 @@ def measure_overheads(devices: Sequence[Device], *, own: Iterable[str] | None = 
         for t, v in handoffs:
             out.append(OverheadFigure(t, "handoff", seconds[places[t]], v, {
                 "method": "a built chain of VM calls into torch.relu against the same calls "
-                          "from Python, per call (autoplace.predict.torch_costs.measure_handoff)"}))
+                          "from Python, per call "
+                          "(autoplace.profile.torch_timings.measure_handoff)"}))
     return tuple(out)
 
 

@@ -157,7 +157,7 @@ def test_the_handoff_is_stored_per_device_pair_and_travels_with_the_profile(tmp_
 
 def test_a_handoff_that_cannot_be_measured_is_an_error_not_a_stored_default(tmp_path,
                                                                             monkeypatch):
-    from autoplace.predict import torch_costs
+    from autoplace.profile import torch_timings
     from autoplace.profile.overheads import record_overheads
     from autoplace.run.overhead import measure_overheads
 
@@ -171,11 +171,12 @@ def test_a_handoff_that_cannot_be_measured_is_an_error_not_a_stored_default(tmp_
     assert "no LLVM here" in rep.error and rep.stored == []
     assert not [f for f in store.overheads() if f.kind == "handoff"]
     # optimize's own use still gets a default, with a warning, rather than no plan
-    assert torch_costs.measure_handoff() == torch_costs.DEFAULT_HANDOFF_S
+    assert torch_timings.measure_handoff() == torch_timings.DEFAULT_HANDOFF_S
 
 
 def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdist, monkeypatch):
-    from autoplace.predict import torch_costs
+    from autoplace.predict.torch_costs import TorchCostModel
+    from autoplace.profile import torch_timings
     from autoplace.profile.overheads import record_overheads
     from autoplace.run.overhead import measure_overheads
 
@@ -192,21 +193,25 @@ def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdis
         timed.append(node.workload_key)
         return 1e-3
 
-    monkeypatch.setattr(torch_costs, "time_torch_node", time_node)
-    monkeypatch.setattr(torch_costs, "measure_handoff", lambda *a, **k: pytest.fail("measured"))
-    model = torch_costs.TorchCostModel.from_profile(prof, [_fp("cpu:0")])
+    monkeypatch.setattr(torch_timings, "time_torch_node", time_node)
+    monkeypatch.setattr(torch_timings, "measure_handoff", lambda *a, **k: pytest.fail("measured"))
     g = OpGraph.from_relax(cdist)
+    timings = torch_timings.time_torch_device(g, Device.torch(), profile=prof,
+                                              callers=[_fp("cpu:0")])
+    model = TorchCostModel(timings)
     cost = model.predict(g, Device.torch())
     handoff = prof.overhead("handoff", _fp("cpu:0")).seconds
-    assert timed == []
-    (extra,) = model.sequence_.values()  # the model's calls in sequence, measured here
+    assert timed == [] and timings.handoff_s == handoff
+    extra = timings.in_sequence_s  # the model's calls in sequence, measured here
     np.testing.assert_allclose(cost, [prof.latency_s[n.workload_key] + handoff + extra
                                       for n in g.nodes])
     assert model.sources(g, Device.torch()) == ["measured"] * len(g.nodes)
     # a model with one workload more: that one alone is timed here
     bigger = autoplace.from_torch(Cdist(), [torch.randn(5, 8), torch.randn(3, 8)])
     big = OpGraph.from_relax(bigger)
-    model.predict(big, Device.torch())
+    with pytest.raises(ValueError, match="another model"):
+        model.predict(big, Device.torch())  # the timings are of cdist's calls
+    torch_timings.time_torch_device(big, Device.torch(), profile=prof, callers=[_fp("cpu:0")])
     assert len(timed) == len({n.workload_key for n in big.nodes} - set(prof.latency_s)) > 0
 
     # optimize finds the profile in its store (db=) and says so
@@ -215,7 +220,7 @@ def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdis
     torch_node = next(n.index for n in g.nodes if n.is_torch)
     assert res.plan.cost_sources[torch_node] == "measured"
     k = [d.name for d in res.plan.devices].index("torch")
-    (extra,) = res.predictor.torch.sequence_.values()
+    extra = res.predictor.torch.timings.in_sequence_s
     assert res.problem.cost[torch_node, k] == pytest.approx(
         prof.latency_s[g.nodes[torch_node].workload_key] + handoff + extra)
     assert "measured by profile torch:cpu" in res.summary()

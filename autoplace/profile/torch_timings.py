@@ -1,0 +1,253 @@
+"""What a torch device's calls of one model take: read from its profile, the rest timed here.
+
+:func:`time_torch_device` gathers, for one model and one torch device
+(:meth:`autoplace.Device.torch`), every distinct call's seconds (a profile's where it measured
+them, else timed here on random inputs of the call's shapes), each chain a build would run as
+one call (:func:`autoplace.graph.chains.fused_chains`), the hand-off of a call from the Relax
+VM into PyTorch (:func:`measure_handoff`) and what a call costs in the model's sequence beyond
+its time alone. :class:`autoplace.predict.torch_costs.TorchCostModel` predicts from the result
+and times nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplace.profile.measure import TimingPolicy
+from autoplace.profile.torch_runner import (call_timing, time_fused_chain, time_in_sequence,
+                                            time_torch_call, torch_op_for)
+
+if TYPE_CHECKING:
+    from autoplace.backend.torch_bridge import TorchOp
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+    from autoplace.profile.profiles import DeviceProfile
+
+log = logging.getLogger(__name__)
+
+#: A short policy: a torch op is timed while optimize waits.
+TORCH_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=5, max_repeats=15, round_size=5,
+                            cv_target=0.05, budget_s=0.3)
+#: Where timing the hand-off fails: 4.7-7.4 us per call were measured (docs/tvm_notes.md).
+DEFAULT_HANDOFF_S = 6e-6
+
+
+@dataclass(frozen=True)
+class TorchTimings:
+    """Seconds of one model's calls on one torch device.
+
+    ``calls``: by workload key, one call alone (``inf``: it cannot be timed); ``stored``: the
+    keys whose seconds a profile measured (``profile``); ``chains``: by the workload keys of a
+    chain's nodes, the chain run as one call; ``handoff_s``: one VM -> PyTorch call, and
+    ``handoff_from`` where it came from (``"from the profile"``, ``"measured here"``,
+    ``"given"``);
+    ``in_sequence_s``: what each call costs beyond its time alone where the model's calls run
+    one after another (0 where it could not be measured)."""
+
+    place: str
+    calls: Mapping[str, float]
+    handoff_s: float
+    handoff_from: str = "given"
+    in_sequence_s: float = 0.0
+    chains: Mapping[tuple[str, ...], float] = field(default_factory=dict)
+    stored: frozenset[str] = frozenset()
+    profile: DeviceProfile | None = None
+
+    def chain_s(self, graph: OpGraph, chain: Sequence[int]) -> float:
+        """Seconds of ``chain`` (node indices of ``graph``) as one call; ``inf`` where it was
+        not timed as one."""
+        return self.chains.get(chain_key(graph, chain), np.inf)
+
+
+def chain_key(graph: OpGraph, chain: Sequence[int]) -> tuple[str, ...]:
+    """The key of a chain of nodes: their workloads, in order."""
+    return tuple(graph.nodes[i].workload_key for i in chain)
+
+
+def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile | None = None,
+                      callers: Sequence[str] = (), chains: Sequence[Sequence[int]] = (),
+                      handoff_s: float | None = None,
+                      policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
+    """The :class:`TorchTimings` of ``graph``'s calls on torch ``device``: the calls and the
+    hand-off ``profile`` measured (its hand-off from the VM of the first of ``callers``, TVM
+    device fingerprints, it was measured with, else from any), the rest timed here; each of
+    ``chains`` (node indices) that the device runs whole, timed as one call; the excess of the
+    calls in sequence. ``handoff_s`` given: that hand-off, nothing measured for it.
+
+    Timing waits once for TVM's idle workers to stop spinning (they slow PyTorch down).
+    """
+    from autoplace.backend import settle
+
+    place = device.torch_place
+    known = dict(profile.latency_s) if profile is not None else {}
+    runs = {key: idx for key, idx in graph.workloads().items()
+            if device.can_run(graph.nodes[idx[0]].op_type)}
+    whole = [tuple(c) for c in chains if all(device.can_run(graph.nodes[i].op_type) for i in c)]
+    if any(key not in known for key in runs) or whole:
+        settle(max_s=1.0)
+    calls = {}
+    for key, idx in runs.items():
+        if key in known:
+            calls[key] = known[key]
+        else:
+            node = graph.nodes[idx[0]]
+            op = torch_op_for(node)
+            calls[key] = np.inf if op is None else time_torch_node(node, op, policy, place)
+    handoff_from = "given"
+    if handoff_s is None:
+        handoff_s, handoff_from = _stored_handoff(profile, callers), "from the profile"
+    if handoff_s is None:
+        handoff_s, handoff_from = measure_handoff(place=place), "measured here"
+    timed_chains = {}
+    for chain in whole:
+        key = chain_key(graph, chain)
+        if key not in timed_chains:
+            timed_chains[key] = _chain_seconds(graph, chain, device, policy)
+    return TorchTimings(place, calls, handoff_s, handoff_from,
+                        _in_sequence(graph, device, calls), timed_chains,
+                        frozenset(known) & frozenset(runs), profile)
+
+
+def _stored_handoff(profile: DeviceProfile | None, callers: Sequence[str]) -> float | None:
+    if profile is None:
+        return None
+    handoffs = {f.peer: f.seconds for f in profile.overheads if f.kind == "handoff"}
+    return next((handoffs[fp] for fp in callers if fp in handoffs),
+                next(iter(handoffs.values()), None))
+
+
+def _chain_seconds(graph: OpGraph, chain: Sequence[int], device: Device,
+                   policy: TimingPolicy) -> float:
+    nodes = [graph.nodes[i] for i in chain]
+    try:
+        return time_fused_chain(nodes, policy, place=device.torch_place).median_s
+    except Exception as e:  # noqa: BLE001 - its ops are then charged as their calls
+        log.warning("could not time the chain %s on %s as one PyTorch call (%r): its ops are "
+                    "charged as calls of their own",
+                    "+".join(f"{n.op_type}{list(n.inputs[0].shape)}" for n in nodes),
+                    device.name, e)
+        return np.inf
+
+
+def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float]) -> float:
+    """Seconds a PyTorch call of ``graph`` costs beyond its time alone, where the model's calls
+    on ``device`` run one after another
+    (:func:`~autoplace.profile.torch_runner.time_in_sequence`): their time in sequence less
+    their times alone, over their number; at least 0, and 0 where it cannot be measured.
+
+    A call timed alone runs the same code on the same shapes again and again; in a model the
+    next call is another op's, and each pays for code and data the last one evicted
+    (docs/results.md says how much on models of many small ops)."""
+    nodes = [n for n in graph.nodes if device.can_run(n.op_type)
+             and np.isfinite(calls.get(n.workload_key, np.inf))]
+    if not nodes:
+        return 0.0
+    try:
+        found = time_in_sequence(nodes, place=device.torch_place)
+    except Exception as e:  # noqa: BLE001 - a plan charged without it rather than none
+        log.warning("could not time the model's PyTorch calls in sequence (%r)", e)
+        found = None
+    if found is None:
+        return 0.0
+    seconds, ran = found
+    alone = sum(calls[graph.nodes[i].workload_key] for i in ran)
+    return max(0.0, (seconds - alone) / len(ran))
+
+
+def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile | None:
+    """The profile of torch device ``device`` (measured with its fingerprint, from
+    :class:`~autoplace.profile.torch_runner.TorchRunner`): one given to ``cost_model`` (a
+    :class:`~autoplace.predict.MeasuredCostModel`'s), else the one in profile store ``db`` (a
+    path), else a shipped one; None where there is none."""
+    from pathlib import Path
+
+    from autoplace.profile import DeviceProfile, ProfileStore, fingerprint
+    from autoplace.profile.profiles import shipped_profile
+    from autoplace.profile.torch_runner import TorchRunner
+
+    try:
+        fp = fingerprint(TorchRunner(device).info())
+    except (ImportError, ValueError):  # no PyTorch, or a device no profile is made of
+        return None
+    given = getattr(cost_model, "given", None)
+    for prof in given() if callable(given) else ():
+        if prof.fingerprint == fp:
+            return prof
+    if isinstance(db, (str, Path)) and Path(db).is_file():
+        with ProfileStore(db, readonly=True) as store:
+            if any(d.fingerprint == fp for d in store.devices()):
+                return DeviceProfile.from_store(store, fp)
+    found = shipped_profile(fp)
+    return found[0] if found is not None else None
+
+
+def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY,
+                    place: str = "cpu") -> float:
+    """Median seconds of ``node``'s PyTorch call ``op`` in eager PyTorch on random inputs of
+    its shapes on device ``place``, on one PyTorch thread as the VM runs it (a few microseconds
+    where it fails on them: logged)."""
+    try:
+        return time_torch_call(node, op, policy, place=place).median_s
+    except Exception as e:  # noqa: BLE001 - random inputs may be invalid for the op
+        log.warning("could not time %s on random inputs (%r): charged %.1f us", op.name, e,
+                    DEFAULT_HANDOFF_S * 1e6)
+        return DEFAULT_HANDOFF_S
+
+
+def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
+                    strict: bool = False, place: str = "cpu") -> float:
+    """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
+    calls into ``torch.relu`` against the same ops called from Python, per
+    call (at least 0), on tensors of PyTorch device ``place`` (``"cpu"``, ``"cuda:N"``: the
+    VM's tensors on that GPU). Where it cannot be measured: :data:`DEFAULT_HANDOFF_S` with a
+    warning, or, ``strict`` (a figure to be stored as measured), the error raised."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    from autoplace.backend.torch_bridge import Slot, TorchOp, one_thread, register, relax_call
+
+    try:
+        op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),
+                     ((tuple(shape), "float32"),), False, "handoff_probe")
+        name = register(op)
+        gpu = place != "cpu"
+        dev = tvm.cuda(int(place.split(":")[1])) if gpu else tvm.cpu()
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                v = x
+                for _ in range(calls):
+                    v = bb.emit(relax_call(name, [v], relax.TensorType(list(shape), "float32")))
+                out = bb.emit_output(v)
+            bb.emit_func_output(out)
+        target = tvm.target.Target("cuda", host="llvm") if gpu else "llvm"
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target),
+                                  [dev, tvm.cpu()] if gpu else dev)
+        data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
+                                  .astype("float32"), dev)
+        t = torch.from_numpy(data.numpy()).to(place)
+        policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
+
+        def eager():
+            v = t
+            for _ in range(calls):
+                v = torch.relu(v)
+
+        with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
+            vm_s = call_timing(lambda: vm["main"](data), policy, place).median_s
+            eager_s = call_timing(eager, policy, place).median_s
+        return max(0.0, (vm_s - eager_s) / calls)
+    except Exception as e:  # noqa: BLE001 - a default rather than no plan
+        if strict:
+            raise
+        log.warning("could not measure the PyTorch hand-off (%s): charged %.1f us", e,
+                    DEFAULT_HANDOFF_S * 1e6)
+        return DEFAULT_HANDOFF_S
+

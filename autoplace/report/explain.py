@@ -23,7 +23,7 @@ from autoplace.solve.simulate import (check_feasible, copies_needed, device_load
                                       simulate_latency, simulate_throughput)
 
 if TYPE_CHECKING:
-    from autoplace.report.result import PlacementResult
+    from autoplace.report.placement import PlacementResult
 
 # Costs within this fraction of each other count as equal ("as fast on b").
 _SAME_COST = 0.02

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from autoplace.report.result import PlacementResult
+    from autoplace.report.placement import PlacementResult
 
 _COPY_COLOUR = "0.25"
 _OVERHEAD_COLOUR = "0.7"

@@ -1,11 +1,11 @@
-"""What ``optimize`` returns, and what a report reads of it."""
+"""What ``optimize`` returns."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,24 +24,6 @@ if TYPE_CHECKING:
 #: and the model compiled by ``torch.compile`` (Inductor) where it was asked for.
 EAGER = "pytorch eager"
 COMPILED = "torch.compile"
-
-
-class PlacementResult(Protocol):
-    """A plan with the problem it solves: the reports take any object with these attributes."""
-
-    plan: Plan
-    graph: OpGraph
-    problem: Problem
-    solution: Solution
-    baselines: Mapping[str, float]
-    cost_model: str  # which costs the solver saw, in words
-    predictor: Any  # the cost model object (its uncertainty, where it has one)
-    predicted_latency_s: float  # what the build is predicted to take (per input)
-    delivery: Any  # latency plans: how the build runs it (str() says), or None
-
-    def schedule(self) -> Schedule:
-        """The simulator's one-input schedule of the plan."""
-        ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -470,7 +470,7 @@ def solve_cpsat(problem: Problem, objective: str, *, time_limit: float = 10.0,
     Solution
         ``value`` from the simulator; ``bound`` from CP-SAT's best objective bound.
     """
-    from . import best_baseline
+    from .baselines import best as best_baseline
 
     if warm_start is None:
         try:

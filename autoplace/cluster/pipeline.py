@@ -4,9 +4,12 @@ Each stage's Relax module travels to its host as text (``tvm.ir.save_json``) and
 by an actor pinned to that host's node, for that host's CPU. Inputs stream through the actors as
 plain actor calls: a stage's outputs go to the stages that read them as Ray objects, from node to
 node, without passing through the caller; at most ``max_in_flight`` inputs are taken and not yet
-returned, and outputs come back in input order. (Ray's compiled graphs were slower per input when
-streaming on the small machines this was built on; ``benchmarks/cluster_pipeline.py`` times
-both.)
+returned, and outputs come back in input order.
+
+Ray's compiled graphs (``ray.dag``, ``experimental_compile``) pass an input from actor to actor
+at less cost (``benchmarks/cluster_pipeline.py`` times both), but are not used yet: in Ray 2.60
+an ``execute`` past the graph's in-flight capacity blocked without end in a trial, and how a
+compiled graph reports a node that dies mid-stream was not worked out; plain calls report both.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """A Ray cluster of two nodes on this machine, hosts ``alpha`` (the head) and ``beta``, one CPU
-each, shared by the tests of a module and shut down after them."""
+each, shared by the tests of this folder and shut down after them."""
 
 import pytest
 
 STORE_BYTES = 200 * 2**20  # object store per node: small, the machine is shared
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="the cluster tests need Ray: "
                                             "pip install 'autoplace[cluster]'")

@@ -1,4 +1,5 @@
-"""A throughput plan whose stages are on the hosts of a Ray cluster: one actor per stage.
+"""A throughput plan whose stages are on the hosts of a Ray cluster: one actor per stage (or
+per replica of a replicated plan).
 
 Each stage's Relax module travels to its host as text (``tvm.ir.save_json``) and is built there,
 by an actor pinned to that host's node, for that host's CPU. Inputs stream through the actors as
@@ -90,7 +91,8 @@ class _StageWorker:
 
 
 class RayPipeline:
-    """A staged plan run by one Ray actor per stage, each on its stage's host.
+    """A staged plan run by one Ray actor per stage, each on its stage's host (a replicated
+    plan: one per replica device, each running the whole model).
 
     Build one with :meth:`from_plan` (after ``ray.init``); use it as a context manager or call
     :meth:`close` (which ends the actors).
@@ -104,10 +106,20 @@ class RayPipeline:
     plan: Plan
 
     def __init__(self, staged: StagedModule, plan: Plan, actors: Sequence[Any],
-                 hosts: Sequence[Host], *, max_in_flight: int, stall_timeout_s: float):
+                 hosts: Sequence[Host], *, max_in_flight: int, stall_timeout_s: float,
+                 replicas: Sequence[Device] = ()):
         self.staged, self.plan = staged, plan
         self._actors, self._hosts = tuple(actors), tuple(hosts)
-        self._stage_of_actor = {a._actor_id.hex(): k for k, a in enumerate(self._actors)}
+        # Worker w (an actor) runs stage _stage_of[w] on device _device_of[w]: one worker per
+        # stage, or one per replica, all of stage 0.
+        self._replicas = tuple(replicas)
+        if self._replicas:
+            self._stage_of, self._device_of = [0] * len(replicas), list(replicas)
+        else:
+            self._stage_of = list(range(len(staged.stages)))
+            self._device_of = [st.device for st in staged.stages]
+        self._inflight = [0] * len(self._actors)
+        self._worker_of_actor = {a._actor_id.hex(): k for k, a in enumerate(self._actors)}
         self.max_in_flight, self.stall_timeout_s = max_in_flight, stall_timeout_s
         self._consts = dict(staged.constants)
         self._readers = collections.Counter(n for s in staged.stages for n in s.inputs)
@@ -118,7 +130,9 @@ class RayPipeline:
                   max_in_flight: int = 8, stall_timeout_s: float = 120.0,
                   start_timeout_s: float = 300.0) -> RayPipeline:
         """Split ``mod`` by ``plan``'s stages and start one actor per stage on its host's node,
-        which builds the stage there; returns when every stage is built.
+        which builds the stage there; returns when every stage is built. A replicated plan
+        (``plan.replicas``) gets one actor per replica device, each building the whole model on
+        its host, each input going to the replica with the fewest in flight.
 
         ``max_in_flight``: inputs taken and not yet returned, at most. ``stall_timeout_s``: how
         long a run waits for the next output before it looks for a dead node and gives up.
@@ -129,52 +143,55 @@ class RayPipeline:
             Ray missing or not connected, or a host of the plan that the cluster lacks (checked
             before anything is built).
         PlanError
-            A plan without stages, or replicated (not run on a cluster yet).
+            A plan without stages.
         """
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         ray = connected_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if plan.replicas:
-            raise PlanError("a replicated plan does not run on a cluster yet: give it stages")
         nodes = host_nodes(plan.used_devices())
         staged = split(mod, plan, func_name)
         if any(not s.outputs for s in staged.stages):
             raise PlanError("a stage has no output that a later stage or the model reads")
         import tvm
 
-        per_host = collections.Counter(s.device.host for s in staged.stages)
+        replicas = tuple(plan.device(name) for name in plan.replicas)
+        work = ([(staged.stages[0], d) for d in replicas] if replicas else
+                [(st, st.device) for st in staged.stages])
+        per_host = collections.Counter(d.host for _, d in work)
         remote = ray.remote(_StageWorker)
-        actors, hosts = [], []
-        for s in staged.stages:
-            host = nodes[s.device.host]
-            threads = max(1, host.cpus // per_host[s.device.host])
+        actors, hosts, texts = [], [], {}
+        for st, device in work:
+            host = nodes[device.host]
+            threads = max(1, host.cpus // per_host[device.host])
+            text = texts.setdefault(st.index, tvm.ir.save_json(st.mod))
             actors.append(remote.options(
                 num_cpus=0, max_restarts=0, max_task_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
-            ).remote(s.index, s.device, tvm.ir.save_json(s.mod), threads))
+            ).remote(st.index, device, text, threads))
             hosts.append(host)
         pipe = cls(staged, plan, actors, hosts, max_in_flight=max_in_flight,
-                   stall_timeout_s=stall_timeout_s)
+                   stall_timeout_s=stall_timeout_s, replicas=replicas)
         try:
             where = ray.get([a.node.remote() for a in actors], timeout=start_timeout_s)
         except Exception as e:
             pipe.close()
             raise ClusterError(f"a stage failed to start: {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}") from e
-        for s, h, node in zip(staged.stages, hosts, where):
+        for (_, device), h, node in zip(work, hosts, where):
             if node != h.node_id:  # the scheduling strategy is strict: not expected
                 pipe.close()
-                raise ClusterError(f"stage {s.index} started on node {node}, not on {h.name}")
+                raise ClusterError(f"{device.name}'s actor started on node {node}, not on "
+                                   f"{h.name}")
         return pipe
 
     # ------------------------------------------------------------------ queries
 
     @property
     def placement(self) -> tuple[tuple[Stage, Host], ...]:
-        """Each stage and the host its actor runs on."""
-        return tuple(zip(self.staged.stages, self._hosts))
+        """Each actor's stage and host: one per stage, or one per replica."""
+        return tuple((self.staged.stages[k], h) for k, h in zip(self._stage_of, self._hosts))
 
     def actor_nodes(self) -> tuple[str, ...]:
         """The node id each stage's actor reports it runs on (asked of the actors)."""
@@ -196,7 +213,8 @@ class RayPipeline:
         wall = time.perf_counter() - t0
         ray = connected_ray()
         busy = tuple(ray.get([a.busy.remote() for a in self._actors]))
-        self.stats = PipelineStats(len(results), wall, busy)
+        self.stats = PipelineStats(len(results), wall, busy,
+                                   "replicas" if self._replicas else "stages")
         return results
 
     def stream(self, inputs: Iterable[Sequence[Any]]) -> Iterator[list[Any]]:
@@ -213,7 +231,8 @@ class RayPipeline:
             ``stall_timeout_s``: it names the stage, its host and the input, and carries the
             outputs returned before it and the inputs taken without one.
         """
-        pending: collections.deque = collections.deque()  # (seq, output refs, first ref per stage)
+        # (seq, output refs, (worker, its first ref) per worker the input went to)
+        pending: collections.deque = collections.deque()
         done: list[list[Any]] = []
         torch_device = None
         for seq, x in enumerate(inputs):
@@ -260,19 +279,26 @@ class RayPipeline:
                 for a in x], dev
 
     def _submit(self, arrays: list[np.ndarray]) -> tuple[list, list]:
-        """Each stage called on one input; the model's outputs' refs (or values) and the first
-        ref of each stage."""
+        """Each stage called on one input (a replicated plan's: the replica with the fewest
+        inputs in flight); the model's outputs' refs (or values) and, per worker called, its
+        first ref."""
         ray = connected_ray()
         values: dict[str, Any] = {}
         for name, a in zip(self.staged.inputs, arrays):  # put once what several stages read
             values[name] = ray.put(a) if self._readers[name] > 1 else a
         firsts = []
-        for s, actor in zip(self.staged.stages, self._actors):
+        if self._replicas:
+            workers = [min(range(len(self._actors)), key=self._inflight.__getitem__)]
+        else:
+            workers = range(len(self._actors))
+        for w in workers:
+            s, actor = self.staged.stages[self._stage_of[w]], self._actors[w]
             refs = actor.run.options(num_returns=len(s.outputs)).remote(
                 *[values[n] for n in s.inputs])
             refs = [refs] if len(s.outputs) == 1 else list(refs)
             values.update(zip(s.outputs, refs))
-            firsts.append(refs[0])
+            firsts.append((w, refs[0]))
+            self._inflight[w] += 1
         outs = [self._consts[k] if k in self._consts else values[k] for k in self.staged.outputs]
         return outs, firsts
 
@@ -290,49 +316,51 @@ class RayPipeline:
         except Exception as e:  # noqa: BLE001 - a stage's error or a dead actor, named below
             raise self._failure(seq, firsts, pending, done, e) from e
         pending.popleft()
+        for w, _ in firsts:
+            self._inflight[w] -= 1
         # Copied: what ray.get returns is read-only, in the object store's memory.
         return [np.array(next(got) if isinstance(o, ray.ObjectRef) else o) for o in outs]
 
     def _failure(self, seq: int, firsts: list, pending, done, error) -> ClusterPipelineError:
-        """The error for input ``seq``: which stage failed (the actor that died, else the
-        first stage whose call raised, else a stage on a node that is gone), its host."""
+        """The error for input ``seq``: which worker failed (the actor that died, else the
+        first whose call raised, else one on a node that is gone), its stage and host."""
         ray = connected_ray()
-        stage = None
+        w = None  # the failing worker: a stage's actor, or a replica's
         actor_id = getattr(error, "actor_id", None)
         if actor_id is not None:
-            stage = self._stage_of_actor.get(actor_id)
-        if stage is None and error is not None:
-            for k, ref in enumerate(firsts):
+            w = self._worker_of_actor.get(actor_id)
+        if w is None and error is not None:
+            for k, ref in firsts:
                 ready, _ = ray.wait([ref], timeout=0)
                 if ready:
                     try:
                         ray.get(ref, timeout=0)
-                    except Exception:  # noqa: BLE001 - the failing stage found
-                        stage = k
+                    except Exception:  # noqa: BLE001 - the failing worker found
+                        w = k
                         break
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         lost = [k for k, h in enumerate(self._hosts) if h.node_id not in alive]
-        if stage is None and lost:
-            stage = lost[0]
+        if w is None and lost:
+            w = lost[0]
         unprocessed = tuple(p[0] for p in pending)
         left = (f"inputs {unprocessed[0]}..{unprocessed[-1]} have no output"
                 if len(unprocessed) > 1 else f"input {seq} has no output")
-        if stage is None:
+        if w is None:
             what = f"no output for {self.stall_timeout_s:g} s and every node is alive"
             s, host = None, None
         else:
-            s, host = self.staged.stages[stage], self._hosts[stage]
-            if stage in lost:
-                what = f"stage {s.index} on {s.device.name}: host {host.name} (node " \
-                       f"{host.node_id[:12]}) is gone"
+            s, host = self.staged.stages[self._stage_of[w]], self._hosts[w]
+            who = (f"replica {w} on {self._device_of[w].name}" if self._replicas
+                   else f"stage {s.index} on {s.device.name}")
+            if w in lost:
+                what = f"{who}: host {host.name} (node {host.node_id[:12]}) is gone"
             elif isinstance(error, ray.exceptions.RayActorError):
-                what = f"stage {s.index} on {s.device.name}: its actor on host {host.name} died"
+                what = f"{who}: its actor on host {host.name} died"
             elif error is None:
-                what = f"stage {s.index} on {s.device.name} (host {host.name}) gave no output " \
-                       f"for {self.stall_timeout_s:g} s"
+                what = f"{who} (host {host.name}) gave no output for {self.stall_timeout_s:g} s"
             else:
                 cause = getattr(error, "cause", None) or error
-                what = f"stage {s.index} on {s.device.name} (host {host.name}) failed: " \
+                what = f"{who} (host {host.name}) failed: " \
                        f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1][:200]}"
         return ClusterPipelineError(
             f"{what}, on input {seq}; {len(done)} outputs came back, {left} (later inputs "

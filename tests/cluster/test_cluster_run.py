@@ -176,3 +176,26 @@ def test_a_device_of_no_host_runs_on_the_drivers_node(ray_cluster):
         outs = pipe.run([x] for x in xs)
     for got, w in zip(outs, _one_host(mod, xs)):
         np.testing.assert_allclose(got[0], w, rtol=1e-5, atol=1e-6)
+
+
+def test_replicas_on_two_hosts(ray_cluster):
+    from autoplace.cluster import ClusterPipelineError, RayPipeline
+
+    mod = _mlp()
+    g = autoplace.OpGraph.from_relax(mod)
+    a, b = Device.cpu(0, host="alpha"), Device.cpu(0, host="beta")
+    plan = Plan.from_assignment(g, [a, b], [a.name] * 5, stages=(0,) * 5,
+                                objective="throughput", replicas=(a.name, b.name))
+    xs = _inputs(24, seed=7)
+    with RayPipeline.from_plan(mod, plan, max_in_flight=4) as pipe:
+        assert [h.name for _, h in pipe.placement] == ["alpha", "beta"]
+        outs = pipe.run([x] for x in xs)
+        # Both replicas took inputs (each input goes to the one with fewer in flight).
+        assert pipe.stats.workers == "replicas" and all(b > 0 for b in pipe.stats.busy_s)
+        bad = xs[:3] + [np.zeros((16, 32), "float32")]
+        with pytest.raises(ClusterPipelineError) as e:
+            pipe.run([x] for x in bad)
+    for got, w in zip(outs, _one_host(mod, xs)):
+        np.testing.assert_allclose(got[0], w, rtol=1e-5, atol=1e-6)
+    assert e.value.input_index == 3 and len(e.value.results) == 3
+    assert "replica" in str(e.value) and e.value.host in ("alpha", "beta")

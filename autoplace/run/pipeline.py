@@ -242,7 +242,17 @@ class Pipeline:
         ``threads`` is called on the caller's thread with that many TVM threads.
 
         ``kwargs`` go to the constructor (``queue_size``, ``num_threads``, ``micro_batch``).
+
+        Raises
+        ------
+        ValueError
+            A plan with a device on another host (``Device.host``): it runs on a cluster
+            (``autoplace.cluster.RayPipeline``), not in this process.
         """
+        remote = sorted({d.host for d in plan.used_devices() if d.host is not None})
+        if remote:
+            raise ValueError(f"the plan places ops on host {remote[0]!r}: run it on the cluster "
+                             "with autoplace.cluster.RayPipeline.from_plan, not in this process")
         staged = split(mod, plan, func_name)
         if plan.replicas:
             builds: dict[tuple[str, str], Any] = {}

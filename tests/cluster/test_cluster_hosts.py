@@ -110,3 +110,13 @@ def _two_ops():
             return b
 
     return Two
+
+
+def test_the_local_pipeline_refuses_a_plan_on_other_hosts():
+    from autoplace.run import Pipeline
+
+    a, b = Device.cpu(0), Device.cpu(1, host="beta")
+    g = autoplace.OpGraph.from_relax(_two_ops())
+    plan = Plan.from_assignment(g, [a, b], [a.name, b.name], stages=(0, 1), objective="throughput")
+    with pytest.raises(ValueError, match="host 'beta'.*RayPipeline"):
+        Pipeline.from_plan(_two_ops(), plan)

@@ -12,7 +12,9 @@ network slower than the host's bus). Costs are in the benchmark's units.
 Per model and host count: the better of two solvers' throughput plans over all hosts, greedy
 and ``"coarse"`` (coarsen, CP-SAT, refine: what ``"auto"`` runs above 500 nodes; CP-SAT on every
 node, what it runs below, takes minutes over a hundred devices), its solver, its time per input as ``simulate_throughput`` scores it, the hosts and
-stages it uses, the seconds the solve took; the best one-host plan (the same solver on the
+stages it uses, the seconds the solve took; the same solvers over the fastest 1, 4, 16 and all
+hosts (``autoplace.cluster.solve_over_hosts``, greedy and ``coarse`` with a quarter of the time
+limit each), its time per input and seconds; the best one-host plan (the same solver on the
 fastest host's two devices); the predicted gain of the plan over it; and, beside it, replicas:
 every host running its own best one-host plan on the inputs it takes (time per input
 ``1 / sum(1 / t_h)``), the data-parallel alternative the cluster could run instead.
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autoplace.cluster.solve import solve_over_hosts
 from autoplace.dnn_partitioning.benchmark import load
 from autoplace.solve import Problem, simulate_throughput, solve
 
@@ -59,7 +62,7 @@ def main():
     if args.only:
         files = [f for f in files if f.name.removesuffix("_inference.json") in args.only]
     print(f"{'input':<13}{'n':>5}{'hosts':>6}{'plan':>10}{'solver':>8}{'used':>6}{'stages':>7}"
-          f"{'greedy s':>9}{'coarse s':>9}"
+          f"{'greedy s':>9}{'coarse s':>9}{'k hosts':>9}{'k':>4}{'k s':>6}"
           f"{'1 host':>10}{'gain':>7}{'replicas':>10}{'gain':>7}")
     for f in files:
         bench = load(f)
@@ -74,14 +77,22 @@ def main():
                 walls.append(time.perf_counter() - t0)
                 found.append((simulate_throughput(p, sol.assignment, sol.stages), name, sol))
             value, name, sol = min(found, key=lambda f: f[0])
+            t0, counts = time.perf_counter(), sorted({c for c in (1, 4, 16, h) if c <= h})
+            host_of = np.arange(2 * h) // 2
+            subsets = [solve_over_hosts(p, host_of, solver=s, time_limit=args.time_limit / 4,
+                                        counts=counts) for s in ("greedy", "coarse")]
+            k_wall = time.perf_counter() - t0
+            k_sol, k_tried = min(subsets, key=lambda st: st[0].value)
+            k_best = min(k_tried, key=k_tried.get)
             used = len({int(a) // 2 for a in sol.assignment})
             stages = len(set(sol.stages)) if sol.stages is not None else 1
             # Each host its own best one-host plan (host 0's, slowed by its generation).
             replicas = 1.0 / sum(1.0 / (single * SLOWDOWN[k % 3]) for k in range(h))
             print(f"{f.name.removesuffix('_inference.json'):<13}{p.num_nodes:>5}{h:>6}"
                   f"{value:>10.4g}{name:>8}{used:>6}{stages:>7}{walls[0]:>9.1f}{walls[1]:>9.1f}"
-                  f"{single:>10.4g}"
-                  f"{single / value:>7.2f}{replicas:>10.4g}{single / replicas:>7.2f}", flush=True)
+                  f"{k_sol.value:>9.4g}{k_best:>4}{k_wall:>6.1f}{single:>10.4g}"
+                  f"{single / min(value, k_sol.value):>7.2f}{replicas:>10.4g}"
+                  f"{single / replicas:>7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from autoplace.cluster._ray import INSTALL, ClusterError
 from autoplace.cluster.hosts import HOST_LABEL, Host, cluster_devices, host_nodes, hosts
 from autoplace.cluster.links import host_fingerprint, host_links, measure_host_links
 from autoplace.cluster.pipeline import ClusterPipelineError, RayPipeline
+from autoplace.cluster.solve import solve_over_hosts
 
 __all__ = ["HOST_LABEL", "INSTALL", "ClusterError", "ClusterPipelineError", "Host",
            "RayPipeline", "cluster_devices", "host_fingerprint", "host_links", "host_nodes",
-           "hosts", "measure_host_links"]
+           "hosts", "measure_host_links", "solve_over_hosts"]

@@ -69,7 +69,7 @@ def test_a_campaign_records_its_trials_and_leaves_nothing_pending(tuned):
 
 
 def test_the_progress_shows_the_fastest_candidate_so_far(tuned):
-    from autoplace.tuning.campaign import _best_s
+    from autoplace.tuning.metaschedule import best_s as _best_s
 
     db, _ = tuned
     [folder] = [p for p in records_root(db).iterdir() if p.is_dir()]
@@ -370,7 +370,7 @@ def test_a_twin_of_a_kernel_in_the_database_is_tuned_as_the_database_holds_it(tm
     from tvm.s_tir import meta_schedule as ms
 
     from autoplace.backend.tuned import kernel_workload
-    from autoplace.tuning import campaign
+    from autoplace.tuning import tuner
 
     twin_a, twin_b = (kernel_workload(_row_sums(n)) for n in ("a_sum", "b_sum"))
     db = open_database(tmp_path, create=True)
@@ -378,7 +378,7 @@ def test_a_twin_of_a_kernel_in_the_database_is_tuned_as_the_database_holds_it(tm
     tuned = []
     monkeypatch.setattr(ms, "TuneContext", lambda mod, **_: tuned.append(mod))
     monkeypatch.setattr(ms, "tune_tasks", lambda **_: None)
-    campaign._tune_one(twin_b, CPU.tvm_target(), db, tmp_path, "b", 2, None, None, None)
+    tuner.tune_one(twin_b, CPU.tvm_target(), db, tmp_path, "b", 2, None, None, None)
     [mod] = tuned
     assert 'sblock("a_sum")' in mod.script() and 'sblock("b_sum")' not in mod.script()
 
@@ -551,10 +551,10 @@ def test_a_campaign_collects_garbage_only_between_rounds(tmp_path, monkeypatch):
     start-up and hang the process, is off while it tunes and back on after."""
     import gc
 
-    from autoplace.tuning import campaign
+    from autoplace.tuning import tuner
 
     seen = []
-    monkeypatch.setattr(campaign, "_tune_one", lambda *a: seen.append(gc.isenabled()))
+    monkeypatch.setattr(tuner, "tune_one", lambda *a: seen.append(gc.isenabled()))
     assert gc.isenabled()
     autoplace.tune(_model(False), [CPU], tmp_path / "prof.db", trials=1, progress=False)
     assert seen == [False] and gc.isenabled()

@@ -111,16 +111,16 @@ def test_an_unknown_key_says_which_keys_the_tracker_has(cluster, tmp_path):
 
 def test_a_remote_lost_between_kernels_stops_the_campaign_and_it_resumes(cluster, tmp_path,
                                                                          monkeypatch):
-    from autoplace.tuning import campaign
+    from autoplace.tuning import tuner
 
     spec, db = cluster.ensure("flaky"), tmp_path / "prof.db"
-    tune_one = campaign._tune_one
+    tune_one = tuner.tune_one
 
     def then_kill(*args):
         tune_one(*args)
         cluster.kill("flaky")
 
-    monkeypatch.setattr(campaign, "_tune_one", then_kill)
+    monkeypatch.setattr(tuner, "tune_one", then_kill)
     # The tracker has dropped the server ("no RPC server is registered under key 'flaky'"), or
     # sends one that is gone: either way one line naming the device.
     with pytest.raises(DeviceUnavailable, match=re.escape(f"{spec}: ")):

@@ -147,7 +147,7 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     """One line when nothing measured on these devices was used: no profile matched (roofline
     costs) or no tuning record did (every kernel default), with the commands that fix it and
     how long they take."""
-    from autoplace.tuning.campaign import SECONDS_PER_TRIAL
+    from autoplace.tuning.tuner import SECONDS_PER_TRIAL
 
     profiled = args.no_profile or not res.cost_model.startswith("roofline")  # asked for roofline
     tuned = kernels.get("tuned", 0) > 0

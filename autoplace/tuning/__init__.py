@@ -7,7 +7,7 @@ the records a build applies.
 {'tuned': 12, 'default': 3}
 """
 
-from autoplace.tuning.campaign import KernelStatus, TuneReport, describe, device_kernels, tune
+from autoplace.tuning.tuner import KernelStatus, TuneReport, describe, device_kernels, tune
 from autoplace.tuning.records import open_records, records_root, shipped_store
 
 __all__ = ["KernelStatus", "TuneReport", "describe", "device_kernels", "open_records",

@@ -27,10 +27,31 @@ from autoplace.backend import fused_kernels
 from autoplace.backend.tuned import kernel_key, kernel_workload, tuning_target
 from autoplace.graph.fusion import is_call_tir
 from autoplace.profile.campaign import as_runner
-from autoplace.profile.measure import (OpFailed, TimingPolicy, fingerprint, interrupts_kept,
-                                      op_failed)
-from autoplace.tuning.records import (default_times, device_folder, exhausted, mark_exhausted,
-                                      open_database, save_default_times, write_device)
+from autoplace.profile.measure import (
+    OpFailed,
+    TimingPolicy,
+    fingerprint,
+    interrupts_kept,
+    op_failed,
+)
+from autoplace.tuning.metaschedule import (
+    best_s,
+    flops,
+    ms_builder,
+    ms_runner,
+    recorded,
+    search_threads,
+    tune_one,
+)
+from autoplace.tuning.records import (
+    default_times,
+    device_folder,
+    exhausted,
+    mark_exhausted,
+    open_database,
+    save_default_times,
+    write_device,
+)
 
 if TYPE_CHECKING:
     import tvm
@@ -40,8 +61,6 @@ log = logging.getLogger(__name__)
 #: Seconds one MetaSchedule trial took on a 2-core machine: what ``--dry-run`` estimates with.
 SECONDS_PER_TRIAL = 1.5
 
-#: Seconds a candidate may take to run (here, or on a remote session) before it counts as failed.
-RUN_TIMEOUT_S = 60
 
 #: How a kernel's default schedule is timed to order a campaign: a few calls, enough to rank.
 ORDER_POLICY = TimingPolicy(min_repeat_ms=0, min_repeats=3, max_repeats=3, round_size=3,
@@ -160,7 +179,7 @@ def device_kernels(mods: Sequence[tvm.IRModule], target) -> list[KernelUse]:
                     bucket[i] = k._replace(calls=k.calls + n, twins=twins)
                     break
             else:
-                bucket.append(KernelUse(gv.name_hint, workload, _flops(workload), n))
+                bucket.append(KernelUse(gv.name_hint, workload, flops(workload), n))
     kernels = [k for bucket in seen.values() for k in bucket]
     return sorted(kernels, key=lambda k: -k.flops)
 
@@ -206,7 +225,7 @@ class _Kernel:
     def reread(self, database) -> int:
         """Count the kernel's records in ``database`` again (``tuned_now``, ``valid``); returns
         how many it has."""
-        now, self.valid = _recorded(database, self.use.workload)
+        now, self.valid = recorded(database, self.use.workload)
         self.tuned_now = now - self.recorded
         return now
 
@@ -343,7 +362,7 @@ def tune(mods, devices: Sequence, db, *, trials: int = 64, dry_run: bool = False
         kernels = []
         for use in device_kernels(mods, target):
             key = kernel_key(use.workload)
-            kernels.append(_Kernel(use, key, *_recorded(database, use.workload), key in spent,
+            kernels.append(_Kernel(use, key, *recorded(database, use.workload), key in spent,
                                    times.get(key)))
         tasks[fp] = _DeviceTasks(runner, fp, info, target, database, folder, kernels)
 
@@ -462,15 +481,15 @@ def _tune_kernel(t: _DeviceTasks, k: _Kernel, todo: int, trials_per_iter: int) -
     t.runner.close()
     try:
         if t.ms_runner is None:
-            t.ms_runner, t.ms_builder = _ms_runner(t.runner), _ms_builder()
+            t.ms_runner, t.ms_builder = ms_runner(t.runner), ms_builder()
         # One cost model per kernel, trained by every round of this campaign.
         model = t.cost_models.setdefault(
-            k.key, ms.CostModel.create("xgb", num_tuning_cores=_search_threads(),
+            k.key, ms.CostModel.create("xgb", num_tuning_cores=search_threads(),
                                        tree_method="auto"))
         while todo > 0:
             ask = min(trials_per_iter, todo)
             before = k.recorded + k.tuned_now
-            _tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
+            tune_one(k.use.workload, t.target, t.database, t.folder, k.use.name, ask,
                       t.ms_runner, t.ms_builder, model)
             gc.collect()  # the round's process pools, on this thread (_collected_here)
             todo -= ask
@@ -544,119 +563,14 @@ def _time_at_threads(tasks, db, counts: Sequence[int], progress: bool,
     return out
 
 
-def _ms_runner(runner):
-    """MetaSchedule's runner for candidates of ``runner``'s device: its RPC runner, through the
-    same tracker and key, for a remote; else the local one."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from autoplace.profile.remote import RPCRunner
-
-    if isinstance(runner, RPCRunner):
-        config = ms.runner.RPCConfig(tracker_host=runner.host, tracker_port=runner.port,
-                                     tracker_key=runner.key, session_timeout_sec=RUN_TIMEOUT_S)
-        return ms.runner.RPCRunner(rpc_config=config)
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
-
-
-def _ms_builder():
-    """MetaSchedule's local builder, building candidates with :func:`build_candidate`."""
-    from tvm.s_tir import meta_schedule as ms
-
-    return ms.builder.LocalBuilder(max_workers=_search_threads(), timeout_sec=120,
-                                   f_build=build_candidate)
-
-
-def _search_threads() -> int:
-    """Threads for MetaSchedule's search, cost model and builds: every core this process may
-    use (they run between measurements; candidates run with the device's own thread count,
-    its target's ``num-cores``)."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def build_candidate(mod, target, params):
-    """MetaSchedule's default build of a candidate, without importing TVM's tensor intrinsics
-    for a CPU target: that import takes tens of seconds (each of its hundreds of TVMScript
-    functions walks the interpreter's stack), and MetaSchedule's local builder pays it in a new
-    worker process every round. A candidate's TIR holds its tensorized blocks' bodies already,
-    so building it needs no registered intrinsic."""
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
-
-    if target.kind.name != "llvm":
-        return default_build(mod, target, params)
-    from tvm.driver import build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return build(mod, target=target)
-
-
-def _tune_one(workload, target, database, folder, name, trials, runner, builder,
-              cost_model) -> None:
-    """One MetaSchedule round of ``trials`` candidates of ``workload``, into ``database``."""
-    from tvm.s_tir import meta_schedule as ms
-
-    work = folder / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    if database.has_workload(workload):
-        # The database's own copy: MetaSchedule matches kernels by structure, ignoring block
-        # names, and files every record under the first copy it saw; a trace made on a twin
-        # with other block names would not replay on it (and TVM would refuse the database).
-        workload = database.commit_workload(workload).mod
-    context = ms.TuneContext(workload, target=target, space_generator="post-order-apply",
-                             search_strategy="evolutionary", task_name=name,
-                             num_threads=_search_threads())
-    # A global budget of one trial: the scheduler stops once a round's candidates are counted,
-    # so this is exactly one round of up to ``trials`` (it would otherwise search again, round
-    # after round, for a kernel whose few schedules are all measured).
-    ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=str(work),
-                  max_trials_global=1, max_trials_per_task=trials,
-                  num_trials_per_iter=trials, database=database, builder=builder,
-                  runner=runner, cost_model=cost_model, task_scheduler="round-robin")
-
-
 def _so_far(t: _DeviceTasks, k: _Kernel) -> str:
     """``", best 0.41 ms (default 3.2 ms)"``: the kernel's fastest candidate measured so far
     (as MetaSchedule's runner timed it) for the progress bar; empty before any."""
-    best = _best_s(t.database, k.use.workload)
+    best = best_s(t.database, k.use.workload)
     if best is None:
         return ""
     default = "" if k.default_s is None else f" (default {k.default_s * 1e3:.3g} ms)"
     return f", best {best * 1e3:.3g} ms{default}"
-
-
-def _best_s(database, workload) -> float | None:
-    """Mean run seconds of the fastest record of ``workload`` in ``database``, or None."""
-    if database is None or not database.has_workload(workload):
-        return None
-    top = database.get_top_k(database.commit_workload(workload), 1)
-    if not top or not top[0].run_secs:
-        return None
-    secs = [float(x) for x in top[0].run_secs]
-    return sum(secs) / len(secs)
-
-
-def _recorded(database, workload) -> tuple[int, int]:
-    """(records of ``workload``, of which measured successfully) in ``database``."""
-    import tvm_ffi
-
-    if database is None or not database.has_workload(workload):
-        return 0, 0
-    entry = database.commit_workload(workload)  # present already: nothing is written
-    ok = len(database.get_top_k(entry, 1 << 30))
-    every = sum(1 for r in database.get_all_tuning_records()
-                if r.workload.same_as(entry) or tvm_ffi.structural_equal(r.workload.mod, workload))
-    return every, ok
-
-
-def _flops(workload) -> float:
-    from tvm.s_tir import analysis
-
-    try:
-        return float(analysis.estimate_tir_flops(workload))
-    except Exception:  # noqa: BLE001 - an estimate only orders the kernels
-        return 0.0
 
 
 def describe(report: TuneReport) -> str:

@@ -66,7 +66,7 @@ def optimize(
         :class:`autoplace.predict.RooflineCostModel`. ``result.cost_model`` says which was
         used. An op the build turns into no kernel (a
         weight's transpose, a reshape that becomes a view) costs nothing, and on a GPU each
-        fused kernel is charged once, at its anchor op's cost (:mod:`autoplace.predict.fusion`).
+        fused kernel is charged once, at its anchor op's cost (:mod:`autoplace.predict.per_kernel`).
         Where a device's profile measured the least a kernel costs inside a built model (its
         ``kernel`` overhead), no kernel there is charged less.
     solver : str
@@ -129,7 +129,7 @@ def optimize(
         profile measured with that many threads predicts it; replicas, for throughput) by more
         than the uncertainty of the costs it rests on: the gain must exceed
         :data:`~autoplace.report.baselines.GUARD_SIGMAS` standard deviations of the plan's
-        predicted value, from each cost's relative spread (:func:`autoplace.report.cost_spread`:
+        predicted value, from each cost's relative spread (:func:`autoplace.predict.cost_spread`:
         the profile's repeats or occasions, whichever differ more; a learned model's quantiles;
         a roofline estimate's fixed spread; a tuned kernel's timing likewise, with the whole
         build's that scales it)
@@ -144,7 +144,7 @@ def optimize(
     calibrate : bool
         With ``cost_model="auto"``, time a few workloads on this machine's CPU devices where
         no shipped profile describes them (or to check one that does) and calibrate the costs
-        to them, cached under :func:`autoplace.predict.calibrate.cache_dir` per host and speed
+        to them, cached under :func:`autoplace.profile.calibration_cache.cache_dir` per host and speed
         (``$AUTOPLACE_CACHE_DIR`` moves it). ``False``: the shipped profile as it is, else
         roofline estimates, and nothing is timed. Devices not on this machine
         (``check_devices=False``) are never timed.

@@ -56,8 +56,9 @@ def main() -> None:
 
     from autoplace import Device, OpGraph
     from autoplace.predict import MeasuredCostModel, RooflineCostModel, profile_rows
-    from autoplace.predict.adapt import adapt, quick_profile, shipped_base
-    from autoplace.predict.fusion import model_seconds
+    from autoplace.predict.adapt import adapt, shipped_base
+    from autoplace.pricing.calibrate import quick_profile
+    from autoplace.predict.per_kernel import model_seconds
     from autoplace.profile import DeviceProfile, ProfileStore, shipped_dir
     from autoplace.profile.whole_model import time_model
 

@@ -114,9 +114,9 @@ def whole_step(db: Path, names: list[str], repeat: int, again: bool) -> dict:
 
 def _predicted_s(cost: np.ndarray, mod, graph, device, call_s: float) -> tuple[float, float]:
     """One device's whole-model prediction from its nodes' ``cost`` as ``optimize`` makes it
-    (ops that run no kernel cost nothing: :func:`autoplace.predict.fusion.fused_costs`), and
+    (ops that run no kernel cost nothing: :func:`autoplace.predict.per_kernel.fused_costs`), and
     the plain sum of ops."""
-    from autoplace.predict.fusion import fused_costs
+    from autoplace.predict.per_kernel import fused_costs
 
     charged = fused_costs(mod, graph, [device], np.asarray(cost, dtype=float)[:, None])
     return float(charged.sum()) + call_s, float(np.sum(cost)) + call_s

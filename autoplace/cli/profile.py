@@ -64,7 +64,7 @@ def _models(args):
 
 def _cmd_quick(args) -> int:
     from autoplace import zoo
-    from autoplace.predict.adapt import quick_profile
+    from autoplace.pricing.calibrate import quick_profile
     from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.store import ProfileStore
 

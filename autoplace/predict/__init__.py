@@ -1,6 +1,6 @@
 """Predict how long each node takes on each device."""
 
-from autoplace.predict.adapt import AdaptedCostModel, quick_profile
+from autoplace.predict.adapt import AdaptedCostModel
 from autoplace.predict.features import FEATURE_NAMES, features
 from autoplace.predict.kernels import KernelAnalysis
 from autoplace.predict.learned import NearestNeighborCostModel, NotFittedError, XGBCostModel
@@ -12,4 +12,4 @@ from autoplace.predict.spread import cost_spread
 
 __all__ = ["FEATURE_NAMES", "AdaptedCostModel", "KernelAnalysis", "MeasuredCostModel",
            "NearestNeighborCostModel", "NotFittedError", "RooflineCostModel", "XGBCostModel",
-           "cost_spread", "features", "load_cost_model", "profile_rows", "quick_profile"]
+           "cost_spread", "features", "load_cost_model", "profile_rows"]

@@ -18,15 +18,14 @@ the predicted time in each op type it uses, then the heaviest.
 >>> model = adapt(base, profile_rows(store, "cpu:0"))                          # doctest: +SKIP
 >>> model.predict(graph, Device.cpu(0))                                         # doctest: +SKIP
 
-``autoplace profile --quick --model M --device DEV --db PATH`` does all of it.
+``autoplace profile --quick --model M --device DEV --db PATH`` does all of it
+(:func:`autoplace.pricing.calibrate.quick_profile`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,8 +39,7 @@ if TYPE_CHECKING:
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
 
-__all__ = ["AdaptedCostModel", "QuickReport", "adapt", "choose_workloads", "op_class",
-           "quick_profile", "shipped_base", "time_chosen"]
+__all__ = ["AdaptedCostModel", "adapt", "choose_workloads", "op_class", "shipped_base"]
 
 # The residual booster: few shallow, strongly regularised trees, as a few tens of rows allow.
 BOOSTER = {"max_depth": 3, "eta": 0.1, "min_child_weight": 3, "lambda": 5.0, "seed": 0,
@@ -286,11 +284,10 @@ def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,
     return chosen
 
 
-@functools.cache
 def shipped_base(kind: str = "cpu"):
     """``(model, file name)`` of the learned model shipped for a device of ``kind``, the base
-    :func:`quick_profile` adapts (read once a process: use it as it is, do not fit it);
-    ValueError if none or several ship."""
+    a calibration adapts (:mod:`autoplace.pricing.calibrate`; read from the package on every
+    call: keep it to reuse it); ValueError if none or several ship."""
     from autoplace.profile.profiles import shipped_dir
 
     found = []
@@ -301,91 +298,3 @@ def shipped_base(kind: str = "cpu"):
     if len(found) != 1:
         raise ValueError(f"{len(found)} learned models ship for {kind} devices; pass base")
     return found[0]
-
-
-@dataclass(frozen=True)
-class QuickReport:
-    """What :func:`quick_profile` did: the workloads it chose and timed, and the model."""
-
-    device: str
-    chosen: int
-    measured: int
-    seconds: float
-    model: AdaptedCostModel
-    path: str | None
-
-    def lines(self) -> list[str]:
-        return [f"{self.device}: timed {self.measured} of the {self.chosen} workloads chosen in "
-                f"{self.seconds:.0f} s; {self.model.describe()}",
-                *([f"wrote {self.path}"] if self.path else [])]
-
-
-def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None,
-                  base_path: str | None = None, out: str | Path | None = None,
-                  **campaign_kwargs) -> QuickReport:
-    """Time a few workloads of ``models`` on a device that has no profile, and adapt a learned
-    model to it from them.
-
-    Parameters
-    ----------
-    store : ProfileStore
-        Where the timings go (with the models' workloads); a store holding earlier timings of
-        the device adapts on those too.
-    device_spec : str
-        The device (``cpu:0``, ``cpu:0:native``, ``rpc:...``).
-    models : sequence of (name, tvm.IRModule)
-        The models whose workloads to choose from (:func:`choose_workloads`).
-    count : int
-        Workloads to time at most.
-    base, base_path : optional
-        The model to adapt and where it is saved; default the learned model shipped for the
-        device's kind (:func:`shipped_base`).
-    out : path, optional
-        Save the adapted model there (:meth:`AdaptedCostModel.save`).
-    campaign_kwargs
-        For :func:`autoplace.profile.run_campaign` (``policy``, ``progress``, ...).
-    """
-    import time
-
-    from autoplace.predict.rows import profile_rows
-
-    if base is None:
-        kind = "cuda" if device_spec.startswith("cuda") else "cpu"
-        base, base_path = shipped_base(kind)
-    t = time.perf_counter()
-    chosen, dev = time_chosen(store, device_spec, models, base, count=count, **campaign_kwargs)
-    rows = profile_rows(store, dev.fingerprint)
-    model = adapt(base, rows, base_path=base_path)
-    if out is not None:
-        model.save(out)
-    return QuickReport(device_spec, chosen, dev.measured, time.perf_counter() - t, model,
-                       None if out is None else str(out))
-
-
-def time_chosen(store, device_spec: str, models, base, *, count: int = 40, **campaign_kwargs):
-    """Time on ``device_spec`` the workloads :func:`choose_workloads` picks from ``models``
-    (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own) into ``store``,
-    skipping those it already holds. Returns ``(how many were chosen, the campaign's
-    DeviceReport)``; ValueError where the device cannot be reached."""
-    from autoplace.graph import OpGraph
-    from autoplace.graph.fusion import fused_groups
-    from autoplace.profile.campaign import run_campaign
-    from autoplace.profile.workload import single_op_modules
-
-    graphs, modules, in_kernel, every = [], {}, set(), set()
-    for name, mod in models:
-        g = OpGraph.from_relax(mod)
-        graphs.append(g)
-        modules.update(single_op_modules(mod, g))
-        store.add_workloads(g.nodes, model=name)
-        every.update(n.workload_key for n in g.nodes)
-        for _, nodes in fused_groups(mod, gpu=device_spec.startswith("cuda")):
-            in_kernel.update(g.nodes[i].workload_key for i in nodes)
-    keys = [k for k in choose_workloads(graphs, base, count=count,
-                                        skip=frozenset(every - in_kernel)) if k in modules]
-    rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
-                       links=False, **campaign_kwargs)
-    dev = rep.devices[0]
-    if dev.error:
-        raise ValueError(f"cannot time on {device_spec}: {dev.error}")
-    return len(keys), dev

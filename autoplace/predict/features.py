@@ -14,7 +14,7 @@ heuristics (a ``[4,32]x[32,32]`` matmul is, ``[4,40]x[40,32]`` is not, and runs 
 which no shape feature tells. :func:`executed_counts` estimates how many of those instructions
 run (:mod:`autoplace.predict.llvm_ir`), for the learned model's baseline
 (:class:`~autoplace.predict.instructions.InstructionModel`). :func:`cache_features` adds how often
-the loop nest misses the caches and TLBs per load (:mod:`autoplace.predict.cache`): two scalar
+the loop nest misses the caches and TLBs per load (:mod:`autoplace.predict.misses`): two scalar
 matmuls of one FLOP count differ several-fold in time when one walks a matrix's columns with a
 stride of a large power of two. These four read TVM through a
 :class:`~autoplace.predict.kernels.KernelAnalysis`, which computes each workload once.
@@ -297,7 +297,7 @@ def executed_counts(workloads, targets, analysis: KernelAnalysis | None = None) 
 
 def cache_features(workloads, targets, analysis: KernelAnalysis | None = None) -> np.ndarray:
     """Cache and TLB misses of each workload's legalized loop nest
-    (:mod:`autoplace.predict.cache`) per load that :func:`executed_counts` counts; same arguments,
+    (:mod:`autoplace.predict.misses`) per load that :func:`executed_counts` counts; same arguments,
     cost and ``nan`` cases, and ``nan`` for a loop nest the estimate cannot follow."""
     return _per_key(workloads, targets, analysis, 2, len(CACHE_FEATURE_NAMES))
 

@@ -19,8 +19,8 @@ from collections import Counter
 import numpy as np
 
 from autoplace.backend.lowering import legalize
-from autoplace.predict.cache import MISS_NAMES
-from autoplace.predict.cache import misses as cache_misses
+from autoplace.predict.misses import MISS_NAMES
+from autoplace.predict.misses import misses as cache_misses
 from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
 from autoplace.predict.llvm_ir import executed_counts as executed_ir_counts
 from autoplace.profile.workload import module_from_key
@@ -82,7 +82,7 @@ class KernelAnalysis:
         return self._code[key, target]
 
     def loop_misses(self, key: str) -> dict[str, float] | None:
-        """:func:`autoplace.predict.cache.misses` of the key's PrimFuncs as a CPU build lowers
+        """:func:`autoplace.predict.misses.misses` of the key's PrimFuncs as a CPU build lowers
         them; ``None`` for a nest the estimate cannot follow (symbolic extents, other
         indices)."""
         if key not in self._misses:

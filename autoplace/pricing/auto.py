@@ -28,14 +28,14 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     Per device: the profile shipped in the package (:func:`autoplace.profile.shipped_dir`)
     whose fingerprint is this device's, with the learned model shipped beside it for ops it
     lacks. With ``calibrate`` and the model ``mod`` given, a local CPU device is then checked
-    against that profile (:func:`autoplace.predict.calibrate.check_profile`: a few of its
+    against that profile (:func:`autoplace.pricing.calibrate.check_profile`: a few of its
     workloads timed again, cached per host) and one that does not run as the profile says, or
     that no profile describes, gets the shipped learned model calibrated on a few of ``mod``'s
-    own workloads timed here (:func:`autoplace.predict.calibrate.calibrated`, cached per host:
+    own workloads timed here (:func:`autoplace.pricing.calibrate.calibrated`, cached per host:
     the next call times nothing). Otherwise, where no profile applies,
     :class:`RooflineCostModel`. ``graph``: ``mod``'s op graph, where the caller has it;
     ``workloads``: how many a calibration times at most
-    (:data:`~autoplace.predict.calibrate.CALIBRATION_WORKLOADS` by default).
+    (:data:`~autoplace.pricing.calibrate.CALIBRATION_WORKLOADS` by default).
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
@@ -53,7 +53,7 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
             profiles[d.name] = found
         elif local_cpu:
             if fp not in adapted:
-                from autoplace.predict.calibrate import CALIBRATION_WORKLOADS, calibrated
+                from autoplace.pricing.calibrate import CALIBRATION_WORKLOADS, calibrated
 
                 cal = calibrated(d, [("model", mod)], progress=progress,
                                  count=workloads or CALIBRATION_WORKLOADS,
@@ -95,9 +95,9 @@ def _calibration_overheads(store, spec: str) -> None:
 
 def _checked_profile(found, device: Device, keys: Sequence[str]):
     """``found`` (a shipped profile and its path) if ``device`` runs a few of its workloads as
-    it measured them (:func:`~autoplace.predict.calibrate.check_profile`; the model's own,
+    it measured them (:func:`~autoplace.pricing.calibrate.check_profile`; the model's own,
     ``keys``, first), else None; and a line saying which."""
-    from autoplace.predict.calibrate import check_profile
+    from autoplace.pricing.calibrate import check_profile
 
     prof, path = found
     check = check_profile(prof, device, keys)

@@ -17,7 +17,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.predict import RooflineCostModel
-from autoplace.predict.fusion import fused_costs, groups_by_kind, kernel_floor
+from autoplace.predict.per_kernel import fused_costs, groups_by_kind, kernel_floor
 from autoplace.predict.protocol import CostModel, ProfiledCostModel, outside_training
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.pricing.auto import ROOFLINE, auto_cost_model, fingerprints
@@ -104,7 +104,7 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
     ``given_overhead``: the caller's stage (throughput) or segment (latency) overhead, or None.
     """
     if isinstance(cost_model, str) and cost_model == "auto":
-        from autoplace.predict.calibrate import MIXED_CALIBRATION_WORKLOADS
+        from autoplace.pricing.calibrate import MIXED_CALIBRATION_WORKLOADS
 
         cost_model, described = auto_cost_model(
             devices, mod if here else None, calibrate=calibrate, func_name=func_name,
@@ -119,7 +119,7 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
     overhead, overhead_sources, overheads_note = _overheads(objective, devices, cost_model,
                                                            measured, given_overhead)
     cost, sources = node_costs(graph, devices, cost_model)
-    check_runnable(graph, devices, cost, cost_model)
+    check_runnable(graph, devices, cost, cost_model, runtimes_follow=True)
     # The kernels of each kind of device's build, once for every charge that needs them.
     groups = groups_by_kind(mod, devices, func_name) if graph.nodes else None
     cost = fused_costs(mod, graph, devices, cost, func_name, groups)
@@ -321,11 +321,16 @@ def _with_tuned_costs(mod, graph: OpGraph, devices: Sequence[Device], cost: np.n
     return tc, sources, lines
 
 
-def check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model) -> None:
-    """Name the op, and why, when no device can run a node."""
+def check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, model, *,
+                   runtimes_follow: bool = False) -> None:
+    """Name the op, and why, when no device can run a node. ``runtimes_follow``: ``devices``
+    are the TVM devices, priced before the runtime devices; an op that a torch device may run
+    instead (one with a PyTorch equivalent) is checked when those are priced."""
     for n in graph.nodes:
         if n.is_torch and not any(d.runtime == "torch" for d in devices):
             continue  # a torch device runs it (_runtime_devices added one; checked after)
+        if runtimes_follow and np.isinf(cost[n.index]).all() and _has_equivalent(n):
+            continue
         if np.isinf(cost[n.index]).all():
             why = []
             for d in devices:
@@ -344,6 +349,17 @@ def check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, 
                                   "profile's errors (autoplace profile-export)")
 
 
+def _has_equivalent(node) -> bool:
+    """Whether a torch device could run ``node`` as its PyTorch equivalent (False without
+    PyTorch)."""
+    from autoplace.backend.torch_equivalents import node_equivalent
+
+    try:
+        return node_equivalent(node) is not None
+    except ImportError:
+        return False
+
+
 def all_threads_costs(graph: OpGraph, devices: Sequence[Device], prices: Prices):
     """For :func:`~autoplace.report.baselines.predict_baselines`: None with fewer than two CPU
     devices, else ``(index of the first CPU device that can run every op, threads,
@@ -352,7 +368,7 @@ def all_threads_costs(graph: OpGraph, devices: Sequence[Device], prices: Prices)
     store, where the costs have tuned kernels (:attr:`Prices.tuned`) and the store has them
     all; else, unless the costs include tuned kernels, from a profile at that count (a shipped
     profile of this machine counts when the costs are the shipped ones)."""
-    from autoplace.predict.threads import ThreadedCosts, costs_at_threads
+    from autoplace.predict.at_threads import ThreadedCosts, costs_at_threads
 
     threads, kernels, sources = prices.threads_all, prices.tuned, prices.sources
     if threads is None:

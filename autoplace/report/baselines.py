@@ -167,7 +167,7 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
     replicas (throughput, when ``replicate``), priority, greedy; infeasible ones are left out.
 
     ``all_threads``: None (fewer than two CPU devices: no such baseline), or ``(device index,
-    threads, costs)`` where ``costs`` is a :class:`autoplace.predict.threads.ThreadedCosts`.
+    threads, costs)`` where ``costs`` is a :class:`autoplace.predict.at_threads.ThreadedCosts`.
     ``stay``: nodes a single device leaves on their pinned device (PyTorch calls).
     """
     out = []

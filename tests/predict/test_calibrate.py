@@ -11,8 +11,8 @@ import pytest
 
 import autoplace
 from autoplace import Device, zoo
-from autoplace.predict import calibrate
-from autoplace.predict.calibrate import ProfileCheck, calibrated, check_profile
+from autoplace.pricing.calibrate import ProfileCheck, calibrated, check_profile
+from autoplace.profile import calibration_cache
 from autoplace.profile import DeviceProfile, LocalRunner, fingerprint
 from autoplace.profile.workload import module_from_key
 
@@ -117,12 +117,12 @@ def test_a_host_of_another_speed_gets_its_own_cache_entry(new_host, monkeypatch)
     first = calibrated(Device.cpu(0), [("mlp", m.mod)], progress=False)
     assert first.timed > 0 and first.path is not None
     # The same host, its probe kernel now running 3x as long: another speed, another entry.
-    probe = calibrate.speed_probe(Device.cpu(0))
-    monkeypatch.setitem(calibrate._PROBED, ("cpu", 0, "native"), 3 * probe)
+    probe = calibration_cache.speed_probe(Device.cpu(0))
+    monkeypatch.setitem(calibration_cache._PROBED, ("cpu", 0, "native"), 3 * probe)
     other = calibrated(Device.cpu(0), [("mlp", m.mod)], progress=False)
     assert other.path != first.path and other.timed > 0
     # Within SAME_SPEED of the first: its entry again, nothing timed.
-    monkeypatch.setitem(calibrate._PROBED, ("cpu", 0, "native"), 1.2 * probe)
+    monkeypatch.setitem(calibration_cache._PROBED, ("cpu", 0, "native"), 1.2 * probe)
     assert calibrated(Device.cpu(0), [("mlp", m.mod)], progress=False).path == first.path
 
 

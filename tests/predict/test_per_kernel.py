@@ -6,7 +6,7 @@ import pytest
 
 import autoplace
 from autoplace import zoo
-from autoplace.predict.fusion import fused_costs, kernel_anchors, kernel_floor
+from autoplace.predict.per_kernel import fused_costs, kernel_anchors, kernel_floor
 from autoplace.graph.fusion import fused_groups
 
 CPU, GPU = autoplace.Device.cpu(0), autoplace.Device.cuda(0)

@@ -1,13 +1,16 @@
-"""Costs for a CPU as it runs today: calibrated on first use, cached per host.
+"""Costs for a CPU as it runs today: calibrated on first use, cached per host; and the
+quick profile of a device no profile describes (``autoplace profile --quick``).
 
 A shipped profile describes the host it was measured on. Any other CPU (another vendor, another
 build target, or a host of the same name that runs at another speed) gets costs from the shipped
 learned model adapted to a few of the model's own workloads timed here
 (:func:`autoplace.predict.adapt.adapt`, as ``autoplace profile --quick`` does), and a profile
 whose host is this one is first checked against it (:func:`check_profile`). Both results are
-cached under :func:`cache_dir`, keyed by the device's fingerprint and by how fast a fixed probe
-kernel runs (:func:`speed_probe`): a host of the same name that runs at another speed gets its
-own entry, and the next call on this host times nothing but the probe.
+cached under :func:`~autoplace.profile.calibration_cache.cache_dir`, keyed by the device's
+fingerprint and by how fast a fixed probe kernel runs
+(:func:`~autoplace.profile.calibration_cache.speed_probe`): a host of the same name that runs
+at another speed gets its own entry, and the next call on this host times nothing but the
+probe.
 
 >>> cal = calibrated(Device.cpu(0), [("mine", mod)])                           # doctest: +SKIP
 >>> cal.note
@@ -21,9 +24,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplace.predict.adapt import AdaptedCostModel, adapt, choose_workloads, shipped_base
+from autoplace.profile.calibration_cache import cache_entry
 from autoplace.profile.measure import TimingPolicy
 
 if TYPE_CHECKING:
@@ -49,20 +51,8 @@ CALIBRATION_POLICY = TimingPolicy(min_repeat_ms=2.0, min_repeats=3, max_repeats=
                                   cv_target=0.05, budget_s=0.5)
 #: Workloads of a profile timed again to see whether this host still runs as it measured.
 CHECK_WORKLOADS = 5
-#: A cache entry serves a host whose probe kernel runs within this factor of the entry's.
-SAME_SPEED = 1.5
 #: Below this, a profile's re-timed workloads agree with it (its own noise can raise it).
 PROFILE_TOLERANCE = 0.25
-_FORMAT = 1
-
-
-def cache_dir() -> Path:
-    """Where calibrations are cached: ``$AUTOPLACE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/autoplace``, else ``~/.cache/autoplace``."""
-    if os.environ.get("AUTOPLACE_CACHE_DIR"):
-        return Path(os.environ["AUTOPLACE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "autoplace"
 
 
 @dataclass(frozen=True)
@@ -117,108 +107,6 @@ class ProfileCheck:
                 f"{self.tolerance:.0%})" + (" [cached]" if self.cached else ""))
 
 
-def speed_probe(device: Device) -> float:
-    """Seconds a fixed kernel (a 128x128 float32 matmul, TVM's default schedule) takes on
-    ``device``, the fastest of a few repeats: what tells two hosts of one name apart."""
-    return _probe(device.kind, device.index, device.target)
-
-
-_PROBED: dict[tuple, float] = {}
-
-
-def _probe(kind: str, index: int, target: str) -> float:
-    from autoplace.devices import Device
-    from autoplace.profile import LocalRunner
-
-    key = (kind, index, target)
-    if key not in _PROBED:
-        mod = _probe_module()
-        policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, round_size=5,
-                              cv_target=0.05, budget_s=0.5)
-        _PROBED[key] = LocalRunner(Device(name="probe", kind=kind, index=index,
-                                          target=target)).measure(mod, policy).min_s
-    return _PROBED[key]
-
-
-def _probe_module():
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x, w = (relax.Var(n, relax.TensorType((128, 128), "float32")) for n in "xw")
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-class _Cache:
-    """The entries of one device fingerprint under :func:`cache_dir`: folders
-    ``<fingerprint>-<n>`` each with ``meta.json`` (the probe's seconds), a profile store and
-    the adapted model. Where the cache cannot be written, one temporary folder for this
-    process (with one warning)."""
-
-    def __init__(self, fingerprint: str, probe_s: float):
-        self.fingerprint, self.probe_s = fingerprint, probe_s
-        root = cache_dir()
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            probe = root / f".write-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-            self.root, self.kept = root, True
-        except OSError as e:
-            log.warning("cannot write the calibration cache %s (%s): calibrating for this call "
-                        "only (set AUTOPLACE_CACHE_DIR to a writable folder)", root, e)
-            self.root, self.kept = Path(tempfile.mkdtemp(prefix="autoplace-")), False
-
-    def entry(self) -> Path:
-        """The entry of this host's speed: the one whose probe ran closest to this one's,
-        within :data:`SAME_SPEED`; else a new one. A corrupt entry is removed with a warning."""
-        best, best_ratio = None, SAME_SPEED
-        taken = set()
-        for path in sorted(self.root.glob(f"{self.fingerprint}-*")):
-            taken.add(path.name)
-            try:
-                meta = json.loads((path / "meta.json").read_text())
-                if meta.get("format") != _FORMAT:
-                    raise ValueError(f"format {meta.get('format')!r}")
-                ratio = max(meta["probe_s"], self.probe_s) / min(meta["probe_s"], self.probe_s)
-            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-                log.warning("calibration cache entry %s is unreadable (%s): removed, and "
-                            "rebuilt where needed", path, e)
-                shutil.rmtree(path, ignore_errors=True)
-                continue
-            if ratio <= best_ratio:
-                best, best_ratio = path, ratio
-        if best is not None:
-            return best
-        n = next(i for i in range(len(taken) + 1) if f"{self.fingerprint}-{i}" not in taken)
-        path = self.root / f"{self.fingerprint}-{n}"
-        path.mkdir()
-        (path / "meta.json").write_text(json.dumps({"format": _FORMAT, "probe_s": self.probe_s,
-                                                    "fingerprint": self.fingerprint}))
-        return path
-
-    @staticmethod
-    def read(entry: Path, name: str) -> dict | None:
-        try:
-            return json.loads((entry / name).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            log.warning("calibration cache file %s is unreadable (%s): rebuilt", entry / name, e)
-            return None
-
-
-def _entry_of(device: Device) -> tuple[_Cache, Path]:
-    """The cache of ``device``'s fingerprint, and its entry of this host's speed."""
-    from autoplace.profile import LocalRunner, fingerprint
-
-    cache = _Cache(fingerprint(LocalRunner(device).info()), speed_probe(device))
-    return cache, cache.entry()
-
-
 def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
                policy: TimingPolicy = CALIBRATION_POLICY, progress: bool = True,
                overheads=None) -> Calibration:
@@ -232,7 +120,6 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     Raises ValueError where the device has no CLI spec (:attr:`Device.spec`) or cannot be
     timed.
     """
-    from autoplace.predict.adapt import AdaptedCostModel, adapt, shipped_base, time_chosen
     from autoplace.predict.rows import profile_rows
     from autoplace.profile.profiles import DeviceProfile
     from autoplace.profile.store import ProfileStore
@@ -242,7 +129,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
         raise ValueError(f"{device.name}: target {device.target!r} has no device spec to time "
                          "it with; calibrate a 'native' or 'llvm' CPU device")
     t = time.perf_counter()
-    cache, entry = _entry_of(device)
+    cache, entry = cache_entry(device)
     base, base_path = shipped_base(device.kind)
     digest = f"{_models_digest(models)}:{count}"
     done = (cache.read(entry, "models.json") or {}).get("models", [])
@@ -309,7 +196,7 @@ def check_profile(profile: DeviceProfile, device: Device, keys=(), *,
     from autoplace.profile.measure import OpFailed
     from autoplace.profile.workload import module_from_key
 
-    cache, entry = _entry_of(device)
+    cache, entry = cache_entry(device)
     found = cache.read(entry, "profile-check.json")
     if found is not None and found.get("profile") == profile.fingerprint:
         return ProfileCheck(found["profile"], found["ratio"], found["workloads"],
@@ -342,3 +229,91 @@ def check_profile(profile: DeviceProfile, device: Device, keys=(), *,
     except OSError as e:
         log.warning("cannot cache the profile check in %s: %s", entry, e)
     return check
+
+
+@dataclass(frozen=True)
+class QuickReport:
+    """What :func:`quick_profile` did: the workloads it chose and timed, and the model."""
+
+    device: str
+    chosen: int
+    measured: int
+    seconds: float
+    model: AdaptedCostModel
+    path: str | None
+
+    def lines(self) -> list[str]:
+        return [f"{self.device}: timed {self.measured} of the {self.chosen} workloads chosen in "
+                f"{self.seconds:.0f} s; {self.model.describe()}",
+                *([f"wrote {self.path}"] if self.path else [])]
+
+
+def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None,
+                  base_path: str | None = None, out: str | Path | None = None,
+                  **campaign_kwargs) -> QuickReport:
+    """Time a few workloads of ``models`` on a device that has no profile, and adapt a learned
+    model to it from them.
+
+    Parameters
+    ----------
+    store : ProfileStore
+        Where the timings go (with the models' workloads); a store holding earlier timings of
+        the device adapts on those too.
+    device_spec : str
+        The device (``cpu:0``, ``cpu:0:native``, ``rpc:...``).
+    models : sequence of (name, tvm.IRModule)
+        The models whose workloads to choose from
+        (:func:`~autoplace.predict.adapt.choose_workloads`).
+    count : int
+        Workloads to time at most.
+    base, base_path : optional
+        The model to adapt and where it is saved; default the learned model shipped for the
+        device's kind (:func:`~autoplace.predict.adapt.shipped_base`).
+    out : path, optional
+        Save the adapted model there (:meth:`AdaptedCostModel.save`).
+    campaign_kwargs
+        For :func:`autoplace.profile.run_campaign` (``policy``, ``progress``, ...).
+    """
+    from autoplace.predict.rows import profile_rows
+
+    if base is None:
+        kind = "cuda" if device_spec.startswith("cuda") else "cpu"
+        base, base_path = shipped_base(kind)
+    t = time.perf_counter()
+    chosen, dev = time_chosen(store, device_spec, models, base, count=count, **campaign_kwargs)
+    rows = profile_rows(store, dev.fingerprint)
+    model = adapt(base, rows, base_path=base_path)
+    if out is not None:
+        model.save(out)
+    return QuickReport(device_spec, chosen, dev.measured, time.perf_counter() - t, model,
+                       None if out is None else str(out))
+
+
+def time_chosen(store, device_spec: str, models, base, *, count: int = 40, **campaign_kwargs):
+    """Time on ``device_spec`` the workloads :func:`~autoplace.predict.adapt.choose_workloads`
+    picks from ``models``
+    (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own) into ``store``,
+    skipping those it already holds. Returns ``(how many were chosen, the campaign's
+    DeviceReport)``; ValueError where the device cannot be reached."""
+    from autoplace.graph import OpGraph
+    from autoplace.graph.fusion import fused_groups
+    from autoplace.profile.campaign import run_campaign
+    from autoplace.profile.workload import single_op_modules
+
+    graphs, modules, in_kernel, every = [], {}, set(), set()
+    for name, mod in models:
+        g = OpGraph.from_relax(mod)
+        graphs.append(g)
+        modules.update(single_op_modules(mod, g))
+        store.add_workloads(g.nodes, model=name)
+        every.update(n.workload_key for n in g.nodes)
+        for _, nodes in fused_groups(mod, gpu=device_spec.startswith("cuda")):
+            in_kernel.update(g.nodes[i].workload_key for i in nodes)
+    keys = [k for k in choose_workloads(graphs, base, count=count,
+                                        skip=frozenset(every - in_kernel)) if k in modules]
+    rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
+                       links=False, **campaign_kwargs)
+    dev = rep.devices[0]
+    if dev.error:
+        raise ValueError(f"cannot time on {device_spec}: {dev.error}")
+    return len(keys), dev

@@ -5,7 +5,7 @@ import numpy as np
 import autoplace
 from autoplace import Device, zoo
 from autoplace.predict import MeasuredCostModel
-from autoplace.predict.threads import costs_at_threads
+from autoplace.predict.at_threads import costs_at_threads
 from autoplace.profile import DeviceProfile
 
 INFO = {"kind": "cpu", "hardware": "Some CPU", "target": "llvm", "tvm": "0.27", "remote": None}

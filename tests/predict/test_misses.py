@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoplace.predict import cache
+from autoplace.predict import misses as cache
 from autoplace.predict.kernels import KernelAnalysis
 
 

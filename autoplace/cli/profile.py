@@ -174,7 +174,7 @@ def _overheads(args, specs, store):
 
 
 def _refine(args, store, policy, tolerance):
-    from autoplace.predict.refine import refine
+    from autoplace.pricing.refine import refine
 
     spec = (args.device or ["cpu:0"])[0]
     return refine(store, spec, rounds=args.refine, size=args.refine_size, policy=policy,

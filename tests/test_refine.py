@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autoplace import zoo
-from autoplace.predict.refine import refine
+from autoplace.pricing.refine import refine
 from autoplace.profile import ProfileStore, TimingPolicy, run_campaign
 
 FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2, budget_s=0.3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,7 +68,7 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
             # Decomposed once here, as the importer would, to see the ops it will convert.
             program = exported.run_decompositions()
             known = set(ExportedProgramImporter().convert_map)
-            custom = _torch_fallbacks(program, known)
+            custom = {**_AS_PYTORCH, **_torch_fallbacks(program, known)}
             return from_exported_program(program, custom_convert_map=custom or None,
                                          run_ep_decomposition=False)
 
@@ -116,6 +117,7 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
         if node not in torch_nodes:
             if not originals:
                 originals.update(type(importer).create_convert_map(importer))
+                originals.update({k: partial(f, importer=importer) for k, f in _AS_PYTORCH.items()})
             return originals[node.target.__name__](node)
         why = (f"the importer lacks aten.{node.target.__name__.split('.')[0]}" if node in lacking
                else "its output's shape depends on the data" if node in dynamic
@@ -124,6 +126,20 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
         return _torch_call(node, importer, node in dynamic, examples.get(node.name), why)
 
     return {name: convert for name in {n.target.__name__ for n in torch_nodes}}
+
+
+def _cumsum(node, importer):
+    """``aten.cumsum`` in the dtype PyTorch gives: a bool or integer tensor sums in int64,
+    where the importer keeps the input's dtype (and TVM builds no running sum of bools)."""
+    from tvm import relax
+
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+    dtype = str(node.meta["val"].dtype).removeprefix("torch.")
+    return importer.block_builder.emit(relax.op.cumsum(importer.env[node.args[0]], dim, dtype))
+
+
+# Converters of the aten ops whose import by TVM's own converter differs from PyTorch.
+_AS_PYTORCH = {"cumsum.default": _cumsum}
 
 
 def _has_effect(node) -> bool:

@@ -109,10 +109,33 @@ def legalize_map() -> dict:
     TVM's exact ``erf`` is a scalar libm call per element (about 30x faster on a GELU, and
     closer to a float64 GELU than PyTorch's float32 one: ``docs/results.md``, "GELU's erf"). An
     op's target is its output's virtual device, else the target being built for; any other
-    target keeps TVM's lowering.
+    target keeps TVM's lowering. On every target, an integer ``clip``'s bounds are first brought
+    into its dtype's range (:func:`_integer_clip`).
     """
     return {"relax.nn.gelu": _on_cpu("relax.nn.gelu", _fast_gelu),
-            "relax.erf": _on_cpu("relax.erf", _fast_erf)}
+            "relax.erf": _on_cpu("relax.erf", _fast_erf), "relax.clip": _integer_clip}
+
+
+def _integer_clip(bb, call):
+    """TVM's ``clip``, an integer tensor's float bounds first brought into its dtype's range:
+    PyTorch's ``clamp(min=0)`` imports with ``inf`` as the upper bound, which TVM's lowering
+    casts to the integer dtype and fails on."""
+    import math
+
+    import tvm
+    from tvm import relax
+
+    dtype = str(getattr(call.ty, "dtype", ""))
+    if dtype.startswith(("int", "uint")):
+        low, high = tvm.tirx.min_value(dtype), tvm.tirx.max_value(dtype)
+        bounds = []
+        for arg in call.args[1:]:
+            if isinstance(arg, tvm.tirx.FloatImm) and (
+                    math.isinf(arg.value) or not low.value <= arg.value <= high.value):
+                arg = low if arg.value < 0 else high
+            bounds.append(arg)
+        call = bb.normalize(relax.op.clip(call.args[0], *bounds))
+    return tvm.ir.Op.get("relax.clip").get_attr("FLegalize")(bb, call)
 
 
 def _on_cpu(op_name: str, cpu_legalize):

@@ -189,6 +189,26 @@ def _conv2d(c: _Call) -> TorchOp | None:
                                            tuple(a["dilation"]), int(a["groups"])])
 
 
+def _conv1d(c: _Call) -> TorchOp | None:
+    import torch.nn.functional as F
+
+    a = c.attrs
+    pad = list(a["padding"])
+    if a["data_layout"] != "NCW" or a.get("out_layout", "NCW") not in ("", "NCW") \
+            or a["kernel_layout"] != "OIW" or len(pad) != 2 or pad[0] != pad[1]:
+        return None
+    return c.op(F.conv1d, "torch.conv1d", [_X, Slot(1), None, tuple(a["strides"]), (pad[0],),
+                                           tuple(a["dilation"]), int(a["groups"])])
+
+
+def _cumsum_call(c: _Call) -> TorchOp | None:
+    if c.dtype == "bool":  # a running sum kept in bool: PyTorch sums no bools
+        return None
+    axis = c.attrs.get("axis")
+    return c.op(_cumsum, "torch.cumsum", [_X, None if axis is None else int(axis), c.dtype,
+                                          bool(c.attrs.get("exclusive"))])
+
+
 def _max_pool2d(c: _Call) -> TorchOp | None:
     import torch.nn.functional as F
 
@@ -226,6 +246,7 @@ _BUILDERS = {
     "nn.layer_norm": _layer_norm, "nn.batch_norm": _batch_norm_call, "permute_dims": _permute_dims,
     "reshape": _reshape, "nn.conv2d": _conv2d, "nn.max_pool2d": _max_pool2d,
     "nn.avg_pool2d": _avg_pool2d, "nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "nn.conv1d": _conv1d, "cumsum": _cumsum_call,
     # masks and shapes, as attention builds its mask
     "astype": _astype, "where": _where, "full_like": _full_like, "broadcast_to": _broadcast_to,
     "squeeze": _reshape, "expand_dims": _reshape,
@@ -290,6 +311,16 @@ def _full(like, fill, dtype: str):
     import torch
 
     return fill.to(getattr(torch, dtype)).expand(like.shape).contiguous()
+
+
+def _cumsum(x, axis: int | None, dtype: str, exclusive: bool):
+    """Relax's ``cumsum``: the running sum along ``axis`` (of the flattened tensor where None),
+    in ``dtype``; ``exclusive``: each element's sum leaves the element out."""
+    import torch
+
+    x = x.reshape(-1) if axis is None else x
+    out = torch.cumsum(x, 0 if axis is None else axis, dtype=getattr(torch, dtype))
+    return out - x.to(out.dtype) if exclusive else out
 
 
 # Ops whose PyTorch call gives a view, here with its elements copied: a call's result must not

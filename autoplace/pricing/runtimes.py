@@ -81,6 +81,7 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     :class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
     cost ``inf``."""
     if not torch_devices:
+        check_runnable(graph, tvm_devices, costs.cost, costs.model)
         return costs
     from autoplace.graph.chains import fused_chains
     from autoplace.predict.torch_costs import TorchCostModel, WithTorch

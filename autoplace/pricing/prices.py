@@ -17,7 +17,7 @@ import numpy as np
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.predict import RooflineCostModel
-from autoplace.predict.fusion import fused_costs, groups_by_kind, kernel_floor
+from autoplace.predict.per_kernel import fused_costs, groups_by_kind, kernel_floor
 from autoplace.predict.protocol import CostModel, ProfiledCostModel, outside_training
 from autoplace.predict.protocol import sources as cost_sources
 from autoplace.pricing.auto import ROOFLINE, auto_cost_model, fingerprints
@@ -104,7 +104,7 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
     ``given_overhead``: the caller's stage (throughput) or segment (latency) overhead, or None.
     """
     if isinstance(cost_model, str) and cost_model == "auto":
-        from autoplace.predict.calibrate import MIXED_CALIBRATION_WORKLOADS
+        from autoplace.pricing.calibrate import MIXED_CALIBRATION_WORKLOADS
 
         cost_model, described = auto_cost_model(
             devices, mod if here else None, calibrate=calibrate, func_name=func_name,
@@ -368,7 +368,7 @@ def all_threads_costs(graph: OpGraph, devices: Sequence[Device], prices: Prices)
     store, where the costs have tuned kernels (:attr:`Prices.tuned`) and the store has them
     all; else, unless the costs include tuned kernels, from a profile at that count (a shipped
     profile of this machine counts when the costs are the shipped ones)."""
-    from autoplace.predict.threads import ThreadedCosts, costs_at_threads
+    from autoplace.predict.at_threads import ThreadedCosts, costs_at_threads
 
     threads, kernels, sources = prices.threads_all, prices.tuned, prices.sources
     if threads is None:

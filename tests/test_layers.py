@@ -126,13 +126,19 @@ def test_every_unit_is_in_a_layer():
     assert units == {u for layer in LAYERS for u in layer} - {"__root__"}
 
 
-def test_violations_names_an_upward_import_and_a_cycle(tmp_path):
-    pkg = tmp_path / "autoplace"
+def _package(root: Path, files: dict[str, str]) -> Path:
+    """A package ``autoplace`` under ``root`` with a unit ``low`` and ``files`` (path relative
+    to the package -> text)."""
+    pkg = root / "autoplace"
     (pkg / "low").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "low" / "__init__.py").write_text("")
-    (pkg / "low" / "a.py").write_text("def f():\n    from autoplace.high import g\n")
-    (pkg / "high.py").write_text("from autoplace.low import a\n")
+    for name, text in {"__init__.py": "", "low/__init__.py": "", **files}.items():
+        (pkg / name).write_text(text)
+    return pkg
+
+
+def test_violations_names_an_upward_import_and_a_cycle(tmp_path):
+    pkg = _package(tmp_path, {"low/a.py": "def f():\n    from autoplace.high import g\n",
+                              "high.py": "from autoplace.low import a\n"})
     edges = imports_between_units(pkg)
     assert set(edges) == {("low", "high"), ("high", "low")}
     found = violations(edges, [["low"], ["high"]])
@@ -147,14 +153,12 @@ def test_no_module_imports_itself_through_a_cycle_inside_its_unit():
 
 
 def test_cycles_within_units_names_the_modules_of_a_cycle(tmp_path):
-    pkg = tmp_path / "autoplace"
-    (pkg / "low").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "low" / "__init__.py").write_text("from autoplace.low.a import f\n")
-    (pkg / "low" / "a.py").write_text("def f():\n    from autoplace.low import b\n")
-    (pkg / "low" / "b.py").write_text("from autoplace.low.c import h\n")
-    (pkg / "low" / "c.py").write_text("from autoplace.low.a import f\nh = 1\n")
-    (pkg / "high.py").write_text("from autoplace.low import a\nfrom autoplace.low.b import h\n")
+    pkg = _package(tmp_path, {
+        "low/__init__.py": "from autoplace.low.a import f\n",
+        "low/a.py": "def f():\n    from autoplace.low import b\n",
+        "low/b.py": "from autoplace.low.c import h\n",
+        "low/c.py": "from autoplace.low.a import f\nh = 1\n",
+        "high.py": "from autoplace.low import a\nfrom autoplace.low.b import h\n"})
     edges = imports_within_units(pkg)
     assert edges == {("autoplace.low", "autoplace.low.a"), ("autoplace.low.a", "autoplace.low.b"),
                      ("autoplace.low.b", "autoplace.low.c"), ("autoplace.low.c", "autoplace.low.a")}

@@ -237,10 +237,13 @@ def _per_device(value, devices: Sequence[Device], what: str) -> dict[str, float]
 def _result(mod, graph: OpGraph, prices: Prices, choice: Choice, func_name: str,
             runtime_note: tuple[str, ...] = ()) -> OptimizeResult:
     """The plan written into the module, with everything that says how it was found
-    (``runtime_note``: which ops run on a runtime device, and why)."""
+    (``runtime_note``: which ops run on a runtime device, and why). A plan over several hosts
+    is not one module (each stage is built on its host): its ``mod`` is None."""
     found, notes = choice.baselines, prices.notes
+    hosts = {d.host for d in choice.plan.used_devices()}
     return OptimizeResult(
-        choice.plan, annotate(mod, choice.plan, func_name), graph, choice.problem,
+        choice.plan, annotate(mod, choice.plan, func_name) if len(hosts) == 1 else None, graph,
+        choice.problem,
         choice.solution, {b.name: b.value for b in found if b.value is not None}, mod,
         prices.described, predictor=prices.model, records=prices.records,
         records_note=notes.records, profiles_note=notes.profiles,

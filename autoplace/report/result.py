@@ -31,7 +31,7 @@ class OptimizeResult:
     """What ``optimize`` found: the plan, the annotated module and how it compares."""
 
     plan: Plan
-    mod: Any
+    mod: Any  # the module annotated with the plan; None for a plan over several hosts
     graph: OpGraph
     problem: Problem
     solution: Solution
@@ -56,10 +56,11 @@ class OptimizeResult:
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
         """How many kernels of the plan's build get tuned schedules and how many keep TVM's
-        default ones (a kernel built for two devices counts twice)."""
+        default ones (a kernel built for two devices counts twice; a plan over several hosts:
+        the model's kernels built for one device)."""
         from autoplace.backend.lowering import count_kernels
 
-        return count_kernels(self.mod, self.records)
+        return count_kernels(self.mod if self.mod is not None else self.source_mod, self.records)
 
     @property
     def predicted_latency_s(self) -> float:
@@ -107,6 +108,9 @@ class OptimizeResult:
         builds) and returns the fastest; its ``.trial`` says what was measured. ``trial=False``
         builds this plan alone.
         """
+        if _on_hosts(self.plan):
+            raise ValueError("this plan has devices on other hosts: it runs on a Ray cluster as a "
+                             "pipeline; optimize with objective='throughput' and run .pipeline()")
         if trial is None:
             trial = concurrent is None
         if concurrent is None:
@@ -147,6 +151,10 @@ class OptimizeResult:
         beyond the builds) and returns the fastest; its ``.trial`` says what was measured and
         its ``.plan`` which plan it runs. ``trial=False`` builds this plan alone.
 
+        A plan with a device on another host (:attr:`~autoplace.devices.Device.host`) runs on
+        the Ray cluster, one actor per stage or replica on its host
+        (:meth:`autoplace.cluster.RayPipeline.from_plan`, which ``kwargs`` go to), untried.
+
         >>> with res.pipeline() as pipe:                 # doctest: +SKIP
         ...     outs = pipe.run([[x] for x in batches])
         ...     pipe.stats.inputs_per_s
@@ -156,6 +164,11 @@ class OptimizeResult:
         if self.plan.stages is None:
             raise ValueError("this plan has no stages: optimize with objective='throughput' "
                              "to run it as a pipeline, or use .compile() for one inference")
+        if _on_hosts(self.plan):
+            from autoplace.cluster import RayPipeline
+
+            return RayPipeline.from_plan(self.source_mod, self.plan, self.graph.func_name,
+                                         **kwargs)
 
         def build(plan: Plan) -> Pipeline:
             return Pipeline.from_plan(self.source_mod, plan, self.graph.func_name,
@@ -295,3 +308,7 @@ def _ms(seconds: float, rate: bool) -> str:
     per_s = f"{1 / seconds:.1f}" if seconds > 0 else "inf"
     return f"{seconds * 1e3:.4f} ms per input, {per_s} inputs/s"
 
+
+def _on_hosts(plan: Plan) -> bool:
+    """Whether ``plan`` puts anything on a device of a named host (a Ray cluster's)."""
+    return any(d.host is not None for d in plan.used_devices())

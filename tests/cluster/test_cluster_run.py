@@ -72,6 +72,25 @@ def test_stages_on_two_hosts_match_one_host(ray_cluster):
         np.testing.assert_allclose(got[0], w, rtol=1e-5, atol=1e-6)
 
 
+def test_optimize_over_two_hosts_runs_its_pipeline_on_them(ray_cluster):
+    # Both hosts' devices are cpu:0: a plan over hosts is one module per stage, built on its
+    # host, so optimize writes no module (mod None) and .pipeline() runs it on the cluster.
+    mod = _mlp()
+    devs = [Device.cpu(0, host="alpha"), Device.cpu(0, host="beta")]
+    res = autoplace.optimize(mod, devs, objective="throughput", check_devices=False,
+                             cost_model=autoplace.RooflineCostModel(), baseline_guard=False,
+                             pins=[("op:matmul#0", "alpha-cpu0"), ("op:tanh", "beta-cpu0")])
+    assert {d.host for d in res.plan.used_devices()} == {"alpha", "beta"} and res.mod is None
+    with pytest.raises(ValueError, match="other hosts"):
+        res.compile()
+    xs = _inputs(6, seed=3)
+    with res.pipeline(max_in_flight=2) as pipe:
+        assert {h.name for _, h in pipe.placement} == {"alpha", "beta"}
+        outs = pipe.run([x] for x in xs)
+    for got, want in zip(outs, _one_host(mod, xs)):
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+
+
 def test_stream_is_bounded_and_in_order(ray_cluster):
     from autoplace.cluster import RayPipeline
 

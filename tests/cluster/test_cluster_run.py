@@ -16,7 +16,6 @@ pytestmark = pytest.mark.slow
 
 def _mlp():
     """x -> relu(x @ w1) = h -> tanh(h @ w2) = y -> y + h: three matmul-sized ops and a skip."""
-    import tvm
     from tvm import relax
 
     rng = np.random.default_rng(0)

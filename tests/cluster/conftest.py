@@ -1,6 +1,8 @@
 """A Ray cluster of two nodes on this machine, hosts ``alpha`` (the head) and ``beta``, one CPU
 each, shared by the tests of this folder and shut down after them."""
 
+import builtins
+
 import pytest
 
 STORE_BYTES = 200 * 2**20  # object store per node: small, the machine is shared
@@ -25,3 +27,16 @@ def ray_cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture
+def without_ray(monkeypatch):
+    """Imports of Ray fail in this test, as where it is not installed."""
+    real = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)

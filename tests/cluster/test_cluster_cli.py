@@ -1,6 +1,5 @@
 """``autoplace cluster`` and ``--device HOST/cpu:0``."""
 
-import builtins
 import json
 
 import pytest
@@ -16,15 +15,7 @@ def test_device_option_takes_a_host():
                                                 ("cpu0", None)]
 
 
-def test_cluster_without_ray_is_one_line(monkeypatch, capsys):
-    real = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+def test_cluster_without_ray_is_one_line(without_ray, capsys):
     assert main(["cluster"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("autoplace cluster: error: Ray is not installed: "

@@ -1,6 +1,5 @@
 """Devices on hosts: the spec and JSON forms, and the hosts and devices of a running cluster."""
 
-import builtins
 import math
 
 import pytest
@@ -52,17 +51,9 @@ def test_cross_host_link_defaults_to_a_network():
     assert net.time(1e6) > 3 * local.time(1e6)
 
 
-def test_ray_missing_is_one_line(monkeypatch):
+def test_ray_missing_is_one_line(without_ray):
     from autoplace.cluster import ClusterError, cluster_devices
 
-    real = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(ClusterError) as e:
         cluster_devices()
     assert str(e.value) == "Ray is not installed: pip install 'autoplace[cluster]'"

@@ -14,7 +14,7 @@ from autoplace.annotate import annotate
 from autoplace.devices import Device, Link
 from autoplace.graph import OpGraph
 from autoplace.pricing import (Prices, competes, fused_runtime_calls, price, problems,
-                               resolve_pins, runtime_devices, with_runtime_costs)
+                               resolve_pins, runtime_chains, runtime_devices, with_runtime_costs)
 from autoplace.report.choose import Choice, choose
 from autoplace.report.result import OptimizeResult
 from autoplace.solve import SOLVERS, solve
@@ -171,10 +171,11 @@ def optimize(
     prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name, check_devices,
                    stage_overhead_s if objective == "throughput" else segment_overhead_s,
                    calibrate, mixed=competes(devices))
-    prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
-                                prices.store)
     pinned = resolve_pins(graph, devices, pins)
-    prices = fused_runtime_calls(graph, devices, prices, pinned)
+    chains = runtime_chains(graph, devices, pinned)
+    prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
+                                prices.store, chains)
+    prices = fused_runtime_calls(graph, devices, prices, chains)
     found = problems(graph, devices, prices, objective, links, pinned, max_stages)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}
     if objective == "throughput":

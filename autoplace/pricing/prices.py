@@ -328,7 +328,7 @@ def check_runnable(graph: OpGraph, devices: Sequence[Device], cost: np.ndarray, 
     instead (one with a PyTorch equivalent) is checked when those are priced."""
     for n in graph.nodes:
         if n.is_torch and not any(d.runtime == "torch" for d in devices):
-            continue  # a torch device runs it (_runtime_devices added one; checked after)
+            continue  # a torch device runs it (runtime_devices added one; checked after)
         if runtimes_follow and np.isinf(cost[n.index]).all() and _has_equivalent(n):
             continue
         if np.isinf(cost[n.index]).all():

@@ -71,24 +71,38 @@ def competes(devices: Sequence[Device]) -> bool:
     return any(d.runtime == "torch" and any(map(d.can_run, EQUIVALENTS)) for d in devices)
 
 
+def runtime_chains(graph: OpGraph, devices: Sequence[Device],
+                   pinned: Mapping[int, str]) -> tuple[tuple[int, ...], ...]:
+    """The chains of a conv or linear, its bias add (or a conv's batch norm) and its activation
+    (:func:`~autoplace.graph.chains.fused_chains`) that a runtime device of ``devices`` may run
+    as one call: none without one, and none that the pins (``pinned``: node index -> device
+    name) put on two devices."""
+    if all(d.runtime == "tvm" for d in devices):
+        return ()
+    from autoplace.graph.chains import fused_chains
+
+    return tuple(tuple(c) for c in fused_chains(graph)
+                 if len({pinned[i] for i in c if i in pinned}) <= 1)
+
+
 def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
-                       torch_devices: Sequence[Device], db=None) -> Prices:
+                       torch_devices: Sequence[Device], db=None,
+                       chains: Sequence[Sequence[int]] = ()) -> Prices:
     """``costs`` (of ``tvm_devices``) with a column per torch device: its PyTorch calls as a
     profile of it measured them (given to the cost model, in store ``db``, or shipped), those
     it lacks timed here, plus the hand-off of a call from the VM
-    (:func:`~autoplace.profile.torch_timings.time_torch_device`, each chain of a conv or
-    linear a build may run as one call timed as one too;
+    (:func:`~autoplace.profile.torch_timings.time_torch_device`, each of ``chains``, which a
+    build may run as one call, timed as one too: :func:`runtime_chains`;
     :class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
     cost ``inf``."""
     if not torch_devices:
         check_runnable(graph, tvm_devices, costs.cost, costs.model)
         return costs
-    from autoplace.graph.chains import fused_chains
     from autoplace.predict.torch_costs import TorchCostModel, WithTorch
     from autoplace.profile import check_present
     from autoplace.profile.torch_timings import time_torch_device, torch_profile
 
-    models, chains = {}, fused_chains(graph)
+    models = {}
     for d in torch_devices:
         check_present(d)  # timed here, whatever check_devices says
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
@@ -119,27 +133,23 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
 
 
 def fused_runtime_calls(graph: OpGraph, devices: Sequence[Device], costs: Prices,
-                        pinned: Mapping[int, str]) -> Prices:
-    """``costs`` where a build runs several ops as one PyTorch call: each chain of a conv or
-    linear, its bias add (or a conv's batch norm) and its activation
-    (:func:`~autoplace.graph.chains.fused_chains`) that a torch device can run whole is
-    charged there as one call (the anchor the call's cost,
+                        chains: Sequence[Sequence[int]]) -> Prices:
+    """``costs`` where a build runs several ops as one PyTorch call: each of ``chains``
+    (:func:`runtime_chains`) that a torch device can run whole is charged there as one call
+    (the anchor the call's cost,
     :meth:`~autoplace.predict.torch_costs.TorchCostModel.fused_cost`; the others nothing) and
     kept on one device (``groups``), as annotate makes one call of a chain placed whole on
-    PyTorch. A chain that the pins (``pinned``: node index -> device name) put on two
-    devices, or that could not be timed as one call, stays ops of their own, charged as their
-    calls."""
+    PyTorch. A chain that could not be timed as one call stays ops of their own, charged as
+    their calls."""
     models = getattr(costs.model, "models", {})
     torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
     if not torch_cols:
         return costs
-    from autoplace.graph.chains import fused_chains
-
     cost, kept = costs.cost.copy(), []
-    for chain in fused_chains(graph):
+    for chain in chains:
         runs = [(k, d) for k, d in torch_cols
                 if all(d.can_run(graph.nodes[i].op_type) for i in chain)]
-        if not runs or len({pinned[i] for i in chain if i in pinned}) > 1:
+        if not runs:
             continue
         timed = [(k, c) for k, d in runs
                  if np.isfinite(c := models[d.name].fused_cost(graph, d, chain))]

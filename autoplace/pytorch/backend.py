@@ -13,7 +13,8 @@ import torch
 from autoplace.api import optimize
 from autoplace.devices import Device
 from autoplace.frontends import export_torch, from_exported
-from autoplace.pytorch.module import AutoplaceModule, TensorSpec, build_of, default_devices
+from autoplace.pytorch.module import (AutoplaceModule, TensorSpec, _eager_s, build_of, contend,
+                                      default_devices)
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,10 @@ class AutoplaceBackend:
     example_inputs)``. :attr:`graphs` records each graph it was given, in order."""
 
     def __init__(self, devices: Sequence[Device] | None = None, *, strict: bool = False,
-                 **optimize_kwargs):
+                 eager_fallback: bool = True, **optimize_kwargs):
         self.devices = None if devices is None else list(devices)
         self.strict = strict
+        self.eager_fallback = eager_fallback
         self.optimize_kwargs = optimize_kwargs
         self.graphs: list[GraphRecord] = []
 
@@ -104,21 +106,29 @@ class AutoplaceBackend:
 
         def build(args) -> AutoplaceModule:
             wrapper = _Frozen(gm, args, weights, scalars, user, computed)
-            exported = export_torch(wrapper, [args[k] for k in user])
+            eager = _Frozen(gm, args, weights, scalars, user, computed, as_dynamo=True)
+            inputs = [args[k] for k in user]
+            eager_s, note = _eager_s(eager, inputs) if self.eager_fallback else (None, "")
+            exported = export_torch(wrapper, inputs)
             sig = exported.graph_signature
             if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
                 raise NotImported("the graph writes into its inputs or buffers")
             res = optimize(from_exported(exported),
                            self.devices if self.devices is not None else default_devices(),
                            **self.optimize_kwargs)
-            return AutoplaceModule(build_of(res), [TensorSpec.of(args[k]) for k in user],
-                                   result=res)
+            module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
+                                     result=res)
+            if eager_s is not None:
+                contend(module, eager, inputs, eager_s, note, onnx_source=wrapper)
+            return module
 
         if not computed:  # every output is an input or a constant
             return (lambda *args: assemble((), args)), GraphRecord(ops)
         if not scalars and not any(_symbolic(n) for n in placeholders):
             module = build(example_inputs)
-            run_flat = module.run_flat
+            if module.runs == "eager":
+                return gm.forward, GraphRecord(ops, module=module)
+            run_flat = module.call_flat
             return ((lambda *args: assemble(run_flat([args[k] for k in user]), args)),
                     GraphRecord(ops, module=module))
         return self._per_shape(gm, ops, user, scalars, build, assemble), None
@@ -158,7 +168,7 @@ class AutoplaceBackend:
             self.graphs.append(GraphRecord(ops, fallback=why))
             return _IN_PYTORCH
         self.graphs.append(GraphRecord(ops, module=module))
-        return module.run_flat
+        return _IN_PYTORCH if module.runs == "eager" else module.call_flat
 
 
 #: Builds of one graph Dynamo passes sizes to, one per set of sizes, before it runs in PyTorch.
@@ -228,11 +238,13 @@ def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
 class _Frozen(torch.nn.Module):
     """A Dynamo graph with its weights held as buffers (exported as constants), its sizes as
     the numbers of one call, and only the outputs it computes: what
-    :func:`frontends.export_torch` exports."""
+    :func:`frontends.export_torch` exports, or, ``as_dynamo``, the graph as Dynamo gave it
+    (PyTorch's fused kernels kept): the eager contender. In eval mode."""
 
-    def __init__(self, gm, args, weights, scalars, user, outputs):
+    def __init__(self, gm, args, weights, scalars, user, outputs, *, as_dynamo: bool = False):
         super().__init__()
-        self.gm = _with_reference_ops(gm)
+        self.gm = gm if as_dynamo else _with_reference_ops(gm)
+        self.training = False  # as the graph was traced (the wrapper's own flag; gm's kept)
         self._user, self._outputs, self._n = user, outputs, len(args)
         self._scalars = {k: int(args[k]) for k in scalars}
         self._weights = weights

@@ -24,7 +24,8 @@ from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
 from autoplace.annotate import vm_devices
 from autoplace.api import optimize
-from autoplace.report.result import COMPILED, EAGER, OptimizeResult, with_measured_baseline
+from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
+                                     with_measured_baseline)
 from autoplace.backend import own_pool
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device
@@ -36,7 +37,7 @@ from autoplace.run.overhead import turns_s
 log = logging.getLogger(__name__)
 
 #: The layout of a saved module's file; a file of another layout is refused.
-FORMAT = 1
+FORMAT = 2  # 2: the ONNX graph of a module that runs ONNX Runtime ("runs", "model.onnx")
 _ALIGN = 64  # bytes: tvm.runtime.from_dlpack refuses a tensor whose data is less aligned
 
 
@@ -87,17 +88,21 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     CPU, plus its GPU where TVM sees one; ``optimize_kwargs`` go to :func:`autoplace.optimize`
     (``objective``, ``cost_model``, ``db``, ...). The model's training mode is left as it was.
 
-    The model's own eager call is the baseline a PyTorch user has: it is timed here (before
-    anything is built, and again beside the build, turn by turn), and where a model in eval mode
-    ran faster eagerly than the build by more than 3 %, the module runs the model eagerly instead
-    (``module.runs == "eager"``; ``summary()`` gives the times). With ``torch_compile``, the
-    model compiled by ``torch.compile`` (Inductor: tens of seconds for its first call) is timed
-    in the same turns and is among the baselines, and the module runs it where it measured the
-    fastest of the three (``module.runs == "torch.compile"``); where it fails to compile, a
-    warning says why. ``eager_fallback=False`` keeps the build whatever it measured, and times
-    neither. The build's outputs are checked against eager's on the example inputs first: where
-    they differ (relative error above :data:`MISMATCH`), a warning says so, and the module runs
-    the model eagerly unless ``eager_fallback=False`` or the model is in training mode.
+    The whole-model alternatives a PyTorch user has are contenders (:func:`contend`): the
+    model's own eager call (timed before anything is built, and again beside the build), ONNX
+    Runtime on the model exported to ONNX where onnxruntime is installed and the inputs are on
+    the CPU (at the graph optimization level that measured faster here), and, with
+    ``torch_compile``, the model compiled by ``torch.compile`` with Inductor's freezing (tens
+    of seconds for its first call). They are timed with the build turn by turn, recorded among
+    the baselines, and where one of a model in eval mode ran faster than the build by more
+    than 3 %, the module runs the fastest instead (``module.runs`` is ``"eager"``,
+    ``"onnxruntime"`` or ``"torch.compile"``; ``summary()`` gives the times). A contender that
+    fails to export, build or compile, or whose outputs differ from eager's, is left out with
+    a warning saying why. ``eager_fallback=False`` keeps the build whatever it measured, and
+    times no contender. The build's outputs are checked against eager's on the example inputs
+    first: where they differ (relative error above :data:`MISMATCH`), a warning says so, and
+    the module runs the model eagerly unless ``eager_fallback=False`` or the model is in
+    training mode.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -109,11 +114,31 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     exported = export_torch(model, inputs)
     res = optimize(from_exported(exported),
                    list(devices) if devices is not None else default_devices(), **optimize_kwargs)
-    if eager_s is not None:
-        res = with_measured_baseline(res, EAGER, eager_s, note)
     module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                              exported.call_spec.out_spec, result=res)
-    error = _output_error(module, model, inputs) if eager_s is not None else None
+    if eager_s is not None:
+        contend(module, model, inputs, eager_s, note, eager_fallback=eager_fallback,
+                torch_compile=torch_compile)
+    return module
+
+
+def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eager_s: float,
+            note: str, *, eager_fallback: bool = True, torch_compile: bool = False,
+            onnx_source=None) -> None:
+    """Check ``module``'s build against ``model`` run eagerly on ``inputs`` and time it against
+    the whole-model alternatives a PyTorch user has, making ``module`` run the fastest
+    (:meth:`AutoplaceModule.run_eagerly`) where it beat the build by the margin.
+
+    ``eager_s``: eager's seconds a call, timed before the build (``note``: how), recorded among
+    the baselines. A build whose outputs differ from eager's is replaced by eager (unless
+    ``eager_fallback`` is False or the model is in training mode). The contenders, timed turn
+    by turn with the build (:func:`_turns`): eager; ONNX Runtime on the whole model where
+    onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
+    as ``model``, is exported where given); with ``torch_compile``, Inductor with freezing
+    (:func:`_compiled`). Each is recorded among the result's baselines.
+    ``eager_fallback=False`` keeps the build and times no contender."""
+    module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
+    error = _output_error(module.run_flat, model, inputs)
     if error is not None and error > MISMATCH:
         fallback = eager_fallback and not model.training
         log.warning("the build's outputs differ from the model's eager outputs on the example "
@@ -122,22 +147,30 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
         if fallback:
             module.run_eagerly(model, {}, reason=f"the build's outputs differed from eager's "
                                                  f"(relative error {error:.2g})")
-            return module
-    if eager_fallback and eager_s is not None and not model.training:
-        rivals = {EAGER: model}
-        if torch_compile:
-            compiled = _compiled(model, inputs)
-            if compiled is not None:
-                rivals[COMPILED] = compiled
-        times = _turns({"build": module, **rivals}, inputs)
-        if COMPILED in times:
+        return
+    if not eager_fallback or model.training:
+        return
+    rivals, notes = {EAGER: model}, {}
+    ort = _onnxruntime(model, inputs, onnx_source)
+    if ort is not None:
+        rivals[ONNXRUNTIME], notes[ONNXRUNTIME] = ort
+    if torch_compile:
+        compiled = _compiled(model, inputs)
+        if compiled is not None:
+            rivals[COMPILED] = compiled
+            notes[COMPILED] = "Inductor with freezing"
+    times = _turns({"build": module, **rivals}, inputs)
+    for name, how in notes.items():
+        if name in times:
             module.result = with_measured_baseline(
-                module.result, COMPILED, times[COMPILED],
-                "measured here, turn by turn with the build and eager, not predicted")
-        best = min(rivals, key=times.get)
-        if times[best] < EAGER_MARGIN * times["build"]:
-            module.run_eagerly(rivals[best], times, best)
-    return module
+                module.result, name, times[name],
+                f"measured here, turn by turn with the build and eager, not predicted; {how}")
+    timed = [name for name in rivals if name in times]
+    best = min(timed, key=times.get) if timed else None
+    if best is not None and times[best] < EAGER_MARGIN * times["build"]:
+        module.run_eagerly(rivals[best], times, best)
+    elif timed:
+        module.keep_build(times)
 
 
 #: Relative error of a build's floating outputs against eager PyTorch's above which the build
@@ -145,14 +178,15 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
 MISMATCH = 1e-2
 
 
-def _output_error(module: AutoplaceModule, model: torch.nn.Module, inputs) -> float | None:
-    """The largest relative L2 error of ``module``'s build against ``model`` run eagerly, over
-    their floating outputs on ``inputs``; None where either raises or they do not pair up. (A
-    model that draws random numbers differs too, and so runs eagerly.)"""
+def _output_error(run_flat, model: torch.nn.Module, inputs) -> float | None:
+    """The largest relative L2 error of ``run_flat(inputs)`` (a list of tensors: a build's
+    outputs, or a contender's flattened) against ``model`` run eagerly, over their floating
+    outputs on ``inputs``; None where either raises or they do not pair up. (A model that draws
+    random numbers differs too, and so runs eagerly.)"""
     training = model.training
     try:
         with torch.inference_mode():
-            got = module.run_flat(inputs)
+            got = run_flat(inputs)
             want = pytree.tree_leaves(model.eval()(*inputs))  # as it was exported
     except Exception:  # noqa: BLE001 - a model the check cannot run is not checked
         return None
@@ -167,17 +201,121 @@ def _output_error(module: AutoplaceModule, model: torch.nn.Module, inputs) -> fl
 
 
 def _compiled(model: torch.nn.Module, inputs):
-    """``torch.compile(model)`` after its first call (which compiles it), or None where it
-    fails (a warning says why)."""
+    """``torch.compile(model)`` with Inductor's freezing (weights folded in as constants, as
+    PyTorch advises for inference on a CPU) after its first call (which compiles it), or None
+    where it fails (a warning says why)."""
+    from torch._inductor import config
+
     try:
-        compiled = torch.compile(model)
-        with torch.inference_mode():
-            compiled(*inputs)
+        with config.patch(freezing=True):
+            compiled = torch.compile(model)
+            with torch.inference_mode():
+                compiled(*inputs)
     except Exception as e:  # noqa: BLE001 - Inductor fails in many ways (no C++ compiler...)
         log.warning("torch.compile of the model failed, so it is not among the baselines: %s",
-                    str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
+                    _reason(e))
         return None
     return compiled
+
+
+#: ONNX Runtime's graph optimization levels timed against each other on the whole model
+#: (``ORT_ENABLE_ALL`` is not always the faster).
+ORT_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED")
+
+
+def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
+    """ONNX Runtime on the whole ``model`` (exported from ``source`` where given), as a
+    contender: a callable of torch tensors that returns what the model returns
+    (:class:`OrtModel`), at the graph optimization level of :data:`ORT_LEVELS` that measured
+    faster here, and a note saying how it runs; None where onnxruntime is not installed or an
+    input is not on the CPU, and None with one warning saying why where the export or a
+    session fails or its outputs differ from eager's."""
+    if any(x.device.type != "cpu" for x in inputs):
+        return None
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    training = model.training
+    try:
+        with torch.inference_mode():
+            spec = pytree.tree_structure(model.eval()(*inputs))
+        onnx = onnx_bytes(model if source is None else source, inputs)
+        sessions = {level: OrtModel(onnx, level, spec) for level in ORT_LEVELS}
+        error = _output_error(lambda xs: pytree.tree_leaves(sessions[ORT_LEVELS[0]](*xs)),
+                              model, inputs)
+        if error is None or error > MISMATCH:
+            raise ValueError("its outputs could not be checked against eager's" if error is None
+                             else f"its outputs differ from eager's (relative error {error:.2g})")
+    except Exception as e:  # noqa: BLE001 - an exporter or a runtime that fails: no contender
+        log.warning("ONNX Runtime on the whole model is not among the contenders: %s",
+                    _reason(e))
+        return None
+    finally:
+        model.train(training)
+    times = _turns(sessions, inputs, budget_s=0.3, most=10)
+    level = min(ORT_LEVELS, key=lambda k: times.get(k, float("inf")))
+    if len(times) == len(ORT_LEVELS):
+        others = ", ".join(f"{k}'s {times[k] * 1e3:.4g}" for k in ORT_LEVELS if k != level)
+        timed = f"{times[level] * 1e3:.4g} ms a call here against {others}"
+    else:
+        timed = "not timed against the other levels"
+    return sessions[level], (f"the model exported to ONNX, CPU execution provider, {level} "
+                             f"({timed}), {torch.get_num_threads()} intra-op threads")
+
+
+def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
+    """``model`` exported to ONNX by PyTorch's TorchScript-based exporter (the one that needs no
+    onnxscript), its inputs named ``input0``, ``input1``, ..."""
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the exporter's own: it is legacy
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the outputs are checked
+        torch.onnx.export(model, tuple(inputs), buf, dynamo=False,
+                          input_names=[f"input{k}" for k in range(len(inputs))])
+    return buf.getvalue()
+
+
+class OrtModel:
+    """A model exported to ONNX (``onnx``, bytes) run by an ONNX Runtime session on this
+    machine's CPU at graph optimization ``level`` (a name of ``GraphOptimizationLevel``),
+    ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
+    tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
+    (a list where None)."""
+
+    def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        opts.intra_op_num_threads = threads or torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        self.onnx, self.level, self._out_spec = onnx, level, out_spec
+        self._session = ort.InferenceSession(onnx, opts, providers=["CPUExecutionProvider"])
+        # The exporter drops an input the model does not read: feed those it kept.
+        self._feeds = [(i.name, int(i.name.removeprefix("input")))
+                       for i in self._session.get_inputs()]
+
+    def __call__(self, *inputs: torch.Tensor):
+        outs = self._session.run(None, {name: inputs[k].detach().contiguous().numpy()
+                                        for name, k in self._feeds})
+        flat = [torch.from_numpy(o) for o in outs]
+        return flat if self._out_spec is None else pytree.tree_unflatten(flat, self._out_spec)
+
+
+def _against(times: dict[str, float], name: str) -> str:
+    """``'1 ms a call here against build 2 ms, ... (timed turn by turn)'``: ``name``'s time in
+    ``times`` (seconds) against the others'."""
+    others = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in times.items() if k != name)
+    return f"{times[name] * 1e3:.4g} ms a call here against {others} (timed turn by turn)"
+
+
+def _reason(e: Exception) -> str:
+    """An exception's last line, in at most 300 characters (its type where it says nothing)."""
+    text = str(e).strip()
+    return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
 def _turns(contenders: dict, inputs, budget_s: float = 1.0, most: int = 30) -> dict[str, float]:
@@ -275,32 +413,39 @@ class AutoplaceModule(torch.nn.Module):
         self._tree = _tree_kind(out_spec)
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
-        self._eager = None  # the model, where it runs in PyTorch instead (run_eagerly)
-        self._runs, self._eager_note = "build", ""  # what calls run (runs), and why
+        self._eager = None  # the contender calls run instead of the build (run_eagerly)
+        self._runs, self._runs_note = "build", ""  # what calls run (runs), and why
 
     @property
     def runs(self) -> str:
-        """``"build"``: calls run the plan's build; ``"eager"`` or ``"torch.compile"``: they run
-        the model in PyTorch, eagerly or compiled, which measured faster here
-        (:func:`optimize_module`)."""
+        """``"build"``: calls run the plan's build; ``"eager"``, ``"torch.compile"`` or
+        ``"onnxruntime"``: they run the model in PyTorch, eagerly or compiled, or the model
+        exported to ONNX in ONNX Runtime, which measured faster here (:func:`optimize_module`)."""
         return self._runs
 
     def run_eagerly(self, model, times: dict[str, float], name: str = EAGER,
                     reason: str = "") -> None:
-        """From now on, calls run ``model`` (the model, eager or compiled: ``name``) in PyTorch
-        under ``torch.inference_mode``, as it was timed (its outputs are inference tensors),
-        rather than the build; ``times``: seconds a call each contender measured (``"build"``
-        among them), or ``reason``, why, in words."""
+        """From now on, calls run ``model`` (a contender: the model eager or compiled, or an
+        :class:`OrtModel`; ``name``) under ``torch.inference_mode``, as it was timed (its
+        outputs are inference tensors), rather than the build; ``times``: seconds a call each
+        contender measured (``"build"`` among them), or ``reason``, why, in words."""
         self._eager, self._runs = model, "eager" if name == EAGER else name
-        others = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in times.items() if k != name)
-        why = reason or (f"it measured {times[name] * 1e3:.4g} ms a call here against {others} "
-                         "(timed turn by turn)")
-        self._eager_note = f"runs {name}: {why}; the build is kept for save()"
+        why = reason or (f"it measured {_against(times, name)}; "
+                         f"{times['build'] / times[name]:.2f}x the build's speed")
+        self._runs_note = f"runs {name}: {why}; the build is kept for save()"
+
+    def keep_build(self, times: dict[str, float]) -> None:
+        """Say in :meth:`summary` that calls run the build, which measured ``times["build"]``
+        seconds a call against the other contenders' ``times`` (by less than the margin, or
+        faster)."""
+        self._runs_note = f"runs the build: it measured {_against(times, 'build')}"
 
     # ------------------------------------------------------------------------------ calling
 
     def forward(self, *inputs: torch.Tensor):
         if self._eager is not None:
+            if isinstance(self._eager, OrtModel):  # which, unlike PyTorch, takes one shape
+                self._check(inputs)
             if torch.is_inference_mode_enabled():  # entering it again costs a few us a call
                 return self._eager(*inputs)
             with torch.inference_mode():
@@ -341,6 +486,22 @@ class AutoplaceModule(torch.nn.Module):
         return [torch.from_dlpack((o if o.device == home else o.copyto(home)).__dlpack__())
                 for o in outs]
 
+    def call_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs of what calls run (:attr:`runs`), flat."""
+        if self._eager is None:
+            return self.run_flat(inputs)
+        return pytree.tree_leaves(self(*inputs))
+
+    def _check(self, inputs) -> None:
+        """Raise where ``inputs`` are not what the build takes, as :meth:`run_flat` does."""
+        if len(inputs) != len(self._checks):
+            raise TypeError(f"expected {len(self._checks)} inputs "
+                            f"({'; '.join(map(str, self.inputs))}), got {len(inputs)}")
+        for k, (t, (shape, dtype, device, _)) in enumerate(zip(inputs, self._checks)):
+            if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.shape != shape \
+                    or t.device != device:
+                raise self._mismatch(k, t)
+
     def _mismatch(self, k: int, t) -> Exception:
         spec = self.inputs[k]
         if not isinstance(t, torch.Tensor):
@@ -356,10 +517,11 @@ class AutoplaceModule(torch.nn.Module):
         """What :meth:`OptimizeResult.summary` says; a loaded module: its plan and where it came
         from."""
         if self.result is not None:
-            return self.result.summary() + (f"\n{self._eager_note}" if self._eager_note else "")
+            return self.result.summary() + (f"\n{self._runs_note}" if self._runs_note else "")
         meta = self._saved["meta"]
         return (f"loaded module (autoplace {meta['autoplace']}, TVM {meta['tvm']}), inputs "
-                f"{'; '.join(map(str, self.inputs))}\n{self.plan}")
+                f"{'; '.join(map(str, self.inputs))}\n{self.plan}"
+                + (f"\n{self._runs_note}" if self._runs_note else ""))
 
     def explain(self):
         """Per op: device, cost per device, copies, why (:meth:`OptimizeResult.explain`)."""
@@ -376,12 +538,14 @@ class AutoplaceModule(torch.nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the build (its compiled library), its plan and what it takes into one file;
-        :func:`load_module` reads it without tuning or building. A module that runs PyTorch
-        eager (:attr:`runs`) writes its build all the same, with a warning: the loaded module
-        runs the build."""
-        if self._eager is not None:
+        :func:`load_module` reads it without tuning or building. A module that runs ONNX
+        Runtime (:attr:`runs`) writes its ONNX graph beside the build, and the loaded module
+        runs it; one that runs the model in PyTorch, eager or compiled, writes its build all
+        the same, with a warning: the loaded module runs the build."""
+        ort = self._eager if isinstance(self._eager, OrtModel) else None
+        if self._eager is not None and ort is None:
             log.warning("this module %s: the file holds the build, which a loaded module runs",
-                        self._eager_note)
+                        self._runs_note)
         if self._saved is not None:
             lib, consts, positions = (self._saved["lib"], self._saved["consts"],
                                       self._saved["meta"]["input_devices"])
@@ -399,7 +563,9 @@ class AutoplaceModule(torch.nn.Module):
                 "func_name": getattr(self._build, "func_name", "main"),
                 "torch_ops": (self._saved["meta"].get("torch_ops", []) if self._saved is not None
                               else called(self._build.mod)),
-                "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec)}
+                "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec),
+                "runs": "build" if ort is None else ONNXRUNTIME,
+                "ort_level": None if ort is None else ort.level}
         buf = io.BytesIO()
         np.savez(buf, *[v for v, _ in consts])
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
@@ -407,6 +573,8 @@ class AutoplaceModule(torch.nn.Module):
             z.writestr("plan.json", self.plan.to_json())
             z.writestr("lib.so", lib)
             z.writestr("constants.npz", buf.getvalue())
+            if ort is not None:
+                z.writestr("model.onnx", ort.onnx)
 
 
 def load_module(path: str | os.PathLike) -> AutoplaceModule:
@@ -427,6 +595,7 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
             lib = z.read("lib.so")
             npz = np.load(io.BytesIO(z.read("constants.npz")))
             arrays = [npz[f"arr_{k}"] for k in range(len(npz.files))]
+            onnx = z.read("model.onnx") if meta.get("runs") == ONNXRUNTIME else None
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as e:
         raise ModuleFileError(f"{path} is not a module saved by autoplace ({e})") from e
     here = {"format": FORMAT, "autoplace": __version__, "tvm": tvm.__version__}
@@ -447,8 +616,30 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
     build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"])
     inputs = [TensorSpec(tuple(s["shape"]), s["dtype"], s["device"]) for s in meta["inputs"]]
     out_spec = None if meta["outputs"] is None else pytree.treespec_loads(meta["outputs"])
-    return AutoplaceModule(build, inputs, out_spec,
-                           _saved={"lib": lib, "consts": consts, "meta": meta})
+    module = AutoplaceModule(build, inputs, out_spec,
+                             _saved={"lib": lib, "consts": consts, "meta": meta})
+    if onnx is not None:
+        _run_saved_onnx(module, onnx, meta["ort_level"], out_spec, path)
+    return module
+
+
+def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, out_spec, path) -> None:
+    """Make a loaded ``module`` run the ONNX graph it ran when saved, or, where ONNX Runtime is
+    not installed or fails on it here, its build, with a warning saying why."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        log.warning("%s ran ONNX Runtime when saved, which is not installed here (pip install "
+                    "'autoplace[ort]'): the loaded module runs the build", path)
+        return
+    try:
+        ort = OrtModel(onnx, level, out_spec)
+    except Exception as e:  # noqa: BLE001 - another ORT version may refuse the graph
+        log.warning("%s ran ONNX Runtime when saved, which fails on its graph here (%s): the "
+                    "loaded module runs the build", path, _reason(e))
+        return
+    module.run_eagerly(ort, {}, ONNXRUNTIME, reason=f"it did when saved (the model exported to "
+                                                    f"ONNX, {level})")
 
 
 class _LoadedBuild:

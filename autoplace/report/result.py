@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     from autoplace.solve.simulate import Schedule
 
 #: The baselines of a model that came from PyTorch, measured (not predicted): its eager call,
-#: and the model compiled by ``torch.compile`` (Inductor) where it was asked for.
+#: the model compiled by ``torch.compile`` (Inductor) where it was asked for, and the model
+#: exported to ONNX and run by ONNX Runtime where onnxruntime is installed.
 EAGER = "pytorch eager"
 COMPILED = "torch.compile"
+ONNXRUNTIME = "onnxruntime"
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,7 +222,7 @@ class OptimizeResult:
                      else float("nan"))
             note = f"; {self.baseline_notes[name]}" if name in self.baseline_notes else ""
             if self.delivery is not None and name not in self.baseline_plans \
-                    and name not in (EAGER, COMPILED):
+                    and name not in (EAGER, COMPILED, ONNXRUNTIME):
                 note += "; a schedule: over several devices its build would also pay segments"
             lines.append(f"  baseline {name:<12} {_ms(value, rate)}  "
                          f"({ratio:.2f}x the plan{note})")
@@ -240,8 +242,9 @@ class OptimizeResult:
 def with_measured_baseline(res: OptimizeResult, name: str, seconds: float,
                            note: str) -> OptimizeResult:
     """``res`` with a framework's measured ``seconds`` per call among its baselines (``name``:
-    :data:`EAGER`, :data:`COMPILED`; ``note`` saying how it was timed); the guard has decided
-    already: a baseline measured here is shown beside the predictions, never chosen for them."""
+    :data:`EAGER`, :data:`COMPILED`, :data:`ONNXRUNTIME`; ``note`` saying how it was timed);
+    the guard has decided already: a baseline measured here is shown beside the predictions,
+    never chosen for them."""
     return replace(res, baselines={**res.baselines, name: seconds},
                    baseline_notes={**res.baseline_notes, name: note})
 

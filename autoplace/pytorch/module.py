@@ -158,7 +158,7 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
         compiled = _compiled(model, inputs)
         if compiled is not None:
             rivals[COMPILED] = compiled
-            notes[COMPILED] = "Inductor with freezing"
+            notes[COMPILED] = "Inductor, frozen (freezing=True)"
     times = _turns({"build": module, **rivals}, inputs)
     for name, how in notes.items():
         if name in times:
@@ -266,15 +266,28 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
     """``model`` exported to ONNX by PyTorch's TorchScript-based exporter (the one that needs no
-    onnxscript), its inputs named ``input0``, ``input1``, ..."""
+    onnxscript), its inputs named ``input0``, ``input1``, ...; quiet: the exporter's
+    deprecation and tracer warnings are not shown (the outputs are checked against eager's),
+    and its log, which it turns on for good and prints a failed graph to, is kept as it was."""
+    import contextlib
     import warnings
+    from unittest import mock
 
+    exporter = getattr(getattr(torch.onnx, "_internal", None), "torchscript_exporter", None)
+    quiet = (mock.patch.object(exporter.utils, "setup_onnx_logging",
+                               lambda verbose: contextlib.nullcontext())
+             if hasattr(getattr(exporter, "utils", None), "setup_onnx_logging")
+             else contextlib.nullcontext())
+    logging_was = torch._C._jit_is_onnx_log_enabled()
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the exporter's own: it is legacy
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the outputs are checked
-        torch.onnx.export(model, tuple(inputs), buf, dynamo=False,
-                          input_names=[f"input{k}" for k in range(len(inputs))])
+    try:
+        with warnings.catch_warnings(), quiet:
+            warnings.simplefilter("ignore", DeprecationWarning)  # the exporter is legacy
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            torch.onnx.export(model, tuple(inputs), buf, dynamo=False,
+                              input_names=[f"input{k}" for k in range(len(inputs))])
+    finally:
+        torch._C._jit_set_onnx_log_enabled(logging_was)
     return buf.getvalue()
 
 
@@ -391,6 +404,9 @@ class AutoplaceModule(torch.nn.Module):
         What :func:`autoplace.optimize` found (None for a module read by :func:`load_module`).
     inputs : tuple of TensorSpec
         What each input must be.
+    times : dict of str to float
+        Seconds a call of the build (``"build"``) and of each contender measured, timed turn by
+        turn (:func:`contend`); empty where none was timed.
     """
 
     def __init__(self, build, inputs: Sequence[TensorSpec], out_spec=None, *,
@@ -415,6 +431,7 @@ class AutoplaceModule(torch.nn.Module):
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
         self._eager = None  # the contender calls run instead of the build (run_eagerly)
         self._runs, self._runs_note = "build", ""  # what calls run (runs), and why
+        self.times: dict[str, float] = {}
 
     @property
     def runs(self) -> str:
@@ -429,7 +446,7 @@ class AutoplaceModule(torch.nn.Module):
         :class:`OrtModel`; ``name``) under ``torch.inference_mode``, as it was timed (its
         outputs are inference tensors), rather than the build; ``times``: seconds a call each
         contender measured (``"build"`` among them), or ``reason``, why, in words."""
-        self._eager, self._runs = model, "eager" if name == EAGER else name
+        self._eager, self._runs, self.times = model, "eager" if name == EAGER else name, times
         why = reason or (f"it measured {_against(times, name)}; "
                          f"{times['build'] / times[name]:.2f}x the build's speed")
         self._runs_note = f"runs {name}: {why}; the build is kept for save()"
@@ -438,6 +455,7 @@ class AutoplaceModule(torch.nn.Module):
         """Say in :meth:`summary` that calls run the build, which measured ``times["build"]``
         seconds a call against the other contenders' ``times`` (by less than the margin, or
         faster)."""
+        self.times = times
         self._runs_note = f"runs the build: it measured {_against(times, 'build')}"
 
     # ------------------------------------------------------------------------------ calling

@@ -1,0 +1,222 @@
+"""The whole-model alternatives a PyTorch user has (eager, ONNX Runtime on the exported model,
+frozen torch.compile) as contenders of optimize_module and of the torch.compile backend: real
+ONNX Runtime, real timing, behaviour asserted (never how fast)."""
+
+import json
+import logging
+import math
+import sys
+import zipfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+import autoplace  # noqa: E402
+from autoplace import Device  # noqa: E402
+from autoplace.pytorch import load_module, optimize_module  # noqa: E402
+from autoplace.pytorch import module as door  # noqa: E402
+from autoplace.report.result import COMPILED, EAGER, ONNXRUNTIME  # noqa: E402
+
+CPU = [Device.cpu(0)]
+FAST = dict(cost_model=autoplace.RooflineCostModel(), db=None)  # untuned: any of them may win
+RUNS = {"build": "build", EAGER: "eager", ONNXRUNTIME: "onnxruntime", COMPILED: "torch.compile"}
+
+
+def cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 16)).eval()
+
+
+class Bucketed(torch.nn.Module):
+    """A linear layer whose outputs are shifted by their bucket: ``searchsorted``, which TVM's
+    importer lacks (a PyTorch call in the build) and PyTorch's ONNX exporter refuses."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("edges", torch.linspace(-2, 2, 5))
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y + torch.searchsorted(self.edges, y.contiguous()).to(y.dtype)
+
+
+def assert_runs_the_fastest(m):
+    """``m`` runs the contender with the least measured time where it beat the build by the
+    margin, and the build otherwise; ``summary()`` says which."""
+    rivals = {k: v for k, v in m.times.items() if k != "build"}
+    best = min(rivals, key=rivals.get)
+    wins = rivals[best] < door.EAGER_MARGIN * m.times["build"]
+    assert m.runs == (RUNS[best] if wins else "build")
+    assert f"runs {best if wins else 'the build'}: it measured" in m.summary()
+
+
+@pytest.fixture(scope="module")
+def cnn_module():
+    model, x = cnn(), torch.randn(1, 3, 16, 16)
+    return model, x, optimize_module(model, (x,), CPU, **FAST)
+
+
+def test_onnxruntime_is_a_timed_contender_and_the_fastest_runs(cnn_module):
+    model, x, m = cnn_module
+    assert set(m.times) == {"build", EAGER, ONNXRUNTIME}
+    assert all(math.isfinite(t) and t > 0 for t in m.times.values())
+    assert m.result.baselines[ONNXRUNTIME] == m.times[ONNXRUNTIME]
+    assert "baseline onnxruntime" in m.summary()
+    # The graph optimization level was timed, not assumed: the note names both.
+    note = m.result.baseline_notes[ONNXRUNTIME]
+    assert "ORT_ENABLE_ALL" in note and "ORT_ENABLE_EXTENDED" in note and "against" in note
+    assert_runs_the_fastest(m)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_an_mlp_gets_the_same_contenders_and_matches_eager():
+    model, x = mlp(), torch.randn(4, 32)
+    m = optimize_module(model, (x,), CPU, **FAST)
+    assert ONNXRUNTIME in m.times and math.isfinite(m.times[ONNXRUNTIME])
+    assert_runs_the_fastest(m)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_module):
+    model, x, m = cnn_module
+    ort = door.OrtModel(door.onnx_bytes(model, [x]), "ORT_ENABLE_ALL")
+    with torch.no_grad():
+        torch.testing.assert_close(ort(x)[0], model(x), atol=1e-4, rtol=1e-4)
+    m.run_eagerly(ort, dict(m.times), ONNXRUNTIME)  # as contend() does where ORT is fastest
+    assert m.runs == "onnxruntime" and "runs onnxruntime: it measured" in m.summary()
+    with pytest.raises(ValueError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float32\[2"):
+        m(torch.randn(2, 3, 16, 16))
+
+
+def test_a_module_running_onnxruntime_saves_its_graph_and_loads_running_it(tmp_path, caplog):
+    model, x = mlp(), torch.randn(4, 32)
+    m = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)
+    m.run_eagerly(door.OrtModel(door.onnx_bytes(model, [x]), "ORT_ENABLE_EXTENDED"),
+                  {"build": 2e-3, ONNXRUNTIME: 1e-3}, ONNXRUNTIME)
+    with caplog.at_level("WARNING"):
+        m.save(tmp_path / "m.apmod")
+    assert "the file holds the build" not in caplog.text  # that warning is for PyTorch's runs
+    with zipfile.ZipFile(tmp_path / "m.apmod") as z:
+        meta = json.loads(z.read("meta.json"))
+        assert "model.onnx" in z.namelist()
+    assert meta["format"] == door.FORMAT == 2 and meta["runs"] == ONNXRUNTIME
+    assert meta["ort_level"] == "ORT_ENABLE_EXTENDED"
+    loaded = load_module(tmp_path / "m.apmod")
+    assert loaded.runs == "onnxruntime" and "ORT_ENABLE_EXTENDED" in loaded.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), atol=1e-4, rtol=1e-4)
+    loaded.save(tmp_path / "again.apmod")  # what it loaded, it saves again
+    assert load_module(tmp_path / "again.apmod").runs == "onnxruntime"
+    # Without onnxruntime, the file loads running its build, with a warning saying so.
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level("WARNING"):
+        mp.setitem(sys.modules, "onnxruntime", None)
+        plain = load_module(tmp_path / "m.apmod")
+    assert plain.runs == "build" and "ran ONNX Runtime when saved" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_without_onnxruntime_it_is_no_contender_and_nothing_complains(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime: ImportError
+    model, x = mlp(), torch.randn(4, 32)
+    with caplog.at_level("WARNING"):
+        m = optimize_module(model, (x,), CPU, **FAST)
+    assert set(m.times) == {"build", EAGER} and ONNXRUNTIME not in m.result.baselines
+    assert "ONNX Runtime" not in caplog.text
+    assert_runs_the_fastest(m)
+
+
+def test_a_model_the_exporter_refuses_leaves_onnxruntime_out_with_one_warning(caplog):
+    model, x = Bucketed().eval(), torch.randn(2, 8)
+    with caplog.at_level("WARNING"):
+        m = optimize_module(model, (x,), CPU, **FAST)
+    said = [r.getMessage() for r in caplog.records if "ONNX Runtime" in r.getMessage()]
+    assert len(said) == 1 and "searchsorted" in said[0] and "not among the contenders" in said[0]
+    assert ONNXRUNTIME not in m.times and ONNXRUNTIME not in m.result.baselines
+    assert "Torch IR graph" not in caplog.text
+    assert not torch._C._jit_is_onnx_log_enabled()  # the exporter left its log on: turned off
+    assert_runs_the_fastest(m)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_onnxruntime_whose_outputs_differ_from_eager_is_left_out(monkeypatch, caplog):
+    from torch.utils._pytree import tree_map
+
+    right = door.OrtModel.__call__
+    monkeypatch.setattr(door.OrtModel, "__call__",  # a runtime 10 % off
+                        lambda self, *xs: tree_map(lambda o: o * 1.1, right(self, *xs)))
+    model, x = mlp(), torch.randn(4, 32)
+    with caplog.at_level("WARNING"):
+        m = optimize_module(model, (x,), CPU, **FAST)
+    assert "outputs differ from eager's (relative error 0.1)" in caplog.text
+    assert ONNXRUNTIME not in m.times and m.runs in ("build", "eager")
+
+
+def test_inputs_off_the_cpu_get_no_onnxruntime():
+    assert door._onnxruntime(mlp(), [torch.empty(4, 32, device="meta")]) is None
+
+
+def test_torch_compile_is_frozen_for_its_compile_and_first_call(monkeypatch):
+    from torch._inductor import config
+
+    seen = []
+
+    def compile(model, **kwargs):
+        seen.append(("compile", config.freezing))
+        return lambda *xs: seen.append(("call", config.freezing)) or model(*xs)
+
+    monkeypatch.setattr(torch, "compile", compile)
+    model, x = mlp(), torch.randn(4, 32)
+    assert door._compiled(model, [x]) is not None
+    assert seen == [("compile", True), ("call", True)] and not config.freezing
+    m = optimize_module(model, (x,), CPU, **FAST, torch_compile=True)
+    assert set(m.times) == {"build", EAGER, ONNXRUNTIME, COMPILED}
+    assert "frozen" in m.result.baseline_notes[COMPILED]
+    assert_runs_the_fastest(m)
+
+
+def test_every_graph_of_the_backend_gets_the_contenders_and_runs_the_fastest():
+    torch._dynamo.reset()
+    model, x = mlp(), torch.randn(4, 32)
+    be = autoplace.dynamo_backend(CPU, strict=True, **FAST)
+    fast = torch.compile(model, backend=be)
+    with torch.no_grad():
+        got, want = fast(x), model(x)
+        again = fast(x + 1)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(again, model(x + 1), atol=1e-4, rtol=1e-4)
+    (record,) = be.graphs
+    assert set(record.module.times) == {"build", EAGER, ONNXRUNTIME}
+    assert_runs_the_fastest(record.module)
+    # Asked not to: nothing timed, the build runs.
+    be = autoplace.dynamo_backend(CPU, strict=True, eager_fallback=False, **FAST)
+    with torch.no_grad():
+        torch.compile(model, backend=be)(x)
+    torch._dynamo.reset()
+    assert be.graphs[0].module.times == {} and be.graphs[0].module.runs == "build"
+
+
+def test_contenders_that_all_run_warn_of_nothing(caplog):
+    model, x = mlp(), torch.randn(2, 32)
+    with caplog.at_level(logging.WARNING):
+        optimize_module(model, (x,), CPU, **FAST)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING
+                and r.name.startswith("autoplace.pytorch")]

@@ -168,6 +168,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         cls = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
         return cls(var.name, ty)
 
+    span_at = _ort_spans(func, plan)  # binding position -> its ORT segment
+    position_now = -1
     binding_iter = iter_bindings(func)
     for block in func.body.blocks:
         out = []
@@ -175,6 +177,33 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         for _ in block.bindings:
             b = next(binding_iter)
             var, value = b.var, b.value
+            position_now += 1
+            if position_now in span_at:  # computed by its ORT segment's call
+                span = span_at[position_now]
+                if is_op_call(value):
+                    node_index += 1
+                elif _is_tensor_const(value):
+                    consts[var] = value
+                elif isinstance(value, relax.Var) and value in consts:
+                    consts[var] = consts[value]
+                if position_now == span.first:
+                    k = dev_of_node[span.nodes[0]]
+                    args = [placed(v, k, out) for v in span.inputs]
+                    types = [with_vdevice(v.ty, k) for v in span.outputs]
+                    call = _ort_call(mod, span, func_name, args, types)
+                    if len(types) == 1:
+                        nv = fresh(span.outputs[0], types[0])
+                        out.append(relax.VarBinding(nv, call))
+                        new_of[span.outputs[0]], loc[nv] = nv, k
+                    else:
+                        tv = (relax.DataflowVar if in_dataflow else relax.Var)(
+                            f"ort{span.first}", relax.TupleType(types))
+                        out.append(relax.VarBinding(tv, call))
+                        for i, (ov, ty) in enumerate(zip(span.outputs, types)):
+                            nv = fresh(ov, ty)
+                            out.append(relax.VarBinding(nv, relax.TupleGetItem(tv, i)))
+                            new_of[ov], loc[nv] = nv, k
+                continue
             if is_op_call(value) and (folded := _folded(value, consts)) is not None:
                 # An op of constants only (a weight's transpose): computed now, as the build's
                 # FoldConstant would, not run on every call (a torch call can then hold it).
@@ -262,6 +291,28 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
     new_mod[func_name] = new_func
     new_mod.update_global_info("vdevice", vdevs)
     return relax.transform.Normalize()(new_mod), lifted
+
+
+def _ort_spans(func, plan: Plan) -> dict:
+    """Binding position -> the segment (:class:`autoplace.graph.segments.Span`) holding it, for
+    the runs of ops ``plan`` puts on ONNX Runtime devices."""
+    on = [plan.device(a).runtime == "ort" for a in plan.assignment]
+    if not any(on):
+        return {}
+    from autoplace.graph.segments import cut
+
+    return {p: span for span in cut(func, on) for p in range(span.first, span.stop)}
+
+
+def _ort_call(mod, span, func_name: str, args, types):
+    """The call of ``span`` as a registered ORT session, at the graph optimization level that
+    ran it fastest here."""
+    from autoplace.backend.ort_segments import fastest_level, register, relax_call
+    from autoplace.graph.segments import export
+
+    segment = export(mod, span, func_name)
+    level, _ = fastest_level(segment, runs=5)
+    return relax_call(register(segment, 1, level), args, types)
 
 
 def _is_tensor(expr) -> bool:

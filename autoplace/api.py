@@ -174,7 +174,7 @@ def optimize(
     pinned = resolve_pins(graph, devices, pins)
     chains = runtime_chains(graph, devices, pinned)
     prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
-                                prices.store, chains)
+                                prices.store, chains, mod, func_name)
     prices = fused_runtime_calls(graph, devices, prices, chains)
     found = problems(graph, devices, prices, objective, links, pinned, max_stages)
     options = {"contiguous": True} if objective == "throughput" and contiguous else {}

@@ -24,9 +24,13 @@ _NET_ALPHA = 200e-6
 _NET_BETA = 1.25e9
 
 _NAME = r"[A-Za-z0-9_.\-]+"  # a device's or a host's name
-_KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2), "torch": ("torch", None)}
+_KINDS = {"cpu": ("llvm", 1), "cuda": ("cuda", 2), "torch": ("torch", None), "ort": ("ort", None)}
 #: Where a torch device's tensors live: PyTorch device type -> DLPack device type.
 _TORCH_PLACES = {"cpu": 1, "cuda": 2}
+#: Runtime devices: kinds whose ops run as calls from the VM of a TVM device, not as TVM kernels.
+RUNTIME_KINDS = ("torch", "ort")
+#: What entering and leaving an ONNX Runtime segment costs per tensor until measured.
+_ORT_EDGE_S = 10e-6
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,13 @@ class Device:
     name : str
         Unique name used in plans (``"cpu0"``, ``"gpu"``...).
     kind : str
-        Runtime device kind: ``"cpu"`` or ``"cuda"`` (TVM's generated kernels), or ``"torch"``
-        (PyTorch's kernels, called from the Relax VM: :meth:`torch`).
+        Runtime device kind: ``"cpu"`` or ``"cuda"`` (TVM's generated kernels), ``"torch"``
+        (PyTorch's kernels, called from the Relax VM: :meth:`torch`) or ``"ort"`` (segments of
+        the model run by ONNX Runtime, called from the VM: :meth:`onnxruntime`).
     index : int
         Runtime device index (``tvm.cpu(index)``, ``tvm.cuda(index)``).
     target : str
-        A torch device: the PyTorch device type its tensors live on, ``"cpu"`` or ``"cuda"``.
+        A torch or ORT device: the device type its tensors live on, ``"cpu"`` or ``"cuda"``.
         Otherwise:
         TVM target string or tag (``"llvm"``, ``"cuda"``, ``"nvidia/nvidia-h100"``), or
         ``"native"`` (a CPU device's default): LLVM for the CPU of the host that builds (``-mcpu``
@@ -79,9 +84,9 @@ class Device:
                                           and re.fullmatch(_NAME, self.host)):
             raise ValueError(f"device {self.name!r}: host {self.host!r}: use letters, digits, "
                              "'_', '.', '-'")
-        if self.kind == "torch" and self.target not in _TORCH_PLACES:
-            raise ValueError(f"device {self.name!r}: a torch device runs on 'cpu' or 'cuda', "
-                             f"got {self.target!r}")
+        if self.kind in RUNTIME_KINDS and self.target not in _TORCH_PLACES:
+            raise ValueError(f"device {self.name!r}: a {self.kind} device runs on 'cpu' or "
+                             f"'cuda', got {self.target!r}")
         if self.kind not in _KINDS:
             raise ValueError(f"device {self.name!r}: unknown kind {self.kind!r}; "
                              f"use one of {sorted(_KINDS)}")
@@ -147,6 +152,26 @@ class Device:
         return cls(name=name, kind="torch", index=index, target=place, **kwargs)
 
     @classmethod
+    def onnxruntime(cls, place: str = "cpu", index: int = 0, *, name: str | None = None,
+                    **kwargs) -> Device:
+        """ONNX Runtime, called from the Relax VM (``runtime == "ort"``): each run of ops placed
+        on it runs as one ORT session (exported from the ops' PyTorch equivalents, so it takes
+        the ops of :data:`autoplace.backend.torch_equivalents.EQUIVALENTS`), which ORT rewrites
+        as a whole (layouts kept from conv to conv, batch norms folded, activations fused). Named
+        ``"ort"``; its tensors are the host's memory, shared with TVM's CPU devices. Needs
+        ``pip install 'autoplace[ort]'``. Only ``place="cpu"`` (ORT's CPU execution provider)
+        is built.
+
+        >>> Device.onnxruntime().name, Device.onnxruntime().spec
+        ('ort', 'ort:cpu')
+        """
+        if place != "cpu":
+            raise ValueError(f"Device.onnxruntime: place {place!r} is not built yet; "
+                             "ONNX Runtime runs on 'cpu' (its CPU execution provider)")
+        name = name or _on_host("ort" if index == 0 else f"ort{index}", kwargs.get("host"))
+        return cls(name=name, kind="ort", index=index, target=place, **kwargs)
+
+    @classmethod
     def from_spec(cls, spec: str) -> Device:
         """Parse ``"cpu:0"`` (LLVM for this host's CPU; ``"cpu:0:native"`` says the same),
         ``"cpu:0:generic"`` (generic x86-64, target ``"llvm"``), ``"cuda:0"``, or ``"torch:cpu"``
@@ -163,6 +188,9 @@ class Device:
                                  "'_', '.', '-' before the '/' ('node1/cpu:0')")
             d = cls.from_spec(rest)
             return dataclasses.replace(d, host=host, name=_on_host(d.name, host))
+        o = re.fullmatch(r"(?:ort|onnxruntime)(?::(\w+)(?::(\d+))?)?", spec.strip())
+        if o:
+            return cls.onnxruntime(o.group(1) or "cpu", int(o.group(2) or 0))
         t = re.fullmatch(r"torch(?::(cpu|cuda)(?::(\d+))?)?", spec.strip())
         if t:
             if t.group(1) == "cpu" and t.group(2) not in (None, "0"):
@@ -171,8 +199,9 @@ class Device:
         m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?(:native|:generic)?", spec.strip())
         if not m or (m.group(3) and m.group(1) != "cpu"):
             raise ValueError(f"device spec {spec!r}: expected 'cpu:N' or 'cuda:N' "
-                             "('cpu:N:generic' compiles for generic x86-64), or 'torch:cpu' / "
-                             "'torch:cuda:N' for PyTorch's kernels")
+                             "('cpu:N:generic' compiles for generic x86-64), 'torch:cpu' / "
+                             "'torch:cuda:N' for PyTorch's kernels, or 'ort:cpu' for ONNX "
+                             "Runtime")
         kind, index = m.group(1), int(m.group(2) or 0)
         if m.group(3) == ":generic":
             return cls.cpu(index, target="llvm")
@@ -187,6 +216,8 @@ class Device:
             return None if local is None else f"{self.host}/{local}"
         if self.kind == "torch":
             return "torch:cpu" if self.target == "cpu" else f"torch:cuda:{self.index}"
+        if self.kind == "ort":
+            return "ort:cpu" if self.index == 0 else None
         if self.kind != "cpu":
             return f"{self.kind}:{self.index}"
         return {"native": f"cpu:{self.index}",
@@ -195,11 +226,12 @@ class Device:
     def can_run(self, op_type: str) -> bool:
         """Whether the device runs ops of ``op_type``: a torch device runs PyTorch calls
         (``"torch.*"``) and the Relax ops that have a PyTorch equivalent, a TVM device Relax
-        ops only (less its ``unsupported_ops`` either way)."""
+        ops only, an ORT device the Relax ops that have a PyTorch equivalent (it exports them)
+        (less its ``unsupported_ops`` either way)."""
         if op_type.startswith("torch."):
             return self.runtime == "torch"
         op = op_type.removeprefix("relax.")
-        if self.runtime == "torch":
+        if self.kind in RUNTIME_KINDS:
             from autoplace.backend.torch_equivalents import EQUIVALENTS
 
             return op in EQUIVALENTS and op not in self.unsupported_ops
@@ -207,8 +239,9 @@ class Device:
 
     @property
     def runtime(self) -> str:
-        """Whose kernels run the device's ops: ``"tvm"`` (generated) or ``"torch"`` (PyTorch's)."""
-        return "torch" if self.kind == "torch" else "tvm"
+        """Whose kernels run the device's ops: ``"tvm"`` (generated), ``"torch"`` (PyTorch's) or
+        ``"ort"`` (ONNX Runtime's)."""
+        return self.kind if self.kind in RUNTIME_KINDS else "tvm"
 
     @property
     def is_gpu(self) -> bool:
@@ -218,9 +251,9 @@ class Device:
     def tvm_target(self) -> tvm.target.Target:
         import tvm
 
-        if self.kind == "torch":
-            raise ValueError(f"device {self.name!r} runs PyTorch's kernels: it has no TVM target "
-                             "(its calls run on the host, from the VM of the TVM devices)")
+        if self.kind in RUNTIME_KINDS:
+            raise ValueError(f"device {self.name!r} runs {self.kind}'s kernels: it has no TVM "
+                             "target (its calls run on the host, from the VM of the TVM devices)")
         if self.target == "native":
             return tvm.target.Target({"kind": "llvm",
                                       "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
@@ -229,7 +262,7 @@ class Device:
     def tvm_device(self) -> tvm.runtime.Device:
         import tvm
 
-        if self.kind == "torch":  # where its tensors live: the host's CPU memory, or the GPU
+        if self.kind in RUNTIME_KINDS:  # where its tensors live: the host's memory, or the GPU
             return tvm.runtime.device(self.target, 0 if self.target == "cpu" else self.index)
         return tvm.runtime.device(_KINDS[self.kind][0] if self.kind == "cuda" else "cpu", self.index)
 
@@ -251,7 +284,7 @@ class Device:
     @property
     def dl_device_type(self) -> int:
         """DLPack device type code (1 = CPU, 2 = CUDA)."""
-        if self.kind == "torch":
+        if self.kind in RUNTIME_KINDS:
             return _TORCH_PLACES[self.target]
         return _KINDS[self.kind][1]
 
@@ -311,6 +344,8 @@ class Link:
         network's (``autoplace.cluster.measure_host_links`` measures it)."""
         if src.host != dst.host:
             return cls(src.name, dst.name, alpha=_NET_ALPHA, beta=_NET_BETA)
+        if "ort" in (src.kind, dst.kind) and src.memory == dst.memory:
+            return cls(src.name, dst.name, alpha=_ORT_EDGE_S, beta=math.inf)
         if "torch" in (src.kind, dst.kind) and src.memory == dst.memory:
             return cls(src.name, dst.name, alpha=0.0, beta=math.inf)
         if src.memory[0] != 1 or dst.memory[0] != 1:

@@ -23,7 +23,7 @@ PLAN_OBJECTIVES = (*OBJECTIVES, "manual")
 # Where a node's cost came from ("tuned": a tuned kernel timed alone, charged to its anchor op);
 # a node whose devices differ joins them: "measured+roofline"; "torch-timed": a PyTorch call
 # timed here, its hand-off from the VM included.
-COST_SOURCES = ("measured", "learned", "roofline", "tuned", "torch-timed", "unsupported")
+COST_SOURCES = ("measured", "learned", "roofline", "tuned", "torch-timed", "ort-profiled", "unsupported")
 
 
 class PlanError(ValueError):

@@ -89,9 +89,10 @@ class TorchCostModel:
 
 
 class WithTorch:
-    """A TVM cost model (``base``) with torch devices beside it: TVM devices get ``base``'s
-    costs, ``inf`` for PyTorch calls; each torch device gets its own model's (``models``, by
-    device name). Everything else (profiles, overheads) is ``base``'s, for the TVM devices;
+    """A TVM cost model (``base``) with runtime devices beside it (torch, ORT): TVM devices get
+    ``base``'s costs, ``inf`` for PyTorch calls; each runtime device gets its own model's
+    (``models``, by device name: a :class:`TorchCostModel`, an
+    :class:`~autoplace.predict.ort_costs.OrtCostModel`). Everything else (profiles, overheads) is ``base``'s, for the TVM devices;
     links too, a torch device's being those of the TVM device whose memory it shares
     (:meth:`links`)."""
 
@@ -102,17 +103,17 @@ class WithTorch:
     @property
     def torch(self) -> TorchCostModel:
         """The first torch device's model."""
-        return next(iter(self.models.values()))
+        return next(m for m in self.models.values() if isinstance(m, TorchCostModel))
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
-        if device.runtime == "torch":
+        if device.runtime != "tvm":
             return self.models[device.name].predict(graph, device)
         cost = np.asarray(self.base.predict(graph, device), dtype=float).copy()
         cost[[n.index for n in graph.nodes if n.is_torch]] = np.inf
         return cost
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
-        if device.runtime == "torch":
+        if device.runtime != "tvm":
             return self.models[device.name].sources(graph, device)
         from autoplace.predict.protocol import sources
 
@@ -123,18 +124,29 @@ class WithTorch:
         makes from and to the TVM device that holds its tensors (the first of ``devices`` of
         its memory, :attr:`~autoplace.devices.Device.memory`), under the torch device's name.
         Between a torch device and that device there is none (a hand-off, charged in each call's
-        cost)."""
+        cost); an ORT device's, to and from every device of its memory, cost what entering or
+        leaving a segment costs (its model's ``edge_s``) for any tensor."""
         links = getattr(self.base, "links", None)
         tvm = [d for d in devices if d.runtime == "tvm"]
         found = dict(links(tvm)) if callable(links) else {}
         for t in devices:
             mate = next((d for d in tvm if d.memory == t.memory), None)
-            if t.runtime != "torch" or mate is None:
+            if t.runtime == "tvm" or mate is None:
                 continue
             for (a, b), link in list(found.items()):
                 if mate.name in (a, b) and t.name not in (a, b):
                     src, dst = (t.name, b) if a == mate.name else (a, t.name)
                     found[(src, dst)] = replace(link, src=src, dst=dst)
+        from autoplace.devices import Link
+
+        for t in devices:
+            edge = getattr(self.models.get(t.name), "edge_s", None)
+            if t.runtime != "ort" or edge is None:
+                continue
+            for d in devices:
+                if d.name != t.name and d.memory == t.memory:
+                    found[(t.name, d.name)] = Link(t.name, d.name, alpha=edge, beta=np.inf)
+                    found[(d.name, t.name)] = Link(d.name, t.name, alpha=edge, beta=np.inf)
         return found
 
     def overheads(self, devices: Sequence[Device]) -> dict:

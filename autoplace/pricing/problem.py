@@ -42,11 +42,12 @@ def problems(graph: OpGraph, devices: Sequence[Device], prices: Prices, objectiv
     """The solver's problem (links: the given ones, else the profiles' measured ones;
     ``serial`` where a torch device runs its PyTorch calls inside the one VM) and, for a
     latency plan, the plain one (:class:`Problems`)."""
-    if links is None and isinstance(prices.model, ProfiledCostModel):
-        links = prices.model.links(devices)
+    if links is None and (isinstance(prices.model, ProfiledCostModel)
+                          or any(d.runtime == "ort" for d in devices)):
+        links = prices.model.links(devices)  # (a runtime device's model knows its links)
     rate = objective == "throughput"
-    # A latency plan with PyTorch calls runs on one VM, one op after another: no segments.
-    serial = not rate and any(d.runtime == "torch" for d in devices)
+    # A latency plan with runtime calls runs on one VM, one op after another: no segments.
+    serial = not rate and any(d.runtime != "tvm" for d in devices)
     overhead = prices.overheads.charged
     problem = build_problem(graph, devices, prices.cost, links, pinned,
                             stage_overhead_s=(overhead or 0.0) if rate else 0.0,

@@ -1,7 +1,8 @@
 """Runtime devices beside TVM's: which ops they take and what their calls cost.
 
-A runtime device (PyTorch's kernels, :meth:`Device.torch <autoplace.devices.Device.torch>`)
-runs ops as calls from the VM of a TVM device. :func:`runtime_devices` adds one where the model
+A runtime device (PyTorch's kernels, :meth:`Device.torch <autoplace.devices.Device.torch>`;
+ONNX Runtime's, :meth:`Device.onnxruntime <autoplace.devices.Device.onnxruntime>`) runs ops as
+calls from the VM of a TVM device. :func:`runtime_devices` adds one where the model
 needs it, :func:`with_runtime_costs` gives each a column of costs (its calls as its profile
 measured them or timed here, the hand-off included), and :func:`fused_runtime_calls` charges a
 chain a build runs as one call as one.
@@ -23,36 +24,44 @@ from autoplace.solve import InfeasibleError
 
 def runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "latency"
                      ) -> tuple[list[Device], tuple[str, ...]]:
-    """The devices with the runtime devices (PyTorch) after TVM's, a torch device
+    """The devices with the runtime devices (PyTorch, ONNX Runtime) after TVM's, a torch device
     added where the model calls PyTorch and none was given; and lines saying which ops run in
-    PyTorch and why. A throughput plan with PyTorch calls is refused (not built yet)."""
+    PyTorch and why. A throughput plan with a runtime device is refused (not built yet)."""
     torch_nodes = [n for n in graph.nodes if n.is_torch]
-    given = [d for d in devices if d.runtime == "torch"]
-    if (torch_nodes or given) and objective == "throughput":
-        raise ValueError("pipelines with PyTorch calls (a torch device) are not built yet: "
-                         "optimize this model with objective='latency'")
+    runtimes = [d for d in devices if d.runtime != "tvm"]
+    given = [d for d in runtimes if d.runtime == "torch"]
+    if (torch_nodes or runtimes) and objective == "throughput":
+        raise ValueError("pipelines with PyTorch calls or runtime devices (torch, ORT) are not "
+                         "built yet: optimize this model with objective='latency'")
+    if any(d.runtime == "ort" for d in runtimes):
+        from autoplace.backend.ort_segments import require
+
+        require()
     if given or torch_nodes:
         try:
             import torch  # noqa: F401
         except ImportError:
             raise ImportError("a torch device needs PyTorch: pip install 'autoplace[frontends]'"
                               ) from None
-    if given and not any(d.runtime == "tvm" for d in devices):
-        tvm_op = next((n for n in graph.nodes if not given[0].can_run(n.op_type)), None)
+    if runtimes and not any(d.runtime == "tvm" for d in devices):
+        tvm_op = next((n for n in graph.nodes
+                       if not any(d.can_run(n.op_type) for d in runtimes)), None)
         if tvm_op is not None:
             raise InfeasibleError(f"node {tvm_op.name!r} ({tvm_op.op_type}) can run on no "
-                                  f"device: {given[0].name} has no PyTorch equivalent for it; "
-                                  "add a TVM device (Device.cpu(0))")
-        raise ValueError("a torch device runs inside the VM of a TVM device: add one "
-                         "(Device.cpu(0))")
+                                  f"device: {', '.join(d.name for d in runtimes)} "
+                                  f"{'has' if len(runtimes) == 1 else 'have'} no PyTorch "
+                                  "equivalent for it; add a TVM device (Device.cpu(0))")
+        raise ValueError(f"a {runtimes[0].runtime} device runs inside the VM of a TVM device: "
+                         "add one (Device.cpu(0))")
     if not torch_nodes:
-        return devices, ()
+        return ([d for d in devices if d.runtime == "tvm"] + runtimes if runtimes else devices), ()
     if not given:  # for the calls only: ordinary ops on PyTorch are the caller's choice
         given = [Device.torch(fallback_only=True)]
         if any(d.name == "torch" for d in devices):
             raise ValueError("the model calls PyTorch and a device is named 'torch': pass a "
                              "torch device (Device.torch(name=...)) yourself")
-    out = [d for d in devices if d.runtime == "tvm"] + given
+    out = [d for d in devices if d.runtime == "tvm"] + given + [
+        d for d in runtimes if d.runtime != "torch"]
     lacked = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes
                      if dict(n.attrs).get("why", "").startswith("the importer lacks")})
     reading = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes} - set(lacked))
@@ -68,7 +77,7 @@ def competes(devices: Sequence[Device]) -> bool:
     calls nothing else runs)."""
     from autoplace.backend.torch_equivalents import EQUIVALENTS
 
-    return any(d.runtime == "torch" and any(map(d.can_run, EQUIVALENTS)) for d in devices)
+    return any(d.runtime != "tvm" and any(map(d.can_run, EQUIVALENTS)) for d in devices)
 
 
 def runtime_chains(graph: OpGraph, devices: Sequence[Device],
@@ -87,14 +96,18 @@ def runtime_chains(graph: OpGraph, devices: Sequence[Device],
 
 def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
                        torch_devices: Sequence[Device], db=None,
-                       chains: Sequence[Sequence[int]] = ()) -> Prices:
-    """``costs`` (of ``tvm_devices``) with a column per torch device: its PyTorch calls as a
-    profile of it measured them (given to the cost model, in store ``db``, or shipped), those
-    it lacks timed here, plus the hand-off of a call from the VM
-    (:func:`~autoplace.profile.torch_timings.time_torch_device`, each of ``chains``, which a
-    build may run as one call, timed as one too: :func:`runtime_chains`;
-    :class:`~autoplace.predict.torch_costs.TorchCostModel`); on TVM devices, PyTorch calls
-    cost ``inf``."""
+                       chains: Sequence[Sequence[int]] = (), mod=None,
+                       func_name: str = "main") -> Prices:
+    """``costs`` (of ``tvm_devices``) with a column per runtime device (``torch_devices``).
+    A torch device's: its PyTorch calls as a profile of it measured them (given to the cost
+    model, in store ``db``, or shipped), those it lacks timed here, plus the hand-off of a call
+    from the VM (:func:`~autoplace.profile.torch_timings.time_torch_device`, each of
+    ``chains``, which a build may run as one call, timed as one too: :func:`runtime_chains`;
+    :class:`~autoplace.predict.torch_costs.TorchCostModel`). An ORT device's: its ops as ORT's
+    profiler splits the segments of ``mod[func_name]`` it can run
+    (:func:`~autoplace.profile.ort_timings.time_ort_device`,
+    :class:`~autoplace.predict.ort_costs.OrtCostModel`). On TVM devices, PyTorch calls cost
+    ``inf``."""
     if not torch_devices:
         check_runnable(graph, tvm_devices, costs.cost, costs.model)
         return costs
@@ -105,6 +118,14 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     models = {}
     for d in torch_devices:
         check_present(d)  # timed here, whatever check_devices says
+        if d.runtime == "ort":
+            from autoplace.predict.ort_costs import OrtCostModel
+            from autoplace.profile.ort_timings import time_ort_device
+
+            if mod is None:
+                raise ValueError(f"{d.name}: pricing an ONNX Runtime device needs the module")
+            models[d.name] = OrtCostModel(time_ort_device(mod, graph, d, func_name=func_name))
+            continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
         timings = time_torch_device(graph, d, callers=callers, chains=chains,
                                     profile=torch_profile(d, db=db, cost_model=costs.model))
@@ -118,8 +139,9 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     runs = [[t[n.index] for t in by_torch if t[n.index] != "unsupported"] for n in graph.nodes]
     sources = tuple("+".join(dict.fromkeys(r if n.is_torch else [s, *r]))
                     for n, s, r in zip(graph.nodes, costs.sources, runs))
-    spread = np.column_stack([costs.spread] + [np.where(np.isfinite(c), TorchCostModel.spread,
-                                                         np.nan) for c in cols])
+    spread = np.column_stack([costs.spread] + [
+        np.where(np.isfinite(c), models[d.name].spread, np.nan)
+        for c, d in zip(cols, torch_devices)])
     overhead = costs.overheads.charged
     if isinstance(overhead, Mapping):  # the hand-off is charged per call, in each node's cost
         overhead = {**overhead, **{d.name: 0.0 for d in torch_devices}}
@@ -142,7 +164,7 @@ def fused_runtime_calls(graph: OpGraph, devices: Sequence[Device], costs: Prices
     PyTorch. A chain that could not be timed as one call stays ops of their own, charged as
     their calls."""
     models = getattr(costs.model, "models", {})
-    torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models]
+    torch_cols = [(k, d) for k, d in enumerate(devices) if d.name in models and d.runtime == "torch"]
     if not torch_cols:
         return costs
     cost, kept = costs.cost.copy(), []

@@ -47,8 +47,8 @@ def check_present(device: Device, spec: str | None = None) -> None:
     """Raise :class:`DeviceUnavailable` unless this machine has ``device`` (named ``spec``,
     default ``"kind:index"``): a GPU that TVM finds, or a CPU device numbered below the count of
     cores this process may use (CPU devices share those cores by index, a share each), or for a
-    torch device, PyTorch installed (and its GPU, for ``torch:cuda:N``). Nothing is built or
-    run."""
+    torch device, PyTorch installed (and its GPU, for ``torch:cuda:N``); for an ORT device,
+    ONNX Runtime and PyTorch installed. Nothing is built or run."""
     if device.runtime == "torch":
         spec = spec or device.spec
         try:
@@ -58,6 +58,14 @@ def check_present(device: Device, spec: str | None = None) -> None:
                                     "'autoplace[frontends]' (or pip install torch)") from None
         if device.target == "cuda" and not torch.cuda.device_count() > device.index:
             raise DeviceUnavailable(f"{spec}: PyTorch finds no CUDA GPU {device.index}")
+        return
+    if device.runtime == "ort":
+        try:
+            import onnxruntime  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise DeviceUnavailable(f"{spec or device.spec}: ONNX Runtime is not installed: "
+                                    "pip install 'autoplace[ort]'") from None
         return
     spec = spec or f"{device.kind}:{device.index}"
     cores = len(process_cpus())

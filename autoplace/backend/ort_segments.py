@@ -1,0 +1,306 @@
+"""ONNX Runtime segments called from a Relax VM: a run of a model's ops as one ORT session.
+
+A segment is a run of a Relax function's bindings, in order: the ops an ORT device
+(:meth:`autoplace.Device.onnxruntime`) runs, with the aliases, tuples and tuple items between
+them. :func:`cut` finds the segments of a placement, :func:`export` turns one into an ONNX
+model: each op is computed by its PyTorch equivalent
+(:func:`autoplace.backend.torch_equivalents.node_equivalent`), under a module scope of its own,
+and the whole traced by PyTorch's ONNX exporter, so that every ONNX node is known to come from
+one op (:attr:`OrtSegment.onnx_nodes`) and ORT rewrites the segment as a whole (its layouts
+kept from conv to conv, batch norms folded, activations fused). :func:`register` makes an ORT
+session of it a packed function that the VM calls
+(``R.call_pure_packed("autoplace.ort_segment.<id>", inputs..., outputs' types)``): the VM's
+tensors are read in place, and ORT writes its outputs into new 64-byte-aligned buffers that the
+VM adopts through DLPack. :func:`profile` runs a segment under ORT's profiler: the seconds of
+each op in the optimized graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Prefix of the global function names of ORT segments.
+PREFIX = "autoplace.ort_segment."
+#: Graph optimization levels by name (``SessionOptions.graph_optimization_level``).
+LEVELS = ("all", "extended", "basic")
+_ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
+
+# id -> session function. Kept for the life of the process: builds call the functions by name.
+_REGISTRY: dict[str, object] = {}
+
+
+class OrtSegmentError(RuntimeError):
+    """A segment that cannot be exported to ONNX or run by ONNX Runtime; the message names its
+    ops."""
+
+
+def require() -> None:
+    """Raise ``ImportError`` with the install command where ONNX Runtime or PyTorch (which
+    exports the segments) is missing."""
+    try:
+        import onnxruntime  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        raise ImportError("an ONNX Runtime device needs onnxruntime and PyTorch: "
+                          "pip install 'autoplace[ort]'") from None
+
+
+@dataclass(frozen=True, eq=False)
+class OrtSegment:
+    """One segment as an ONNX model: ``onnx`` (its bytes), its inputs and outputs (``(shape,
+    dtype)`` each, in the order of :attr:`Span.inputs` and :attr:`Span.outputs`), the op-graph
+    node names it computes, and per node name the ONNX nodes it became."""
+
+    onnx: bytes = field(repr=False)
+    inputs: tuple
+    outputs: tuple
+    ops: tuple[str, ...]
+    onnx_nodes: Mapping[str, tuple[str, ...]]
+
+    @functools.cached_property
+    def id(self) -> str:
+        return hashlib.sha1(self.onnx).hexdigest()[:16]
+
+    def session(self, threads: int = 1, level: str = "all"):
+        """An ORT CPU session of the segment on ``threads`` intra-op threads at graph
+        optimization ``level`` (:data:`LEVELS`)."""
+        return _session(self.onnx, threads, level)
+
+
+def _session(model: bytes, threads: int, level: str, profile_prefix: str | None = None):
+    import onnxruntime as ort
+
+    if level not in LEVELS:
+        raise ValueError(f"graph optimization level {level!r}: one of {LEVELS}")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, int(threads))
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                            f"ORT_ENABLE_{level.upper()}")
+    opts.log_severity_level = 3
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def scope(node: str) -> str:
+    """The submodule name a node's call is traced under (ONNX nodes are named ``/scope/...``)."""
+    return "op_" + re.sub(r"\W", "_", node)
+
+
+def op_of(onnx_node: str, ops: Sequence[str]) -> str | None:
+    """The op (of ``ops``) an ONNX node name of the exported graph, or of ORT's optimized graph
+    (which keeps the name of the node a fused node grew from), was traced under; None for the
+    nodes ORT adds (layout reorders)."""
+    m = re.match(r"/(op_[^/]+)/", onnx_node)
+    if not m:
+        return None
+    scopes = {scope(o): o for o in ops}
+    return scopes.get(m.group(1))
+
+
+# ----------------------------------------------------------------------------- calls from the VM
+
+
+def register(segment: OrtSegment, threads: int = 1, level: str = "all") -> str:
+    """Register a packed function running ``segment`` in an ORT session (``threads`` intra-op
+    threads, graph optimization ``level``) under its global name, once per segment and
+    settings, and return the name. The function takes the segment's inputs as TVM CPU tensors
+    and returns its outputs as new TVM tensors (a tuple where it has several); an ORT error is
+    an :class:`OrtSegmentError` naming the segment's ops."""
+    import tvm
+
+    name = f"{PREFIX}{segment.id}_{threads}_{level}"
+    if name not in _REGISTRY:
+        fn = _function(segment, segment.session(threads, level))
+        tvm.register_global_func(name, fn, override=True)
+        _REGISTRY[name] = fn
+    return name
+
+
+def relax_call(name: str, args, outputs):
+    """The Relax call of segment function ``name`` on ``args`` giving ``outputs`` (Relax
+    tensor types): a tuple of them, or the one."""
+    from tvm import relax
+
+    ty = outputs[0] if len(outputs) == 1 else relax.TupleType(list(outputs))
+    return relax.op.call_pure_packed(name, *args, ty_args=ty)
+
+
+def _function(segment: OrtSegment, sess):
+    import tvm
+
+    in_names = [i.name for i in sess.get_inputs()]
+    out_names = [o.name for o in sess.get_outputs()]
+    outs = [(tuple(s), np.dtype(d)) for s, d in segment.outputs]
+    ops = ", ".join(segment.ops)
+    binding = sess.io_binding()
+    from_dlpack = tvm.runtime.from_dlpack
+    several = len(outs) > 1
+
+    def call(*args):
+        try:
+            for n, t in zip(in_names, args):
+                binding.bind_cpu_input(n, np.from_dlpack(t))
+            results = []
+            for n, (shape, dtype) in zip(out_names, outs):
+                a = _aligned(shape, dtype)
+                binding.bind_output(n, "cpu", 0, dtype, shape, a.ctypes.data)
+                results.append(a)
+            sess.run_with_iobinding(binding)
+        except Exception as e:  # noqa: BLE001 - any ORT error, named for the caller
+            raise OrtSegmentError(f"ONNX Runtime segment of {ops} raised "
+                                  f"{type(e).__name__}: {e}") from e
+        out = [from_dlpack(a) for a in results]
+        return tvm.runtime.convert(out) if several else out[0]
+
+    return call
+
+
+def _aligned(shape, dtype) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    start = -buf.ctypes.data % _ALIGN
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+# ------------------------------------------------------------------------------------ profiling
+
+
+@dataclass(frozen=True)
+class SegmentTimes:
+    """A segment run by ORT alone: the median call (``whole_s``), and per op (by node name) the
+    seconds its nodes of the optimized graph took, per call (``ops``); ``added_s``: the nodes
+    ORT added (layout reorders at the edges), per call; ``other_s``: the rest of the call."""
+
+    whole_s: float
+    ops: Mapping[str, float]
+    other_s: float
+    level: str
+    threads: int
+    added_s: float = 0.0
+
+
+def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
+            inputs: Sequence[np.ndarray] | None = None,
+            weights: Mapping[str, float] | None = None) -> SegmentTimes:
+    """Run ``segment`` ``runs`` times (after two warm-up calls) under ORT's profiler
+    (``SessionOptions.enable_profiling``) on ``inputs`` (random ones of its shapes by default)
+    and split the time among its ops by the nodes of the optimized graph each became.
+
+    ORT names a fused node after the last op it computes (a conv, its bias add, batch norm and
+    activation: the activation's); its time is shared among that op and the ops right before
+    it in the segment that kept no node of their own, in proportion to ``weights`` (by op
+    name, e.g. their FLOPs; equal shares without)."""
+    import time
+
+    feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = _session(segment.onnx, threads, level, os.path.join(tmp, "ort"))
+        names = [i.name for i in sess.get_inputs()]
+        feed = dict(zip(names, feeds))
+        for _ in range(2):
+            sess.run(None, feed)
+        walls = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            sess.run(None, feed)
+            walls.append(time.perf_counter() - t)
+        path = sess.end_profiling()
+        with open(path) as f:
+            events = json.load(f)
+    per_op, other = _split(events, segment.ops, runs + 2, skip=2)
+    per_op = _unfused(per_op, segment, weights or {})
+    whole = float(np.median(walls))
+    nodes_s = sum(per_op.values())
+    return SegmentTimes(whole, per_op, max(0.0, whole - nodes_s - other), level, threads, other)
+
+
+def _split(events, ops: Sequence[str], calls: int, skip: int) -> tuple[dict, float]:
+    """Per op, its nodes' mean seconds a call over the calls after the first ``skip`` of
+    ``calls``, and the same of the nodes no op owns."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    kept = runs[skip:] if len(runs) == calls else runs
+    start = min((e["ts"] for e in kept), default=0)
+    per_op, other = dict.fromkeys(ops, 0.0), 0.0
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") \
+                or e.get("ts", 0) < start:
+            continue
+        node = e["name"][: -len("_kernel_time")]
+        seconds = e["dur"] * 1e-6 / max(1, len(kept))
+        op = op_of(node, ops)
+        if op is None:
+            other += seconds
+        else:
+            per_op[op] += seconds
+    return per_op, other
+
+
+def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float]) -> dict:
+    """``per_op`` with each fused node's time shared back (:func:`profile`)."""
+    out, ops = dict(per_op), list(segment.ops)
+    for k, op in enumerate(ops):
+        if per_op[op] <= 0:
+            continue
+        group = [op]
+        for prev in reversed(ops[:k]):
+            if per_op[prev] > 0 or not segment.onnx_nodes.get(prev):
+                if segment.onnx_nodes.get(prev):
+                    break
+                continue  # folded into a constant at export: no share
+            group.append(prev)
+        w = np.array([max(float(weights.get(o, 1.0 if not weights else 0.0)), 0.0)
+                      for o in group]) + 1e-12
+        for o, share in zip(group, w / w.sum()):
+            out[o] = per_op[op] * float(share)
+    return out
+
+
+def fastest_level(segment: OrtSegment, threads: int = 1, runs: int = 10
+                  ) -> tuple[str, dict[str, float]]:
+    """The graph optimization level under which ``segment`` ran fastest here, and each level's
+    median seconds (``ORT_ENABLE_ALL`` is not always the fastest)."""
+    times = {lv: profile_whole(segment, threads, lv, runs) for lv in ("all", "extended")}
+    return min(times, key=times.get), times
+
+
+def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10
+                  ) -> float:
+    """Median seconds of one call of ``segment`` alone (random inputs, after two warm-ups)."""
+    import time
+
+    sess = segment.session(threads, level)
+    feed = dict(zip([i.name for i in sess.get_inputs()], random_inputs(segment.inputs)))
+    for _ in range(2):
+        sess.run(None, feed)
+    walls = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, feed)
+        walls.append(time.perf_counter() - t)
+    return float(np.median(walls))
+
+
+def random_inputs(inputs: Sequence[tuple]) -> list[np.ndarray]:
+    """Random arrays of ``inputs``' ``(shape, dtype)`` (small integers, half-true masks)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for shape, dtype in inputs:
+        if dtype == "bool":
+            out.append(rng.random(shape) < 0.5)
+        elif dtype.startswith(("int", "uint")):
+            out.append(rng.integers(0, 2, shape).astype(dtype))
+        else:
+            out.append(rng.standard_normal(shape).astype(dtype))
+    return out

@@ -1,0 +1,62 @@
+"""Costs of an ONNX Runtime device (:meth:`autoplace.Device.onnxruntime`), from its ops' timings
+in context (:func:`autoplace.profile.ort_timings.time_ort_device`).
+
+A node the device runs costs what its nodes took in its segment's optimized graph; entering and
+leaving a segment is charged on the links between the device and TVM's (:meth:`edge_s`), not
+per node: a longer segment pays it fewer times. TVM devices cannot run a PyTorch call, and the
+device runs nothing it could not export (``inf``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+    from autoplace.profile.ort_timings import OrtTimings
+
+
+class OrtCostModel:
+    """Seconds per node on one ORT device, as its segments' profiles split them."""
+
+    source = "ort-profiled"
+    #: Relative spread of an op's cost in context: what the op costs depends on which of its
+    #: neighbours the plan puts in the same segment, which the profile of the longest runs
+    #: does not see.
+    spread = 0.3
+
+    def __init__(self, timings: OrtTimings):
+        self.timings = timings
+
+    @property
+    def edge_s(self) -> float:
+        """Seconds one tensor entering or leaving a segment costs."""
+        return self.timings.edge_s
+
+    def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
+        if device.runtime != "ort":
+            return np.full(len(graph.nodes), np.inf)
+        if len(self.timings.ops) != len(graph.nodes):
+            raise ValueError("these ORT timings are of another model: "
+                             "time_ort_device(mod, graph, device) first")
+        return np.array([self.timings.ops[i] for i in range(len(graph.nodes))], dtype=float)
+
+    def fused_cost(self, graph: OpGraph, device: Device, chain) -> float:
+        """ORT fuses in its own graph: no chain is charged as one call."""
+        return np.inf
+
+    def sources(self, graph: OpGraph, device: Device) -> list[str]:
+        cost = self.predict(graph, device)
+        return [self.source if np.isfinite(c) else "unsupported" for c in cost]
+
+    def describe(self, graph: OpGraph) -> str:
+        t = self.timings
+        levels = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in t.levels_s.items())
+        runs = sum(np.isfinite(v) for v in t.ops.values())
+        return (f"{runs} op(s) priced in {t.segments} ONNX Runtime segment(s) by its profiler "
+                f"at {t.threads} thread(s), graph optimization '{t.level}' (measured faster on "
+                f"the largest segment: {levels}); + {t.edge_s * 1e6:.1f} us per tensor "
+                f"entering or leaving a segment (a call from the VM: {t.call_s * 1e6:.1f} us)")

@@ -1,0 +1,154 @@
+"""What an ONNX Runtime device's ops of one model take, as ORT runs them: in context.
+
+ORT's speed is in what it does across ops (a layout kept from conv to conv, batch norms folded,
+activations fused), so a sum of single ops timed alone would misprice it. :func:`time_ort_device`
+exports every run of ops the device can take as one segment
+(:func:`autoplace.graph.segments.cut`, :func:`~autoplace.graph.segments.export`), measures which
+graph optimization level runs the largest fastest here, and profiles each segment with ORT's
+profiler: each op costs what its nodes of the optimized graph took
+(:func:`autoplace.backend.ort_segments.profile`). What entering and leaving a segment costs (the
+call from the VM, the layout reorders ORT adds at its edges) is charged per tensor that crosses
+(:attr:`OrtTimings.edge_s`), on the links between the device and TVM's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from autoplace.devices import Device
+    from autoplace.graph import OpGraph
+
+log = logging.getLogger(__name__)
+
+#: Until measured: what one call of a segment from the VM costs beyond its nodes.
+DEFAULT_CALL_S = 20e-6
+
+
+@dataclass(frozen=True)
+class OrtTimings:
+    """Seconds of one model's ops on one ORT device.
+
+    ``ops``: by node index, the op's nodes in its segment's optimized graph (``inf``: the
+    device cannot run it, ``why`` says so); ``edge_s``: one tensor entering or leaving a
+    segment (half a call from the VM, and the reorders ORT adds at the edges, per tensor);
+    ``level``: the graph optimization level the segments run at, ``levels_s`` what the largest
+    segment took at each; ``segments``: how many were profiled; ``stored``: the node indices a
+    profile store gave (not timed here)."""
+
+    ops: Mapping[int, float]
+    edge_s: float
+    level: str
+    threads: int = 1
+    levels_s: Mapping[str, float] = field(default_factory=dict)
+    segments: int = 0
+    why: Mapping[int, str] = field(default_factory=dict)
+    call_s: float = DEFAULT_CALL_S
+
+
+def runnable(graph: OpGraph, device: Device) -> list[bool]:
+    """Per node, whether ``device`` (an ORT device) can take it: an op it runs with a PyTorch
+    equivalent for its attributes."""
+    from autoplace.backend.torch_equivalents import node_equivalent
+
+    return [device.can_run(n.op_type) and node_equivalent(n) is not None for n in graph.nodes]
+
+
+def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "main",
+                    threads: int = 1, runs: int = 10) -> OrtTimings:
+    """The :class:`OrtTimings` of ``graph`` (of ``mod[func_name]``) on ORT device ``device``,
+    at ``threads`` intra-op threads. A run that cannot be exported is tried op by op; an op that
+    still fails is left to the other devices, with one warning naming it."""
+    from autoplace.backend.ort_segments import OrtSegmentError, fastest_level, profile, require
+    from autoplace.graph.segments import cut, export
+
+    require()
+    on = runnable(graph, device)
+    why = {i: "ONNX Runtime takes no such op here (no PyTorch equivalent to export)"
+           for i, ok in enumerate(on) if not ok}
+    segments = []
+    for span in cut(mod[func_name], on):
+        try:
+            segments.append(export(mod, span, func_name))
+        except OrtSegmentError:
+            for i in span.nodes:
+                try:
+                    one = cut(mod[func_name], [k == i for k in range(len(graph.nodes))])
+                    segments.extend(export(mod, s, func_name) for s in one)
+                except OrtSegmentError as e:
+                    why[i] = str(e)
+                    log.warning("%s: %s; it runs on the other devices", device.name, e)
+    ops = dict.fromkeys(range(len(graph.nodes)), np.inf)
+    if not segments:
+        return OrtTimings(ops, DEFAULT_CALL_S / 2, "all", threads, why=why)
+    largest = max(segments, key=lambda s: len(s.ops))
+    level, levels_s = fastest_level(largest, threads, runs)
+    flops = {n.name: n.flops for n in graph.nodes}
+    added = []
+    for seg in segments:
+        times = profile(seg, threads, level, runs, weights=flops)
+        for name, s in times.ops.items():
+            ops[graph.index(name)] = s
+        crossing = len(seg.inputs) + len(seg.outputs)
+        added.append(times.added_s / max(1, crossing))
+    call_s = measure_call(threads)
+    edge_s = call_s / 2 + float(np.median(added))
+    for i in why:
+        ops[i] = np.inf
+    return OrtTimings(ops, edge_s, level, threads, levels_s, len(segments), why, call_s)
+
+
+def measure_call(threads: int = 1, calls: int = 16, shape=(64, 8, 8)) -> float:
+    """Seconds one call of an ORT segment from the Relax VM costs beyond its nodes: a built
+    chain of ``calls`` one-op segments (a relu) against ORT's own time for their nodes, per
+    call. Where it cannot be measured: :data:`DEFAULT_CALL_S`, with a warning."""
+    import time
+
+    import tvm
+    from tvm import relax
+
+    from autoplace.backend.ort_segments import register, relax_call
+    from autoplace.graph.segments import cut, export
+
+    try:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.nn.relu(x))
+            bb.emit_func_output(out)
+        one = bb.get()
+        seg = export(one, cut(one["main"], [True])[0])
+        name = register(seg, threads)
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+        ty = relax.TensorType(list(shape), "float32")
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                v = x
+                for _ in range(calls):
+                    v = bb.emit(relax_call(name, [v], [ty]))
+                out = bb.emit_output(v)
+            bb.emit_func_output(out)
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+        data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
+                                  .astype("float32"), tvm.cpu())
+        vm["main"](data)
+        walls = []
+        for _ in range(10):
+            t = time.perf_counter()
+            vm["main"](data)
+            walls.append(time.perf_counter() - t)
+        from autoplace.backend.ort_segments import profile
+
+        node_s = sum(profile(seg, threads, "all", runs=10).ops.values())
+        return max(0.0, float(np.median(walls)) / calls - node_s)
+    except Exception as e:  # noqa: BLE001 - a default rather than no plan
+        log.warning("could not measure an ONNX Runtime call from the VM (%s): charged %.1f us",
+                    e, DEFAULT_CALL_S * 1e6)
+        return DEFAULT_CALL_S

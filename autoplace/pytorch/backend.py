@@ -1,5 +1,6 @@
 """A ``torch.compile`` backend: each graph Dynamo hands over is exported, placed with
-:func:`autoplace.optimize`, built, and run on torch tensors through DLPack."""
+:func:`autoplace.optimize`, built, and run on torch tensors through DLPack, or, where it measured
+faster than the build, run as Dynamo gave it or by ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -284,7 +285,7 @@ def _storage(node):
 
 
 def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = False,
-                   **optimize_kwargs) -> AutoplaceBackend:
+                   eager_fallback: bool = True, **optimize_kwargs) -> AutoplaceBackend:
     """A ``torch.compile`` backend that places and builds every graph with autoplace.
 
     >>> fast = torch.compile(model.eval(), backend=autoplace.dynamo_backend())  # doctest: +SKIP
@@ -303,25 +304,33 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     logged warning saying why; ``strict=True`` raises instead. The backend's ``.graphs`` says
     what it did with each graph.
 
+    Each graph's build is timed turn by turn against the graph run as Dynamo gave it and ONNX
+    Runtime on the graph (where onnxruntime is installed), and the fastest runs where it beat
+    the build by the margin (``optimize_module``'s contenders, without ``torch.compile``:
+    ``record.module.runs`` and ``.summary()`` say which).
+
     Parameters
     ----------
     devices : sequence of Device, optional
         Where ops may run. Default: this machine's CPU, plus its GPU where TVM sees one.
     strict : bool
         Raise instead of running a graph in PyTorch.
+    eager_fallback : bool
+        Time the contenders and run the fastest; False: run every build, timing nothing.
     **optimize_kwargs
         Passed to :func:`autoplace.optimize` for every graph: ``objective``, ``cost_model``,
         ``db`` (tuned records), ``solver``, ...
     """
-    return AutoplaceBackend(devices, strict=strict, **optimize_kwargs)
+    return AutoplaceBackend(devices, strict=strict, eager_fallback=eager_fallback,
+                            **optimize_kwargs)
 
 
 def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, *, options=None,
                       mode=None):
     """``torch.compile(model, backend="autoplace")``: :func:`dynamo_backend` with its defaults
     (registered under the ``torch_dynamo_backends`` entry point), or with
-    ``options={"devices": [...], "strict": True, "db": ...}`` (its arguments). ``mode`` has
-    no meaning here and is refused unless ``"default"``."""
+    ``options={"devices": [...], "strict": True, "eager_fallback": False, "db": ...}`` (its
+    arguments). ``mode`` has no meaning here and is refused unless ``"default"``."""
     if mode not in (None, "default"):
         raise ValueError(f"torch.compile mode {mode!r}: the autoplace backend has no modes; "
                          f"pass its settings as options={{...}} (devices, strict, objective, db, ...)")

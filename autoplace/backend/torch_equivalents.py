@@ -107,6 +107,13 @@ def _full_like(c: _Call) -> TorchOp:
     return c.op(_full, "torch.full_like", [_X, Slot(1), c.dtype])
 
 
+def _zeros_like(c: _Call) -> TorchOp:
+    import torch
+
+    fill = torch.zeros_like if c.op_type == "zeros_like" else torch.ones_like
+    return c.op(fill, f"torch.{c.op_type}", [_X], (("dtype", getattr(torch, c.dtype)),))
+
+
 def _broadcast_to(c: _Call) -> TorchOp:
     return c.op(_expanded, "torch.expand", [_X, c.shape])
 
@@ -249,6 +256,7 @@ _BUILDERS = {
     "nn.conv1d": _conv1d, "cumsum": _cumsum_call,
     # masks and shapes, as attention builds its mask
     "astype": _astype, "where": _where, "full_like": _full_like, "broadcast_to": _broadcast_to,
+    "zeros_like": _zeros_like, "ones_like": _zeros_like,
     "squeeze": _reshape, "expand_dims": _reshape,
 }
 

@@ -1,0 +1,190 @@
+"""ONNX Runtime as a placement target: runs of ops placed on it are exported as one ONNX model
+and called from the VM as one ORT session, priced as ORT's profiler splits them (issue 52)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+import tvm  # noqa: E402
+
+import autoplace  # noqa: E402
+from autoplace import Device, RooflineCostModel  # noqa: E402
+from autoplace.backend import ort_segments  # noqa: E402
+from autoplace.graph import OpGraph  # noqa: E402
+from autoplace.graph.segments import cut, export  # noqa: E402
+from autoplace.plan import Plan  # noqa: E402
+from autoplace.predict.ort_costs import OrtCostModel  # noqa: E402
+from autoplace.profile.ort_timings import time_ort_device  # noqa: E402
+
+DEVICES = [Device.cpu(0), Device.torch(), Device.onnxruntime()]
+
+
+class Branchy(torch.nn.Module):
+    """conv-bn-relu, a pool, then two branches joined: segments with several inputs/outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        y = torch.nn.functional.max_pool2d(y, 2)
+        return torch.relu(self.c2(y)) + torch.sigmoid(self.c3(y))
+
+
+@pytest.fixture(scope="module")
+def branchy():
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 16, 16)
+    mod = autoplace.from_torch(model, (x,))
+    return model, x, mod, OpGraph.from_relax(mod)
+
+
+def _run(mod, plan, x):
+    out = autoplace.compile(mod, plan)(x.numpy())
+    return np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
+
+
+def _want(model, x):
+    with torch.no_grad():
+        return model(x).numpy()
+
+
+def test_ort_device_specs():
+    d = Device.from_spec("ort:cpu")
+    assert (d.name, d.kind, d.runtime, d.spec) == ("ort", "ort", "ort", "ort:cpu")
+    assert d.memory == Device.cpu(0).memory  # shares the host's memory with TVM's CPU
+    assert d.can_run("nn.conv2d") and not d.can_run("torch.nonzero")
+    assert not d.can_run("nn.conv3d")
+    with pytest.raises(ValueError, match="not built yet"):
+        Device.from_spec("ort:cuda:0")
+    with pytest.raises(ValueError, match="no TVM target"):
+        d.tvm_target()
+
+
+def test_segments_are_maximal_runs_with_their_interface(branchy):
+    _, _, mod, graph = branchy
+    pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")
+    on = [n.index != pool for n in graph.nodes]
+    spans = cut(mod["main"], on)
+    assert len(spans) == 2
+    assert spans[0].nodes == tuple(range(pool)) and spans[1].nodes[0] == pool + 1
+    assert set(spans[0].nodes) | set(spans[1].nodes) | {pool} == set(range(len(graph.nodes)))
+    # the first reads the model's input and gives what the pool reads; the second reads the
+    # pool's output (twice: one input) and gives the model's output
+    assert [v.name for v in spans[0].inputs] == [mod["main"].params[0].name]
+    assert len(spans[0].outputs) == 1 and len(spans[1].inputs) == 1
+    assert len(spans[1].outputs) == 1
+
+
+def test_an_exported_segment_computes_its_ops_and_knows_their_onnx_nodes(branchy):
+    model, x, mod, graph = branchy
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    got = seg.session().run(None, {"in0": x.numpy()})[0]
+    np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
+    convs = [n.name for n in graph.nodes if n.op_type == "nn.conv2d"]
+    for name in convs:
+        assert any(o.endswith("/Conv") for o in seg.onnx_nodes[name])
+        assert all(ort_segments.op_of(o, seg.ops) == name for o in seg.onnx_nodes[name])
+
+
+def test_profile_splits_the_segment_among_its_ops(branchy):
+    _, _, mod, graph = branchy
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    times = ort_segments.profile(seg, runs=5, weights={n.name: n.flops for n in graph.nodes})
+    assert times.whole_s > 0 and all(v >= 0 for v in times.ops.values())
+    assert sum(times.ops.values()) <= times.whole_s * 1.5  # the nodes fit in the call
+    convs = [n.name for n in graph.nodes if n.op_type == "nn.conv2d"]
+    assert all(times.ops[c] > 0 for c in convs)  # fused with their tails, shared back to them
+
+
+def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
+    model, x, mod, graph = branchy
+    pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")
+    assignment = ["ort"] * len(graph.nodes)
+    assignment[pool] = "cpu0"
+    plan = Plan.from_assignment(graph, DEVICES, assignment)
+    np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+    names = [n for n in autoplace.annotate(mod, plan).script().split('"')
+             if n.startswith(ort_segments.PREFIX)]
+    assert len(set(names)) == 2  # two segments, one call each
+
+
+def test_optimize_over_three_runtimes_puts_a_segment_on_ort_and_matches_eager(branchy):
+    model, x, mod, graph = branchy
+    res = autoplace.optimize(mod, DEVICES, cost_model=RooflineCostModel(), calibrate=False,
+                             db=None, pins=[("op:nn.max_pool2d", "cpu0")])
+    assert "ort" in res.plan.assignment and res.plan.assignment[
+        next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")] == "cpu0"
+    assert "ONNX Runtime segment" in res.summary()
+    np.testing.assert_allclose(_run(mod, res.plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branchy):
+    _, _, mod, graph = branchy
+    ort = Device.onnxruntime()
+    timings = time_ort_device(mod, graph, ort, runs=5)
+    assert timings.level in ("all", "extended") and set(timings.levels_s) == {"all", "extended"}
+    assert timings.edge_s > 0 and timings.segments == 1
+    cost = OrtCostModel(timings).predict(graph, ort)
+    assert np.isfinite(cost).all() and cost.sum() > 0
+    assert np.isinf(OrtCostModel(timings).predict(graph, Device.cpu(0))).all()
+    from autoplace.predict.torch_costs import WithTorch
+
+    model = WithTorch(RooflineCostModel(), {"ort": OrtCostModel(timings)})
+    found = model.links([Device.cpu(0), ort])
+    assert found[("cpu0", "ort")].alpha == pytest.approx(timings.edge_s)
+    assert found[("ort", "cpu0")].alpha == pytest.approx(timings.edge_s)
+
+
+def test_an_ort_error_at_run_time_names_the_segments_ops(branchy):
+    _, _, mod, graph = branchy
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    fn = tvm.get_global_func(ort_segments.register(seg))
+    wrong = tvm.runtime.tensor(np.zeros((1, 3, 4, 4), "float32"))  # not the segment's shape
+    with pytest.raises(Exception, match=r"ONNX Runtime segment of .*lv"):
+        fn(wrong)
+
+
+def test_an_op_without_a_pytorch_equivalent_is_left_to_the_other_devices():
+    class Gather(torch.nn.Module):
+        def forward(self, x, i):
+            return torch.relu(x)[i] * 2.0
+
+    x, i = torch.randn(6, 4), torch.tensor([0, 2, 5])
+    mod = autoplace.from_torch(Gather().eval(), (x, i))
+    graph = OpGraph.from_relax(mod)
+    timings = time_ort_device(mod, graph, Device.onnxruntime(), runs=3)
+    take = [n.index for n in graph.nodes if n.op_type == "take"]
+    assert take and all(np.isinf(timings.ops[t]) for t in take)
+    assert all("no such op" in timings.why[t] for t in take)
+    res = autoplace.optimize(mod, [Device.cpu(0), Device.onnxruntime()],
+                             cost_model=RooflineCostModel(), calibrate=False, db=None)
+    assert all(res.plan.assignment[t] == "cpu0" for t in take)
+    out = autoplace.compile(mod, res.plan)(x.numpy(), i.numpy())
+    got = np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
+    np.testing.assert_allclose(got, (torch.relu(x)[i] * 2.0).numpy(), rtol=1e-5)
+
+
+def test_ort_device_without_onnxruntime_is_one_line_and_exit_2(monkeypatch, capsys):
+    from autoplace.cli import main
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises
+    assert main(["optimize", "--model", "zoo:mlp", "--device", "cpu:0",
+                 "--device", "ort:cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'autoplace[ort]'" in err[0]

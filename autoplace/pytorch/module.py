@@ -261,7 +261,8 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
     else:
         timed = "not timed against the other levels"
     return sessions[level], (f"the model exported to ONNX, CPU execution provider, {level} "
-                             f"({timed}), {torch.get_num_threads()} intra-op threads")
+                             f"({timed}), {torch.get_num_threads()} intra-op threads, not "
+                             "spinning")
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
@@ -294,9 +295,10 @@ def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
 class OrtModel:
     """A model exported to ONNX (``onnx``, bytes) run by an ONNX Runtime session on this
     machine's CPU at graph optimization ``level`` (a name of ``GraphOptimizationLevel``),
-    ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
-    tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
-    (a list where None)."""
+    ``threads`` intra-op threads (default: PyTorch's count) that do not spin between calls,
+    and one inter-op thread: torch tensors in, the outputs as torch tensors sharing ORT's
+    arrays, in ``out_spec``'s structure (a list where None). (ORT's threads spin by default:
+    PyTorch's calls after one took several times as long, on the cores they held.)"""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
         import onnxruntime as ort
@@ -305,6 +307,7 @@ class OrtModel:
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
         self._session = ort.InferenceSession(onnx, opts, providers=["CPUExecutionProvider"])
         # The exporter drops an input the model does not read: feed those it kept.

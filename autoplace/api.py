@@ -115,6 +115,8 @@ def optimize(
         chosen on charge each tuned kernel timed in the store (``autoplace tune`` times them)
         once, at the op with the most FLOPs among those fused into it; the other ops keep the
         cost model's costs, and ``plan.cost_sources`` says ``"tuned"`` where tuned times apply.
+        An ONNX Runtime device's costs in context are read from a store given by its path, or
+        timed and written to it where it lacks them.
     check_devices : bool
         Check first that this machine has every device (a GPU TVM finds; ``cpu:N`` below the
         count of cores this process may use). ``False`` plans for devices elsewhere: the result

@@ -188,3 +188,33 @@ def test_ort_device_without_onnxruntime_is_one_line_and_exit_2(monkeypatch, caps
                  "--device", "ort:cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'autoplace[ort]'" in err[0]
+
+
+def test_ort_costs_and_edge_are_stored_in_the_profile_and_read_back(branchy, tmp_path,
+                                                                     monkeypatch):
+    from autoplace.profile import ProfileStore
+    from autoplace.profile import ort_timings
+
+    _, _, mod, graph = branchy
+    db = tmp_path / "prof.db"
+    ort = Device.onnxruntime()
+    first = time_ort_device(mod, graph, ort, runs=3, db=db)
+    assert not first.stored
+    with ProfileStore(db, readonly=True) as store:
+        fp = next(d.fingerprint for d in store.devices() if d.info["kind"] == "ort")
+        edge, = [f for f in store.overheads(fp) if f.kind == "ort_edge"]
+        assert edge.seconds == pytest.approx(first.edge_s)
+        assert edge.detail["level"] == first.level
+        rows = store.measurements(fp, schedule=f"ort:{first.level}")
+        assert {m.workload for m in rows} == set(graph.workloads())
+        assert not store.measurements(fp)  # not among the default schedule's rows
+
+    def timed(*args, **kwargs):
+        raise AssertionError("timed again although the store holds every op")
+
+    monkeypatch.setattr(ort_timings, "_timed", timed)
+    again = time_ort_device(mod, graph, ort, runs=3, db=db)
+    assert again.stored and again.edge_s == pytest.approx(first.edge_s)
+    for i, s in first.ops.items():  # each op: its workload's mean in context
+        same = graph.workloads()[graph.nodes[i].workload_key]
+        assert again.ops[i] == pytest.approx(np.mean([first.ops[k] for k in same]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -104,8 +105,8 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     from the VM (:func:`~autoplace.profile.torch_timings.time_torch_device`, each of
     ``chains``, which a build may run as one call, timed as one too: :func:`runtime_chains`;
     :class:`~autoplace.predict.torch_costs.TorchCostModel`). An ORT device's: its ops as ORT's
-    profiler splits the segments of ``mod[func_name]`` it can run
-    (:func:`~autoplace.profile.ort_timings.time_ort_device`,
+    profiler splits the segments of ``mod[func_name]`` it can run, read from or written to
+    store ``db`` where it is a path (:func:`~autoplace.profile.ort_timings.time_ort_device`,
     :class:`~autoplace.predict.ort_costs.OrtCostModel`). On TVM devices, PyTorch calls cost
     ``inf``."""
     if not torch_devices:
@@ -124,7 +125,9 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
 
             if mod is None:
                 raise ValueError(f"{d.name}: pricing an ONNX Runtime device needs the module")
-            models[d.name] = OrtCostModel(time_ort_device(mod, graph, d, func_name=func_name))
+            store = db if isinstance(db, (str, Path)) and str(db) != "auto" else None
+            models[d.name] = OrtCostModel(time_ort_device(mod, graph, d, func_name=func_name,
+                                                          db=store))
             continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
         timings = time_torch_device(graph, d, callers=callers, chains=chains,

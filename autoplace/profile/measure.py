@@ -179,10 +179,12 @@ def kernel_timer(rt_mod, dev, args):
 def fingerprint(info: dict[str, Any]) -> str:
     """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads;
     for a torch device, also the PyTorch version, where its tensors live and which calls it
-    makes, :data:`autoplace.backend.torch_bridge.CALLS`)."""
+    makes, :data:`autoplace.backend.torch_bridge.CALLS`; for an ORT device, ONNX Runtime's
+    version)."""
     keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
     fields = {k: info.get(k) for k in keys}
-    fields.update({k: info[k] for k in ("torch", "place", "calls") if k in info})  # TVM's unchanged
+    fields.update({k: info[k] for k in ("torch", "place", "calls", "onnxruntime")
+                   if k in info})  # TVM's unchanged
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

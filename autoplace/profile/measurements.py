@@ -14,8 +14,9 @@ PROFILE_FORMAT = "autoplace-profile"
 
 #: What an overhead row measures (:func:`autoplace.run.overhead.measure_overheads`): a
 #: pipeline stage's hand-off, a concurrent latency run's segment, a direct call, the least a
-#: kernel costs, a call into PyTorch from the VM (a torch device's, with the TVM device as peer).
-OVERHEAD_KINDS = ("stage", "segment", "call", "kernel", "handoff")
+#: kernel costs, a call into PyTorch from the VM (a torch device's, with the TVM device as peer),
+#: a tensor entering or leaving an ONNX Runtime segment (an ORT device's, ``"ort_edge"``).
+OVERHEAD_KINDS = ("stage", "segment", "call", "kernel", "handoff", "ort_edge")
 
 
 class ProfileStoreError(RuntimeError):

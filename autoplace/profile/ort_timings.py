@@ -38,8 +38,8 @@ class OrtTimings:
     device cannot run it, ``why`` says so); ``edge_s``: one tensor entering or leaving a
     segment (half a call from the VM, and the reorders ORT adds at the edges, per tensor);
     ``level``: the graph optimization level the segments run at, ``levels_s`` what the largest
-    segment took at each; ``segments``: how many were profiled; ``stored``: the node indices a
-    profile store gave (not timed here)."""
+    segment took at each; ``segments``: how many were profiled; ``call_s``: one call from the
+    VM beyond its nodes; ``stored``: read from a profile store, not timed here."""
 
     ops: Mapping[int, float]
     edge_s: float
@@ -49,6 +49,7 @@ class OrtTimings:
     segments: int = 0
     why: Mapping[int, str] = field(default_factory=dict)
     call_s: float = DEFAULT_CALL_S
+    stored: bool = False
 
 
 def runnable(graph: OpGraph, device: Device) -> list[bool]:
@@ -60,14 +61,108 @@ def runnable(graph: OpGraph, device: Device) -> list[bool]:
 
 
 def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "main",
-                    threads: int = 1, runs: int = 10) -> OrtTimings:
+                    threads: int = 1, runs: int = 10, db=None) -> OrtTimings:
     """The :class:`OrtTimings` of ``graph`` (of ``mod[func_name]``) on ORT device ``device``,
     at ``threads`` intra-op threads. A run that cannot be exported is tried op by op; an op that
-    still fails is left to the other devices, with one warning naming it."""
-    from autoplace.backend.ort_segments import OrtSegmentError, fastest_level, profile, require
-    from autoplace.graph.segments import cut, export
+    still fails is left to the other devices, with one warning naming it.
+
+    With ``db`` (a profile store's path): where the store holds every op of ``graph`` for this
+    device (its fingerprint: this CPU, ONNX Runtime's version, ``threads``), they are read from
+    it and nothing is timed; otherwise what is timed here is written to it (each workload's
+    seconds in context, schedule ``"ort:<level>"``, and the edge as overhead ``"ort_edge"``).
+    """
+    from autoplace.backend.ort_segments import require
 
     require()
+    if db is not None:
+        from autoplace.profile.store import ProfileStore
+
+        with ProfileStore(db) as store:
+            found = stored(store, graph, device, threads)
+            if found is None:
+                found = _timed(mod, graph, device, func_name, threads, runs)
+                store_timings(store, graph, device, found)
+        return found
+    return _timed(mod, graph, device, func_name, threads, runs)
+
+
+def ort_info(device: Device, threads: int = 1) -> dict:
+    """What makes an ORT device's figures comparable: the CPU, ONNX Runtime's and PyTorch's
+    (its exporter's) versions, the thread count (fingerprinted by
+    :func:`~autoplace.profile.measure.fingerprint`)."""
+    import platform
+
+    import onnxruntime
+    import torch
+
+    from autoplace.profile.torch_runner import _cpu_model
+
+    return {"kind": "ort", "place": device.target, "target": None, "hardware": _cpu_model(),
+            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
+            "threads": threads, "host": platform.node(), "remote": None}
+
+
+def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTimings | None:
+    """The :class:`OrtTimings` of ``graph`` that ``store`` holds for ``device`` at ``threads``,
+    or None where it lacks any of its ops or the edge."""
+    from autoplace.profile.measure import fingerprint
+
+    fp = fingerprint(ort_info(device, threads))
+    edges = [f for f in store.overheads(fp) if f.kind == "ort_edge"]
+    if not edges:
+        return None
+    edge = edges[0]
+    level = edge.detail.get("level", "all")
+    rows = {m.workload: m for m in store.measurements(fp, schedule=f"ort:{level}")}
+    ops, why = {}, {}
+    for n in graph.nodes:
+        m = rows.get(n.workload_key)
+        if m is None:
+            return None
+        ops[n.index] = m.latency_s if m.ok else np.inf
+        if not m.ok:
+            why[n.index] = m.error or "ONNX Runtime did not run it"
+    return OrtTimings(ops, edge.seconds, level, threads,
+                      {k: float(v) for k, v in edge.detail.get("levels_s", {}).items()},
+                      int(edge.detail.get("segments", 0)), why,
+                      float(edge.detail.get("call_s", DEFAULT_CALL_S)), stored=True)
+
+
+def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) -> None:
+    """Write ``timings`` (of ``graph`` on ``device``) to ``store``: per workload, the mean of
+    its ops' seconds in context (``unsupported`` with the reason where the device cannot run
+    it), and the edge with the level it was measured at."""
+    from autoplace.profile.measure import fingerprint
+    from autoplace.profile.measurements import Measurement, OverheadFit, timestamp
+
+    info = ort_info(device, timings.threads)
+    fp = fingerprint(info)
+    store.add_device(fp, device.name, info)
+    store.add_workloads(graph.nodes)
+    now = timestamp()
+    for key, idx in graph.workloads().items():
+        secs = [timings.ops[i] for i in idx]
+        if all(np.isfinite(secs)):
+            s = float(np.mean(secs))
+            m = Measurement(key, fp, "ok", median_s=s, min_s=s, mean_s=s, repeats=len(idx),
+                            number=1, schedule=f"ort:{timings.level}", measured_at=now)
+        else:
+            m = Measurement(key, fp, "unsupported", schedule=f"ort:{timings.level}",
+                            error=timings.why.get(idx[0], "ONNX Runtime did not run it"),
+                            measured_at=now)
+        store.put(m)
+    store.put_overhead(OverheadFit(fp, "", "ort_edge", timings.edge_s, {
+        "level": timings.level, "levels_s": dict(timings.levels_s),
+        "segments": timings.segments, "call_s": timings.call_s,
+        "how": "half a call from the VM plus the reorders ORT adds, per tensor crossing"},
+        now))
+
+
+def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
+           runs: int) -> OrtTimings:
+    from autoplace.backend.ort_segments import OrtSegmentError, fastest_level, profile
+    from autoplace.graph.segments import cut, export
+
     on = runnable(graph, device)
     why = {i: "ONNX Runtime takes no such op here (no PyTorch equivalent to export)"
            for i, ok in enumerate(on) if not ok}

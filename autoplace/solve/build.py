@@ -52,7 +52,7 @@ def build_problem(
                 link = links.get((da.name, db.name)) or Link.default(da, db)
                 alpha[a, b], beta[a, b] = link.alpha, link.beta
                 over = segment_overhead_s or {}
-                if "torch" not in (da.kind, db.kind):  # PyTorch calls run inside the one VM
+                if da.runtime == db.runtime == "tvm":  # runtime calls run inside the one VM
                     alpha[a, b] += over.get(da.name, 0.0) + over.get(db.name, 0.0)
     pos = {dev.name: k for k, dev in enumerate(devices)}
     pin_arr = np.full(len(graph.nodes), -1, dtype=np.int64)

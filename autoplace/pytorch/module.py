@@ -445,10 +445,10 @@ class AutoplaceModule(torch.nn.Module):
 
     def run_eagerly(self, model, times: dict[str, float], name: str = EAGER,
                     reason: str = "") -> None:
-        """From now on, calls run ``model`` (a contender: the model eager or compiled, or an
-        :class:`OrtModel`; ``name``) under ``torch.inference_mode``, as it was timed (its
-        outputs are inference tensors), rather than the build; ``times``: seconds a call each
-        contender measured (``"build"`` among them), or ``reason``, why, in words."""
+        """From now on, calls run ``model`` (a contender, ``name``: the model eager or compiled,
+        under ``torch.inference_mode`` as it was timed, its outputs inference tensors; or an
+        :class:`OrtModel`) rather than the build; ``times``: seconds a call each contender
+        measured (``"build"`` among them), or ``reason``, why, in words."""
         self._eager, self._runs, self.times = model, "eager" if name == EAGER else name, times
         why = reason or (f"it measured {_against(times, name)}; "
                          f"{times['build'] / times[name]:.2f}x the build's speed")
@@ -465,8 +465,9 @@ class AutoplaceModule(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         if self._eager is not None:
-            if isinstance(self._eager, OrtModel):  # which, unlike PyTorch, takes one shape
+            if isinstance(self._eager, OrtModel):  # one shape; no autograd to turn off
                 self._check(inputs)
+                return self._eager(*inputs)
             if torch.is_inference_mode_enabled():  # entering it again costs a few us a call
                 return self._eager(*inputs)
             with torch.inference_mode():

@@ -99,7 +99,7 @@ def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_mo
         torch.testing.assert_close(ort(x)[0], model(x), atol=1e-4, rtol=1e-4)
     m.run_eagerly(ort, dict(m.times), ONNXRUNTIME)  # as contend() does where ORT is fastest
     assert m.runs == "onnxruntime" and "runs onnxruntime: it measured" in m.summary()
-    assert not m(x).is_inference()  # ORT's arrays, which a caller may write into
+    assert not m(x)[0].is_inference()  # ORT's arrays, which a caller may write into
     with pytest.raises(ValueError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float32\[2"):
         m(torch.randn(2, 3, 16, 16))
 

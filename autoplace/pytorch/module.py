@@ -260,9 +260,10 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
         timed = f"{times[level] * 1e3:.4g} ms a call here against {others}"
     else:
         timed = "not timed against the other levels"
+    threads = torch.get_num_threads()
     return sessions[level], (f"the model exported to ONNX, CPU execution provider, {level} "
-                             f"({timed}), {torch.get_num_threads()} intra-op threads, not "
-                             "spinning")
+                             f"({timed}), {threads} intra-op thread{'s' * (threads != 1)}, "
+                             "not spinning")
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:

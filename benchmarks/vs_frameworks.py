@@ -1,42 +1,57 @@
-"""TVM and autoplace's mixed plans against PyTorch eager, ``torch.compile`` and ONNX Runtime.
+"""autoplace's mixes of runtimes, and TVM, against PyTorch eager, torch.compile and ONNX Runtime.
 
-TVM (default and tuned kernels) and autoplace's mixed plans (TVM's kernels and PyTorch's, per
-op) against PyTorch eager, ``torch.compile`` and ONNX Runtime, per model, at one thread count:
-medians, ratios, relative errors, and the kernels that hold the tuned build back.
+Per model and thread count: autoplace's mixes (TVM's kernels with PyTorch's, and with ONNX
+Runtime's, chosen per op by cost) and the module a user gets with the defaults, beside eager,
+``torch.compile`` (default and frozen), ONNX Runtime and TVM alone: medians, speed-ups over the
+fastest single framework (issue 52's targets), each one's time to the first output, relative
+errors, and the kernels that hold the tuned TVM build back.
 
 Run: .venv/bin/python -m benchmarks vs_frameworks [--models zoo:resnet resnet18 ...]
-     [--trials 64] [--minutes 20] [--db out/vs_frameworks.db] [--device cpu:0:native]
-     [--threads 1] [--repeats 20] [--json] [--work DIR]
+     [--threads 1,all] [--trials 64] [--minutes 20] [--db out/vs_frameworks.db]
+     [--device cpu:0:native] [--repeats 20] [--json] [--work DIR]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: torchvision 0.28.0, onnxruntime,
 transformers). Without onnxruntime its column says so; without transformers the BERT encoder is
 written in torch; without torchvision its models' rows say so.
 
 Each framework runs in its own process (TVM's idle worker threads spin, and PyTorch timed after
-TVM in one process ran up to 100x slower), one model after another, in this order:
+TVM in one process ran up to 100x slower), one model after another. Per model, tuning first,
+then everything else at each ``--threads`` count in turn (``all``: this machine's cores; every
+framework's threads, and TVM's pool):
 
-1. PyTorch eager: the reference outputs, the latency, and an ONNX export (``dynamo=False``).
-2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = ``--threads``),
-   then ``torch.compile`` (Inductor; its first call, which compiles, is reported apart), by
-   default and with Inductor's ``freezing`` (weights folded and packed once for oneDNN, as
-   PyTorch advises for inference on a CPU, and as the mixed plans' PyTorch calls hold them).
-3. Tuning with ``autoplace.tune`` for this CPU (``-mcpu`` of the host, ``num-cores`` =
-   ``--threads``), records kept beside ``--db``, to ``--trials`` per kernel with a time limit of
-   ``--minutes``: the campaign times each kernel's default schedule, gives every kernel one
-   round of 16 trials, the slowest first, then the rest of their trials, and starts nothing past
-   the limit (the worker is killed if it runs on well past it; finished rounds are kept). A
-   second run with the same ``--db`` and ``--trials`` finds nothing pending and tunes nothing.
-4. TVM: ``autoplace.compile`` of the model on one CPU (``--device``), without records (default
-   schedules) and with them (tuned); latencies, relative errors against PyTorch, and, for the
-   tuned build, each kernel's share of the run (timed with the VM's instrument hook).
-5. The mixed plans: ``autoplace.optimize_module`` of the PyTorch model over ``[--device,
-   torch:cpu]``, without the records and with them; the module as a user gets it (it runs the
-   model eagerly where that measured faster than its build, and the table says so), the build's
-   own latency and its measured/predicted, and eager PyTorch in the same process, timed turn
-   by turn (each call following every other as often); with the records, the module and TVM
-   alone as a module, in turns of their own. The targets are judged against these. PyTorch
-   calls from the build run on one thread. Beside them, the most any placement could gain over
-   TVM alone by the plan's own costs (the solver's lower bound).
+0. Tuning (where ``--minutes`` > 0; once, with the first count's TVM threads) with
+   ``autoplace.tune`` for this CPU (``-mcpu`` of the host), records kept beside ``--db``, to
+   ``--trials`` per kernel with a time limit of ``--minutes``: the campaign times each kernel's
+   default schedule, gives every kernel one round of 16 trials, the slowest first, then the rest
+   of their trials, and starts nothing past the limit (the worker is killed if it runs on well
+   past it; finished rounds are kept). A second run with the same ``--db`` and ``--trials``
+   finds nothing pending and tunes nothing. The tuned builds below are made where the store
+   holds records.
+1. PyTorch eager (``torch.set_num_threads``): the reference outputs, the latency, the first
+   call, and an ONNX export (``dynamo=False``), whose seconds count toward ORT's first output.
+2. ONNX Runtime on that export (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = the count): its
+   session and first call timed apart; then ``torch.compile`` (Inductor; its first call, which
+   compiles, is its first output), by default and with Inductor's ``freezing`` (weights folded
+   and packed once for oneDNN, as PyTorch advises for inference on a CPU).
+3. TVM alone: ``autoplace.compile`` of the model on one CPU (``--device``), with default
+   schedules and, where the store holds records, tuned: latencies, relative errors, the first
+   output (the model's Relax module made, the build, the first call), and for the tuned build
+   each kernel's share of the run (timed with the VM's instrument hook).
+4. autoplace as a user calls it, each module in a process of its own: ``optimize_module(model,
+   inputs)`` with the defaults (``module.runs``: the build, or the contender that measured
+   faster; ``module.times``: what each measured), and the mixes: ``optimize_module`` over
+   ``[--device, torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and
+   (where the store holds any) with them. Each: the module's latency (what it runs), the
+   build's own latency and its measured/predicted, eager timed turn by turn with both in the
+   same process (each call following every other as often), the ops on each device, and the
+   time to the first output: ``optimize_module`` and the first call, split where it went (the
+   steps of the library that ``optimize_module`` calls, timed as it calls them: :data:`STAGES`).
+
+Targets (issue 52; printed, not asserted), as speed-ups, the other's median over autoplace's:
+with the defaults, the module runs >= 0.97x the fastest of eager, frozen ``torch.compile`` and
+ORT; the untuned mix over TVM, PyTorch and ORT builds >= 1.05x the fastest single framework
+(those and TVM alone) on half the models; tuned, >= 1.15x on ``bert`` and >= 1.0x on resnet18,
+mobilenet_v3_small and efficientnet_b0; the mixes' measured/predicted within ±15 %.
 
 Latencies are medians of ``--repeats`` calls after two warm-up calls (fewer when one model's
 calls pass 30 s, never under 3); TVM's call is ``CompiledModel``'s, on numpy arrays, as a user
@@ -47,7 +62,10 @@ Weights are random and re-initialised so that outputs are O(1) (``_models.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -55,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import _models
@@ -65,6 +84,32 @@ ROUND = 16  # trials per MetaSchedule round: every kernel gets one before any ge
 TOP_KERNELS = 5
 WORKER_TIMEOUT_S = 45 * 60
 COMPARED = (*_models.ZOO, "resnet18", "mobilenet_v3_small", "bert")  # the default --models
+
+#: The mixes: the runtime devices beside ``--device``.
+MIXES = {"mix": ("torch:cpu",), "mix+ORT": ("torch:cpu", "ort:cpu")}
+#: What a user has without autoplace (the defaults' target), and every single framework (the
+#: mixes'): keys of a row, TVM alone being its tuned build where there is one.
+USER = ("torch", "frozen", "ort")
+SINGLE = (*USER, "tvm")
+LABELS = {"torch": "eager", "compile": "torch.compile", "frozen": "frozen", "ort": "ORT",
+          "tvm": "TVM alone"}
+DEFAULTS_TARGET = 0.97  # the defaults' module over the fastest of USER
+MIX_TARGET = 1.05  # the untuned mix+ORT's build over the fastest of SINGLE, on half the models
+TUNED_TARGETS = {"bert": 1.15, "resnet18": 1.0, "mobilenet_v3_small": 1.0, "efficientnet_b0": 1.0}
+MP_TOLERANCE = 0.15
+
+#: Where ``optimize_module``'s time goes: (label, module, function) of the library's steps it
+#: calls, each timed as it is called (one the library no longer has is left out; the rest of
+#: the call is "other").
+STAGES = (("eager", "autoplace.pytorch.module", "_eager_s"),
+          ("export", "autoplace.pytorch.module", "export_torch"),
+          ("import", "autoplace.pytorch.module", "from_exported"),
+          ("TVM costs", "autoplace.api", "price"),  # calibration and TVM's profiles among them
+          ("runtime costs", "autoplace.api", "with_runtime_costs"),  # PyTorch and ORT timed
+          ("solve", "autoplace.api", "solve"),
+          ("guard", "autoplace.api", "choose"),
+          ("build", "autoplace.pytorch.module", "build_of"),
+          ("contenders", "autoplace.pytorch.module", "contend"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,33 +163,47 @@ def _load_arrays(path: Path) -> list:
         return [f[f"arr_{k}"] for k in range(len(f.files))]
 
 
+
+def _flat_numpy(outs) -> list:
+    """A PyTorch model's outputs (a tensor, or a tuple or list of them) as numpy arrays."""
+    import torch
+
+    return [o.numpy() for o in ([outs] if isinstance(outs, torch.Tensor) else list(outs))]
+
+
 def _worker_torch(cfg: dict) -> dict:
+    """Eager PyTorch: the reference outputs and inputs every other worker reads, the first call
+    and the latency, and the model exported to ONNX for ONNX Runtime (timed)."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
     model = _models.load(cfg["model"], cfg["seed"])
     args = tuple(torch.from_numpy(x) for x in model.inputs)
     with torch.inference_mode():
+        t0 = time.perf_counter()
         ref = model.module(*args)
+        first_s = time.perf_counter() - t0
         ms, n = _median_ms(lambda: model.module(*args), cfg["repeats"])
-    ref = [ref] if isinstance(ref, torch.Tensor) else list(ref)
-    ref = [r.numpy() for r in ref]
+    ref = _flat_numpy(ref)
     work = Path(cfg["work"])
     _save_arrays(work / "inputs.npz", model.inputs)
     _save_arrays(work / "torch.npz", ref)
-    out = {"ms": ms, "n": n, "description": model.description,
+    out = {"ms": ms, "n": n, "first_s": first_s, "description": model.description,
            "output_rms": float(sum((r.astype("float64") ** 2).sum() for r in ref)
                                / sum(r.size for r in ref)) ** 0.5}
     try:
+        t0 = time.perf_counter()
         with torch.no_grad():
             torch.onnx.export(model.module, args, str(work / "model.onnx"), dynamo=False,
                               opset_version=17)
+        out["export_s"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - ONNX Runtime's column reports it
         out["onnx_error"] = _summary(e)
     return out
 
 
 def _worker_ort(cfg: dict) -> dict:
+    """ONNX Runtime on the eager worker's export: session and first call, latency."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -152,17 +211,19 @@ def _worker_ort(cfg: dict) -> dict:
     work = Path(cfg["work"])
     if not (work / "model.onnx").exists():
         return {"error": "no ONNX export (see PyTorch's error)"}
+    inputs = _load_arrays(work / "inputs.npz")
+    t0 = time.perf_counter()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = cfg["threads"]
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(str(work / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-    inputs = _load_arrays(work / "inputs.npz")
     feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
     outs = sess.run(None, feed)
+    first_s = time.perf_counter() - t0
     ms, n = _median_ms(lambda: sess.run(None, feed), cfg["repeats"])
-    return {"ms": ms, "n": n, "rel_error": _models.rel_error(outs, _load_arrays(work / "torch.npz")),
-            "version": ort.__version__}
+    return {"ms": ms, "n": n, "first_s": first_s, "version": ort.__version__,
+            "rel_error": _models.rel_error(outs, _load_arrays(work / "torch.npz"))}
 
 
 def _worker_compile(cfg: dict) -> dict:
@@ -185,15 +246,16 @@ def _worker_compile(cfg: dict) -> dict:
         outs = compiled(*args)
         first_s = time.perf_counter() - t0
         ms, n = _median_ms(lambda: compiled(*args), cfg["repeats"])
-    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
     return {"ms": ms, "n": n, "first_s": first_s,
-            "rel_error": _models.rel_error([o.numpy() for o in outs], _load_arrays(work / "torch.npz"))}
+            "rel_error": _models.rel_error(_flat_numpy(outs), _load_arrays(work / "torch.npz"))}
 
 
-def _worker_mixed(cfg: dict) -> dict:
-    """``autoplace.optimize_module`` over ``[--device, torch:cpu]``: TVM's kernels and PyTorch's
-    chosen per op, without tuning records and with them; what the module runs (the build, or
-    the model eagerly where that measured faster), and the build's own latency and prediction."""
+def _worker_module(cfg: dict) -> dict:
+    """``autoplace.optimize_module`` of the model as a user calls it: over ``cfg["devices"]``
+    (device specs, with the store's tuning records where ``cfg["tuned"]``, else none), or with
+    every default where that is None. What the module runs and its latency, the build's own
+    latency and prediction, eager beside them, the ops on each device, and the time to the first
+    output split where it went (:data:`STAGES`)."""
     import torch
 
     import autoplace
@@ -203,40 +265,60 @@ def _worker_mixed(cfg: dict) -> dict:
     work = Path(cfg["work"])
     args = tuple(torch.from_numpy(x) for x in _load_arrays(work / "inputs.npz"))
     ref = _load_arrays(work / "torch.npz")
-    devices = [_device(cfg), autoplace.Device.torch()]
-    out = {}
-    for kind, db in (("default", None), ("tuned", cfg["db"])):
+    given = {} if cfg["devices"] is None else {
+        "devices": [autoplace.Device.from_spec(s) for s in cfg["devices"]],
+        "db": cfg["db"] if cfg["tuned"] else None}
+    stages: dict[str, float] = {}
+    with _stage_clock(stages):
         t0 = time.perf_counter()
-        m = autoplace.optimize_module(model.module, args, devices, db=db)
-        build_s = time.perf_counter() - t0
-        # Beside it, turn by turn: its build and eager; then (tuned) it and TVM alone as a
-        # module. Apart, as a model of 10 ms run between two calls of one of 0.5 ms leaves the
-        # caches to it, and no user runs the two turn by turn.
-        with torch.inference_mode():
-            outs = m(*args)
-            (ms, built_ms, eager_ms), _ = _turns_ms(
-                [lambda: m(*args), lambda: m.run_flat(args), lambda: model.module(*args)],
-                cfg["repeats"])
-            tvm_ms = beside_tvm_ms = None
-            if kind == "tuned":
-                alone = autoplace.optimize_module(model.module, args, devices[:1], db=db,
-                                                  eager_fallback=False)
-                (beside_tvm_ms, tvm_ms), _ = _turns_ms([lambda: m(*args), lambda: alone(*args)],
-                                                       cfg["repeats"])
-        outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
-        res, plan = m.result, m.plan  # the plan built: the result's, or a close call's
-        alone_s = res.baselines.get(f"only {devices[0].name}")
-        out[kind] = {"ms": ms, "runs": m.runs, "build_ms": built_ms, "eager_here_ms": eager_ms,
-                     "tvm_here_ms": tvm_ms, "beside_tvm_ms": beside_tvm_ms,
-                     "predicted_ms": None if plan.predicted_s is None else plan.predicted_s * 1e3,
-                     # the most any plan gains over TVM alone, by the costs: the solver's bound
-                     "bound_gain": alone_s / res.solution.bound
-                     if alone_s and res.solution.bound > 0 else None,
-                     "optimize_s": build_s,
-                     "on_torch": sum(d == "torch" for d in plan.assignment),
-                     "nodes": len(plan.nodes), "kernels": res.kernels,
-                     "rel_error": _models.rel_error([o.numpy() for o in outs], ref)}
-    return out
+        m = autoplace.optimize_module(model.module, args, **given)
+        optimize_s = time.perf_counter() - t0
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        outs = m(*args)
+        first_call_s = time.perf_counter() - t0
+        built = m.run_flat(args)
+        # Turn by turn: what the module runs, its build, and eager.
+        (ms, build_ms, eager_ms), n = _turns_ms(
+            [lambda: m(*args), lambda: m.run_flat(args), lambda: model.module(*args)],
+            cfg["repeats"])
+    plan = m.plan  # the build's: the result's, or a close call's
+    return {"runs": m.runs, "times_ms": {k: v * 1e3 for k, v in m.times.items()},
+            "ms": ms, "n": n, "build_ms": build_ms, "eager_here_ms": eager_ms,
+            "predicted_ms": None if plan.predicted_s is None else plan.predicted_s * 1e3,
+            "devices": [d.name for d in plan.devices], "ops": dict(Counter(plan.assignment)),
+            "plan_threads": plan.threads,
+            "kernels": m.result.kernels, "optimize_s": optimize_s, "first_call_s": first_call_s,
+            "first_s": optimize_s + first_call_s, "stages_s": stages,
+            "rel_error": _models.rel_error([t.numpy() for t in built], ref),
+            "module_rel_error": _models.rel_error(_flat_numpy(outs), ref)}
+
+
+@contextlib.contextmanager
+def _stage_clock(spent: dict[str, float]):
+    """Within: each function of :data:`STAGES` adds the seconds its calls take to
+    ``spent[label]`` (the library's functions are put back after)."""
+    patched = []
+    for label, module_name, name in STAGES:
+        module = importlib.import_module(module_name)
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, _label=label, **kw):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t
+
+        setattr(module, name, timed)
+        patched.append((module, name, fn))
+    try:
+        yield spent
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)
 
 
 def _device(cfg: dict):
@@ -265,29 +347,40 @@ def _worker_tune(cfg: dict) -> dict:
 
 
 def _worker_tvm(cfg: dict) -> dict:
+    """TVM alone on ``--device``: default schedules, and the store's records where
+    ``cfg["tuned"]``; first output (Relax module, build, first call) and latency of each."""
     import autoplace
     from autoplace.profile import LocalRunner, fingerprint
     from autoplace.tuning import open_records
 
     model = _models.load(cfg["model"], cfg["seed"])
+    t0 = time.perf_counter()
     mod = _models.relax_module(model, cfg["seed"])
+    import_s = time.perf_counter() - t0
     work = Path(cfg["work"])
     inputs = _load_arrays(work / "inputs.npz")
     ref = _load_arrays(work / "torch.npz")
     dev = _device(cfg)
     plan = autoplace.place(autoplace.OpGraph.from_relax(mod), [dev], [("*", dev.name)])
-    records, notes = open_records(cfg["db"], [dev], [fingerprint(LocalRunner(dev).info())])
-    out = {"target": str(dev.tvm_target()), "records": notes}
-    for kind, recs in (("default", None), ("tuned", records)):
+    out = {"target": str(dev.tvm_target()), "import_s": import_s}
+    kinds = [("default", None)]
+    if cfg["tuned"]:
+        records, out["records"] = open_records(cfg["db"], [dev],
+                                               [fingerprint(LocalRunner(dev).info())])
+        kinds.append(("tuned", records))
+    for kind, recs in kinds:
         t0 = time.perf_counter()
         run = autoplace.compile(mod, plan, records=recs)
         build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         outs = run(*inputs)
+        first_call_s = time.perf_counter() - t0
         ms, n = _median_ms(lambda: run(*inputs), cfg["repeats"])
-        out[kind] = {"ms": ms, "n": n, "build_s": build_s, "kernels": run.kernels,
+        out[kind] = {"ms": ms, "n": n, "build_s": build_s,
+                     "first_s": import_s + build_s + first_call_s, "kernels": run.kernels,
                      "rel_error": _models.rel_error(outs, ref)}
         if kind == "tuned":
-            out["kernels"] = _kernel_records(run, records, dev)
+            out["kernels"] = _kernel_records(run, recs, dev)
             out["breakdown"] = _kernel_times(run, inputs, dev.tvm_device())
     return out
 
@@ -350,9 +443,10 @@ def _kernel_times(run, inputs, dev, rounds: int = 7) -> dict:
             for name in per_round[0]}
 
 
+
 WORKERS = {"torch": _worker_torch, "ort": _worker_ort, "compile": _worker_compile,
            "frozen": lambda cfg: _worker_compile({**cfg, "freezing": True}),
-           "tune": _worker_tune, "tvm": _worker_tvm, "mixed": _worker_mixed}
+           "tune": _worker_tune, "tvm": _worker_tvm, "module": _worker_module}
 
 
 def _summary(e: BaseException) -> str:
@@ -377,14 +471,16 @@ def _worker_main(role: str, cfg_json: str, out_path: str) -> int:
 # The driver: one model after another, each framework in its own process.
 
 
+
 def _spawn(role: str, cfg: dict, log, *, timeout_s: float, tvm_threads: int | None = None,
-           soft_deadline_s: float | None = None) -> dict:
-    """Run a worker; past ``soft_deadline_s`` it is killed (with its process group) and what it
-    left is read back with ``"stopped": True``.
+           soft_deadline_s: float | None = None, tag: str | None = None) -> dict:
+    """Run a worker (its result file named by ``tag``, else ``role``); past ``soft_deadline_s``
+    it is killed (with its process group) and what it left is read back with
+    ``"stopped": True``.
 
     Killed, not interrupted: SIGINT reaches ``autoplace.tune`` inside MetaSchedule's C++ loop as
     a bare ``RuntimeError``, which it takes for a failed kernel before going on to the next."""
-    out = Path(cfg["work"]) / f"{role}.json"
+    out = Path(cfg["work"]) / f"{tag or role}.json"
     out.unlink(missing_ok=True)
     env = dict(os.environ)
     if tvm_threads is not None:
@@ -419,41 +515,69 @@ def _spawn(role: str, cfg: dict, log, *, timeout_s: float, tvm_threads: int | No
     return result
 
 
-def bench_model(name: str, args, work: Path, say) -> dict:
-    """Every framework's numbers for one model (errors in their place, never raised)."""
+
+def bench_model(name: str, args, work: Path, say) -> list[dict]:
+    """Every framework's numbers for one model, a row per thread count (errors in their place,
+    never raised)."""
     work.mkdir(parents=True, exist_ok=True)
-    cfg = {"model": name, "seed": 0, "threads": args.threads, "repeats": args.repeats,
-           "trials": args.trials, "minutes": args.minutes, "db": str(args.db),
-           "device": args.device, "work": str(work)}
-    row: dict = {"model": name}
+    base = {"model": name, "seed": 0, "repeats": args.repeats, "trials": args.trials,
+            "minutes": args.minutes, "db": str(args.db), "device": args.device}
+    rows = []
     with open(work / "log.txt", "w") as log:
-        say(f"{name}: PyTorch eager ...")
-        row["torch"] = _spawn("torch", cfg, log, timeout_s=WORKER_TIMEOUT_S)
-        if "error" in row["torch"]:
-            return row  # nothing to compare with
-        say(f"{name}: ONNX Runtime ...")
-        row["ort"] = _spawn("ort", cfg, log, timeout_s=WORKER_TIMEOUT_S)
-        if row["torch"].get("onnx_error"):
-            row["ort"]["error"] = f"ONNX export failed: {row['torch']['onnx_error']}"
-        say(f"{name}: torch.compile ...")
-        row["compile"] = _spawn("compile", cfg, log, timeout_s=WORKER_TIMEOUT_S)
-        say(f"{name}: torch.compile with freezing ...")
-        row["frozen"] = _spawn("frozen", cfg, log, timeout_s=WORKER_TIMEOUT_S)
+        tune = None
         if args.minutes > 0:
             say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
             before = _records(args.db)
             # The campaign stops itself; a kernel started just before the limit may take the
             # rest of its trials (a few minutes) before it does.
-            row["tune"] = _spawn("tune", cfg, log, timeout_s=WORKER_TIMEOUT_S,
-                                 tvm_threads=args.threads,
-                                 soft_deadline_s=args.minutes * 60 * 1.25 + 180)
-            row["tune"]["trials_run"] = _records(args.db) - before
-        say(f"{name}: TVM default and tuned builds ...")
-        row["tvm"] = _spawn("tvm", cfg, log, timeout_s=WORKER_TIMEOUT_S, tvm_threads=args.threads)
-        say(f"{name}: mixed plans (TVM + PyTorch) ...")
-        row["mixed"] = _spawn("mixed", cfg, log, timeout_s=WORKER_TIMEOUT_S,
-                              tvm_threads=args.threads)
+            tune = _spawn("tune", {**base, "threads": args.threads[0], "work": str(work)}, log,
+                          timeout_s=WORKER_TIMEOUT_S, tvm_threads=args.threads[0],
+                          soft_deadline_s=args.minutes * 60 * 1.25 + 180)
+            tune["trials_run"] = _records(args.db) - before
+        tuned = _records(args.db) > 0
+        for threads in args.threads:
+            (work / f"t{threads}").mkdir(exist_ok=True)
+            cfg = {**base, "threads": threads, "work": str(work / f"t{threads}"), "tuned": tuned}
+            row = _at_threads(cfg, log, say)
+            if tune is not None:
+                row["tune"] = tune
+            rows.append(row)
+    return rows
+
+
+def _at_threads(cfg: dict, log, say) -> dict:
+    """One model's row at ``cfg["threads"]``: each framework, then each autoplace module."""
+    name, threads = cfg["model"], cfg["threads"]
+    row: dict = {"model": name, "threads": threads}
+
+    def run(role, what, **kwargs):
+        say(f"{name}, {threads} thread(s): {what} ...")
+        return _spawn(role, kwargs.pop("cfg", cfg), log, timeout_s=WORKER_TIMEOUT_S, **kwargs)
+
+    row["torch"] = run("torch", "PyTorch eager")
+    if "error" in row["torch"]:
+        return row  # nothing to compare with
+    row["ort"] = run("ort", "ONNX Runtime")
+    if row["torch"].get("onnx_error"):
+        row["ort"]["error"] = f"ONNX export failed: {row['torch']['onnx_error']}"
+    row["compile"] = run("compile", "torch.compile")
+    row["frozen"] = run("frozen", "torch.compile with freezing")
+    row["tvm"] = run("tvm", "TVM alone", tvm_threads=threads)
+    row["modules"] = {
+        key: run("module", f"optimize_module, {key}", tvm_threads=threads,
+                 tag=f"module_{key.replace(' ', '_')}",
+                 cfg={**cfg, "devices": devices, "tuned": tuned})
+        for key, devices, tuned in _variants(cfg["device"], cfg["tuned"])}
     return row
+
+
+def _variants(device: str, tuned: bool):
+    """``(name, device specs, with records)`` of each module built: the defaults (specs None),
+    then each of :data:`MIXES` beside ``device``, and with records where ``tuned``."""
+    yield "defaults", None, False
+    for records in (False, True) if tuned else (False,):
+        for name, runtimes in MIXES.items():
+            yield f"{name} tuned" if records else name, [device, *runtimes], records
 
 
 def _records(db: Path) -> int:
@@ -471,11 +595,7 @@ def _records(db: Path) -> int:
 def _ms(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"{x:.3g} ms" if x < 100 else f"{x:.0f} ms"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
 def _get(row: dict, *path):
@@ -484,51 +604,6 @@ def _get(row: dict, *path):
             return None
         row = row[key]
     return row
-
-
-def summarize(row: dict) -> dict:
-    """The row's figures as the table shows them (``None`` where a framework failed)."""
-    eager, ort = _get(row, "torch", "ms"), _get(row, "ort", "ms")
-    default, tuned = _get(row, "tvm", "default", "ms"), _get(row, "tvm", "tuned", "ms")
-    trials = [k["trials"] for k in (_get(row, "tvm", "kernels") or {}).values()]
-    return {
-        "eager_ms": eager, "ort_ms": ort, "default_ms": default, "tuned_ms": tuned,
-        "tuned/eager": tuned / eager if tuned and eager else None,
-        "tuned/ort": tuned / ort if tuned and ort else None,
-        "default/tuned": default / tuned if default and tuned else None,
-        "kernels": _get(row, "tvm", "tuned", "kernels"),
-        "trials_per_kernel": ((min(trials), statistics.median_low(trials), max(trials))
-                              if trials else None),
-        "tune_s": _get(row, "tune", "wall_s"),
-        "trials_run": _get(row, "tune", "trials_run"),
-        "rel_error": {k: _get(row, *p) for k, p in (("default", ("tvm", "default", "rel_error")),
-                                                     ("tuned", ("tvm", "tuned", "rel_error")),
-                                                     ("ort", ("ort", "rel_error")),
-                                                     ("compile", ("compile", "rel_error")),
-                                                     ("frozen", ("frozen", "rel_error")),
-                                                     ("mixed", ("mixed", "default", "rel_error")),
-                                                     ("mixed tuned",
-                                                      ("mixed", "tuned", "rel_error")))},
-        "compile_ms": _get(row, "compile", "ms"), "frozen_ms": _get(row, "frozen", "ms"),
-        **{f"mixed_{k}": _mixed(row, k) for k in ("default", "tuned")},
-    }
-
-
-def _mixed(row: dict, kind: str) -> dict | None:
-    """One mixed module's figures: what it runs and its latency, the build's latency and its
-    measured/predicted, and the speed-ups the issue sets targets for (eager's time over the
-    module's; the faster of eager and TVM alone over the module's)."""
-    m = _get(row, "mixed", kind)
-    if not m or "ms" not in m:
-        return None
-    eager = m["eager_here_ms"]  # timed beside the module, turn by turn
-    tvm_alone = m.get("tvm_here_ms")  # timed beside the module too, in turns of their own
-    speedups = [eager / m["ms"]] + ([tvm_alone / m["beside_tvm_ms"]] if tvm_alone else [])
-    return {"ms": m["ms"], "runs": m["runs"], "build_ms": m["build_ms"], "eager_ms": eager,
-            "tvm_ms": tvm_alone,
-            "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
-            "on_torch": f"{m['on_torch']}/{m['nodes']}", "bound_gain": m.get("bound_gain"),
-            "eager_speedup": eager / m["ms"], "best_speedup": min(speedups)}
 
 
 def _tuning_note(row: dict, args) -> str:
@@ -570,123 +645,279 @@ def _bottlenecks(row: dict) -> list[str]:
     return lines
 
 
-def render(rows: list[dict], args) -> str:
-    head = ["model", "TVM default", "TVM tuned", "PyTorch", "ORT", "tuned/eager", "tuned/ORT",
-            "default/tuned", "kernels t/d", "trials/kernel", "tuning (this run)",
-            "rel.err def/tuned/ORT"]
-    table = [head]
-    notes = []
-    for row in rows:
-        s = summarize(row)
-        k, tr, err = s["kernels"], s["trials_per_kernel"], s["rel_error"]
-        table.append([
-            row["model"], _ms(s["default_ms"]), _ms(s["tuned_ms"]), _ms(s["eager_ms"]),
-            _ms(s["ort_ms"]), _ratio(s["tuned_ms"], s["eager_ms"]),
-            _ratio(s["tuned_ms"], s["ort_ms"]), _ratio(s["default_ms"], s["tuned_ms"]),
-            f"{k['tuned']}/{k['default']}" if k else "-",
-            (f"{tr[1]} ({tr[0]}-{tr[2]})" if tr[0] != tr[2] else f"{tr[0]}") if tr else "-",
-            (f"{s['tune_s']:.0f} s, {s['trials_run']} trials" if s["tune_s"] is not None
-             else "-"),
-            " / ".join(f"{err[k]:.0e}" if err[k] is not None else "-"
-                       for k in ("default", "tuned", "ort")),
-        ])
-        description = _get(row, "torch", "description")
-        notes.append(f"{row['model']}: {description}" if description else row["model"])
-        for label, msg in (("failed", row.get("error")), ("PyTorch", _get(row, "torch", "error")),
-                           ("ONNX Runtime", _get(row, "ort", "error")),
-                           ("TVM", _get(row, "tvm", "error"))):
-            if msg:
-                notes.append(f"  {label}: {msg}")
-        if "tvm" in row:
-            notes.append(f"  tuning: {_tuning_note(row, args)}")
-        lines = _bottlenecks(row)
-        if lines:
-            total = sum(v["s"] for v in row["tvm"]["breakdown"].values())
-            notes.append(f"  slowest kernels of the tuned build (instrumented run "
-                         f"{total * 1e3:.3g} ms; share, time per run, calls, rate, tuning):")
-            notes += lines
-        for label, msg in (("torch.compile", _get(row, "compile", "error")),
-                           ("torch.compile (freezing)", _get(row, "frozen", "error")),
-                           ("mixed", _get(row, "mixed", "error"))):
-            if msg:
-                notes.append(f"  {label}: {msg}")
-    legend = (f"{args.threads} thread(s), device {args.device}; medians; a/b > 1: a is slower. "
-              "kernels t/d: the tuned build's kernels with a record / with the default schedule; "
-              "trials/kernel: median (min-max) over them; rel.err: against PyTorch.")
-    return "\n".join(_aligned(table) + [legend, "", *_mixed_table(rows), ""] + notes)
-
-
 def _aligned(table: list[list[str]]) -> list[str]:
     widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
 
 
-def _mixed_table(rows: list[dict]) -> list[str]:
-    """The mixed plans (TVM + PyTorch per op) beside every framework, and the issue's targets."""
-    head = ["model", "PyTorch", "torch.compile", "frozen", "ORT", "TVM default", "TVM tuned",
-            "mixed default", "build", "eager here", "mixed tuned", "build", "eager here",
-            "TVM tuned here",
-            "eager/mixed", "best/mixed tuned", "most by costs", "m/p def/tuned",
-            "on PyTorch def/tuned",
-            "rel.err compile/frozen/mixed def/tuned"]
-    table = [head]
-    for row in rows:
-        s = summarize(row)
-        d, t = s["mixed_default"], s["mixed_tuned"]
 
-        def cell(m):
-            return "-" if m is None else f"{_ms(m['ms'])}{' (eager)' if m['runs'] == 'eager' else ''}"
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
 
-        def ratio(m, key):
-            return f"{m[key]:.2f}x" if m and m[key] else "-"
 
-        table.append([row["model"], _ms(s["eager_ms"]), _ms(s["compile_ms"]),
-                      _ms(s["frozen_ms"]), _ms(s["ort_ms"]),
-                      _ms(s["default_ms"]), _ms(s["tuned_ms"]),
-                      cell(d), _ms(d and d["build_ms"]), _ms(d and d["eager_ms"]),
-                      cell(t), _ms(t and t["build_ms"]), _ms(t and t["eager_ms"]),
-                      _ms(t and t["tvm_ms"]),
-                      ratio(d, "eager_speedup"), ratio(t, "best_speedup"),
-                      ratio(t, "bound_gain"),
-                      " / ".join(f"{m['m/p']:.2f}" if m and m["m/p"] else "-" for m in (d, t)),
-                      " / ".join(m["on_torch"] if m else "-" for m in (d, t)),
-                      " / ".join(f"{s['rel_error'][k]:.0e}" if s["rel_error"][k] is not None
-                                 else "-" for k in ("compile", "frozen", "mixed",
-                                                    "mixed tuned"))])
-    legend = ("frozen: torch.compile with Inductor's freezing (weights constant and packed "
-              "once, as PyTorch advises for CPU inference). "
-              "mixed: autoplace.optimize_module over [device, torch:cpu], per op TVM's kernel or "
-              "PyTorch's, without tuning records (default) and with them (tuned); '(eager)': the "
-              "module runs the model eagerly, which measured faster than its build; build: the "
-              "build's own latency; eager here: the model in eager PyTorch in the same process, "
-              "timed turn by turn with the module and its build. eager/mixed: eager here over the "
-              "default mixed module (target >= 0.97x); best/mixed tuned: the faster of eager here "
-              "and TVM tuned here (TVM alone with the records, as a module, timed turn by turn "
-              "with the tuned mixed module, apart from eager) over the tuned mixed module "
-              "(target >= 1.1x); most by costs: the most any placement could gain over TVM "
-              "alone by the plan's costs (TVM alone's predicted latency over the solver's lower "
-              "bound). m/p: the build's "
-              "measured over predicted latency. on PyTorch: nodes placed there.")
-    return _aligned(table) + [legend]
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _err(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0e}"
+
+
+def _fastest(ms: dict, among) -> tuple[str, float] | None:
+    """The fastest of ``among`` (keys of ``ms``) that has a median, and its ms."""
+    timed = [(k, ms[k]) for k in among if ms.get(k)]
+    return min(timed, key=lambda kv: kv[1]) if timed else None
+
+
+def summarize(row: dict) -> dict:
+    """The row's figures as the tables show them (``None`` where a framework failed)."""
+    ms = {k: _get(row, k, "ms") for k in ("torch", "compile", "frozen", "ort")}
+    ms["tvm default"], ms["tvm tuned"] = (_get(row, "tvm", "default", "ms"),
+                                          _get(row, "tvm", "tuned", "ms"))
+    ms["tvm"] = ms["tvm tuned"] or ms["tvm default"]
+    user, single = _fastest(ms, USER), _fastest(ms, SINGLE)
+    export_s, ort_s = _get(row, "torch", "export_s"), _get(row, "ort", "first_s")
+    trials = [k["trials"] for k in (_get(row, "tvm", "kernels") or {}).values()]
+    return {
+        "threads": row.get("threads"), "ms": ms, "fastest_user": user, "fastest_single": single,
+        "first_s": {"torch": _get(row, "torch", "first_s"),
+                    "compile": _get(row, "compile", "first_s"),
+                    "frozen": _get(row, "frozen", "first_s"),
+                    "ort": export_s + ort_s if export_s is not None and ort_s is not None
+                    else None,
+                    "tvm": _get(row, "tvm", "default", "first_s")},
+        "modules": {key: _module(m, user, single) for key, m in (row.get("modules") or {}).items()},
+        "kernels": _get(row, "tvm", "tuned", "kernels"),
+        "trials_per_kernel": ((min(trials), statistics.median_low(trials), max(trials))
+                              if trials else None),
+        "rel_error": {k: _get(row, *path, "rel_error")
+                      for k, path in (("compile", ("compile",)), ("frozen", ("frozen",)),
+                                      ("ort", ("ort",)), ("tvm default", ("tvm", "default")),
+                                      ("tvm tuned", ("tvm", "tuned")))},
+    }
+
+
+def _module(m: dict | None, user, single) -> dict:
+    """One autoplace module's figures, and its speed-ups: the fastest of :data:`USER` over what
+    the module runs, and the fastest single framework (:data:`SINGLE`) over its build."""
+    if not m or "ms" not in m:
+        return {"error": (m or {}).get("error", "no result")}
+    return {"runs": m["runs"], "ms": m["ms"], "build_ms": m["build_ms"],
+            "eager_here_ms": m["eager_here_ms"], "times_ms": m["times_ms"],
+            "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
+            "ops": m["ops"], "first_s": m["first_s"], "first_call_s": m["first_call_s"],
+            "stages_s": m["stages_s"], "other_s": m["optimize_s"] - sum(m["stages_s"].values()),
+            "rel_error": m["rel_error"],
+            "vs_user": user[1] / m["ms"] if user else None,
+            "vs_single": single[1] / m["build_ms"] if single else None}
+
+
+def render(rows: list[dict], args) -> str:
+    pairs = [(row, summarize(row)) for row in rows]
+    all_cores = f"all: {_all_cores()}" if _all_cores() in args.threads else ""
+    return "\n".join([
+        f"Frameworks (ms, medians; device {args.device}; threads: of every framework and of "
+        f"TVM's pool{'; ' + all_cores if all_cores else ''}):",
+        *_frameworks_table(pairs), "",
+        "autoplace (ms, medians; speed-ups: the other's median over autoplace's):",
+        *_autoplace_table(pairs), "",
+        "Time to the first output (s, from the model in memory):", *_first_output_table(pairs),
+        "", "Targets (issue 52; speed-ups as above):", *_targets(pairs), "",
+        *_notes(pairs, args), ""])
+
+
+def _frameworks_table(pairs) -> list[str]:
+    table = [["model", "threads", "eager", "torch.compile", "frozen", "ORT", "TVM default",
+              "TVM tuned", "fastest", "kernels t/d", "trials/kernel",
+              "rel.err compile/frozen/ORT/TVM def/tuned"]]
+    for row, s in pairs:
+        ms, k, tr = s["ms"], s["kernels"], s["trials_per_kernel"]
+        table.append([
+            row["model"], str(s["threads"] or "-"),
+            *(_ms(ms[key]) for key in ("torch", "compile", "frozen", "ort", "tvm default",
+                                       "tvm tuned")),
+            LABELS[s["fastest_single"][0]] if s["fastest_single"] else "-",
+            f"{k['tuned']}/{k['default']}" if k else "-",
+            (f"{tr[1]} ({tr[0]}-{tr[2]})" if tr[0] != tr[2] else f"{tr[0]}") if tr else "-",
+            " / ".join(_err(e) for e in s["rel_error"].values())])
+    return _aligned(table) + [
+        "frozen: torch.compile with Inductor's freezing (weights constant and packed once, as "
+        "PyTorch advises for CPU inference). TVM: the model on --device alone, default "
+        "schedules and, where the store holds records, tuned. fastest: of eager, frozen, ORT "
+        "and TVM alone (the single frameworks of the targets). kernels t/d: the tuned build's "
+        "kernels with a record / with the default schedule; trials/kernel: median (min-max) "
+        "over them; rel.err: against eager."]
+
+
+def _autoplace_table(pairs) -> list[str]:
+    table = [["model", "threads", "autoplace", "runs", "module", "build", "eager here", "m/p",
+              "ops per device", "best/module", "best+TVM/build", "rel.err"]]
+    for row, s in pairs:
+        for key, m in s["modules"].items():
+            if "error" in m:
+                table.append([row["model"], str(s["threads"]), key, "failed (notes)",
+                              *["-"] * 8])
+                continue
+            table.append([
+                row["model"], str(s["threads"]), key, m["runs"], _ms(m["ms"]),
+                _ms(m["build_ms"]), _ms(m["eager_here_ms"]),
+                f"{m['m/p']:.2f}" if m["m/p"] else "-",
+                " ".join(f"{d}:{n}" for d, n in m["ops"].items()),
+                _x(m["vs_user"]), _x(m["vs_single"]), _err(m["rel_error"])])
+    mixes = "; ".join(f"{name}: over [--device, {', '.join(r)}]" for name, r in MIXES.items())
+    return _aligned(table) + [
+        f"defaults: optimize_module(model, inputs) with every default. {mixes}; tuned: with "
+        "the store's records. runs: what the module's calls run (the build, or the whole-model "
+        "contender that measured faster: eager, onnxruntime, torch.compile); module: its "
+        "median; build: the build's own; eager here: eager in the same process, timed turn by "
+        "turn with both; m/p: the build's measured/predicted; ops per device: the plan's. "
+        f"best/module: the fastest of eager, frozen and ORT over the module (target, defaults: "
+        f">= {DEFAULTS_TARGET}x); best+TVM/build: the fastest single framework (those and TVM "
+        f"alone) over the build (target, mix+ORT: >= {MIX_TARGET}x on half the models); "
+        "rel.err: the build's, against eager."]
+
+
+def _first_output_table(pairs) -> list[str]:
+    keys = list(dict.fromkeys(k for _, s in pairs for k in s["modules"]))
+    table = [["model", "threads", "eager", "torch.compile", "frozen", "ORT", "TVM default",
+              *keys]]
+    split = []
+    for row, s in pairs:
+        first, modules = s["first_s"], s["modules"]
+        table.append([row["model"], str(s["threads"] or "-"),
+                      *(_s(first[k]) for k in ("torch", "compile", "frozen", "ort", "tvm")),
+                      *(_s(_get(modules, k, "first_s")) for k in keys)])
+        for key, m in modules.items():
+            if "error" not in m:
+                spent = [*m["stages_s"].items(), ("other", m["other_s"])]
+                split.append(f"  {row['model']}, {s['threads']} thread(s), {key}: "
+                             f"{_s(m['first_s'])} = " + ", ".join(
+                                 f"{label} {_s(v)}" for label, v in spent)
+                             + f"; first call {m['first_call_s'] * 1e3:.3g} ms")
+    return _aligned(table) + [
+        "eager: its first call; torch.compile, frozen: their first call (Inductor compiles); "
+        "ORT: the ONNX export, the session and its first call; TVM default: the Relax module, "
+        "the build and its first call; autoplace: optimize_module and the first call, split "
+        "below by the library's steps as optimize_module called them (TVM costs: calibration "
+        "and TVM's profiles; runtime costs: PyTorch's and ORT's calls timed; contenders: the "
+        "whole-model alternatives timed against the build):", *split]
+
+
+def _targets(pairs) -> list[str]:
+    lines = []
+    for threads in dict.fromkeys(s["threads"] for _, s in pairs if s["threads"]):
+        at = [(row["model"], s["modules"]) for row, s in pairs if s["threads"] == threads]
+
+        def speedups(key, field):
+            return [(model, mods[key][field]) for model, mods in at
+                    if _get(mods, key, field) is not None]
+
+        got = speedups("defaults", "vs_user")
+        lines.append(_target_line(f"{threads} thread(s): defaults >= {DEFAULTS_TARGET}x the "
+                                  "fastest of eager, frozen, ORT, every model",
+                                  got, DEFAULTS_TARGET, len(got)))
+        got = speedups("mix+ORT", "vs_single")
+        lines.append(_target_line(f"{threads} thread(s): mix+ORT build >= {MIX_TARGET}x the "
+                                  "fastest single framework, half the models",
+                                  got, MIX_TARGET, math.ceil(len(got) / 2)))
+        for model, speedup in speedups("mix+ORT tuned", "vs_single"):
+            if model in TUNED_TARGETS:
+                lines.append(_target_line(f"{threads} thread(s): mix+ORT tuned build on {model} "
+                                          f">= {TUNED_TARGETS[model]}x the fastest single",
+                                          [(model, speedup)], TUNED_TARGETS[model], 1))
+        mp = [(f"{model} {key}", m["m/p"]) for model, mods in at for key, m in mods.items()
+              if key != "defaults" and m.get("m/p")]
+        ok = [name for name, r in mp if abs(r - 1) <= MP_TOLERANCE]
+        lines.append(f"{threads} thread(s): mixes' measured/predicted within ±"
+                     f"{MP_TOLERANCE:.0%}: {len(ok)}/{len(mp)} builds"
+                     + (f" {'PASS' if len(ok) == len(mp) else 'FAIL'}" if mp else " (none)"))
+    return lines
+
+
+def _target_line(label: str, got: list[tuple[str, float]], target: float, need: int) -> str:
+    """``label: k/n models (each's speed-up) PASS`` where at least ``need`` of ``got`` (model,
+    speed-up) reach ``target``."""
+    if not got:
+        return f"{label}: no figures"
+    ok = sum(r >= target for _, r in got)
+    return (f"{label}: {ok}/{len(got)} ({', '.join(f'{m} {r:.2f}x' for m, r in got)}) "
+            f"{'PASS' if ok >= need else 'FAIL'}")
+
+
+def _notes(pairs, args) -> list[str]:
+    notes, seen = [], set()
+    for row, s in pairs:
+        if row["model"] not in seen:
+            seen.add(row["model"])
+            description = _get(row, "torch", "description")
+            notes.append(f"{row['model']}: {description}" if description else row["model"])
+            if "tvm" in row:
+                notes.append(f"  tuning: {_tuning_note(row, args)}")
+        at = f"  at {s['threads']} thread(s), " if s["threads"] else "  "
+        for label, msg in (("failed", row.get("error")), ("PyTorch", _get(row, "torch", "error")),
+                           ("ONNX Runtime", _get(row, "ort", "error")),
+                           ("torch.compile", _get(row, "compile", "error")),
+                           ("torch.compile (freezing)", _get(row, "frozen", "error")),
+                           ("TVM", _get(row, "tvm", "error")),
+                           *((f"autoplace {key}", m.get("error"))
+                             for key, m in s["modules"].items())):
+            if msg:
+                notes.append(f"{at}{label}: {msg}")
+        for key, m in s["modules"].items():
+            if m.get("times_ms"):
+                notes.append(f"{at}{key} runs {m['runs']}; optimize_module timed, turn by "
+                             "turn: " + ", ".join(f"{k} {_ms(v)} ms"
+                                                  for k, v in m["times_ms"].items()))
+        lines = _bottlenecks(row)
+        if lines:
+            total = sum(v["s"] for v in row["tvm"]["breakdown"].values())
+            notes.append(f"{at}slowest kernels of the tuned TVM build (instrumented run "
+                         f"{total * 1e3:.3g} ms; share, time per run, calls, rate, tuning):")
+            notes += lines
+    return notes
+
+
+def _all_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _thread_counts(text: str) -> list[int]:
+    """``"1,all"`` -> ``[1, this machine's cores]``, each count once, in order."""
+    counts: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            n = _all_cores() if part == "all" else int(part)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: a thread count is a positive integer "
+                                             "or 'all'")
+        if n not in counts:
+            counts.append(n)
+    return counts
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[3:6]))
+                                 epilog="\n".join(__doc__.splitlines()[8:11]))
     ap.add_argument("--models", nargs="+", default=list(COMPARED), metavar="NAME",
                     help=f"any of {', '.join(_models.NAMES)} (default: {', '.join(COMPARED)})")
+    ap.add_argument("--threads", type=_thread_counts, default=[1], metavar="N[,N...]",
+                    help="thread counts, each a row: integers or 'all' (this machine's cores), "
+                         "e.g. 1,all (default 1)")
     ap.add_argument("--trials", type=int, default=64,
                     help="trials per kernel to tune up to (default 64)")
     ap.add_argument("--minutes", type=float, default=20.0,
-                    help="tuning budget per model; 0: tune nothing, use the records as they are")
+                    help="tuning budget per model; 0: tune nothing, use the records as they are "
+                         "(none: no tuned builds)")
     ap.add_argument("--db", type=Path, default=Path("out/vs_frameworks.db"),
                     help="profile store whose tuning records (<db>.tuning/) are used and extended "
                          "(default out/vs_frameworks.db)")
     ap.add_argument("--device", default="cpu:0:native",
                     help="the CPU TVM builds and tunes for: cpu:N:native (LLVM for this host's "
                          "CPU, the default) or cpu:N (generic x86-64); records are per target")
-    ap.add_argument("--threads", type=int, default=1, help="threads of every framework (default 1)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per framework")
     ap.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
     ap.add_argument("--work", type=Path, help="keep each model's files and logs here")
@@ -694,8 +925,8 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in _models.NAMES]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(_models.NAMES)}")
-    if args.trials < 1 or args.threads < 1 or args.repeats < 1:
-        ap.error("--trials, --threads and --repeats must be at least 1")
+    if args.trials < 1 or args.repeats < 1:
+        ap.error("--trials and --repeats must be at least 1")
     from autoplace import Device
 
     try:
@@ -710,23 +941,29 @@ def main(argv=None) -> int:
 
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     say(f"uptime: {uptime}")
-    say(f"device {args.device}, threads {args.threads}, up to {args.trials} trials per kernel, "
-        f"{args.minutes:g} min of tuning per model, records in {args.db}.tuning")
+    say(f"device {args.device}, threads {', '.join(map(str, args.threads))}, up to "
+        f"{args.trials} trials per kernel, {args.minutes:g} min of tuning per model, records in "
+        f"{args.db}.tuning")
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs_frameworks-") as tmp:
         root = args.work.resolve() if args.work else Path(tmp)
         for name in args.models:
             t0 = time.perf_counter()
             try:
-                row = bench_model(name, args, root / name.replace(":", "_"), say)
+                got = bench_model(name, args, root / name.replace(":", "_"), say)
             except Exception as e:  # noqa: BLE001 - one model's failure must not end the table
-                row = {"model": name, "error": _summary(e)}
-            row["wall_s"] = time.perf_counter() - t0
-            say(f"{name}: done in {row['wall_s']:.0f} s")
-            rows.append(row)
+                got = [{"model": name, "error": _summary(e)}]
+            wall = time.perf_counter() - t0
+            for row in got:
+                row["model_wall_s"] = wall
+            say(f"{name}: done in {wall:.0f} s")
+            rows += got
+    uptime_after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    say(f"uptime: {uptime_after}")
     if args.json:
-        print(json.dumps({"uptime": uptime, "device": args.device, "threads": args.threads,
-                          "trials": args.trials, "minutes": args.minutes, "db": str(args.db),
+        print(json.dumps({"uptime": uptime, "uptime_after": uptime_after, "device": args.device,
+                          "threads": args.threads, "trials": args.trials,
+                          "minutes": args.minutes, "db": str(args.db),
                           "rows": [{**r, "summary": summarize(r)} for r in rows]}, indent=1))
     else:
         print()

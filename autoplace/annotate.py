@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoplace.devices import Device
+from autoplace.devices import Device, runtime_threads
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 from autoplace.plan import Plan
 
@@ -169,6 +169,7 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
         return cls(var.name, ty)
 
     span_at = _ort_spans(func, plan)  # binding position -> its ORT segment
+    ort_threads = plan.threads or runtime_threads(plan.devices)
     position_now = -1
     binding_iter = iter_bindings(func)
     for block in func.body.blocks:
@@ -190,7 +191,7 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                     k = dev_of_node[span.nodes[0]]
                     args = [placed(v, k, out) for v in span.inputs]
                     types = [with_vdevice(v.ty, k) for v in span.outputs]
-                    call = _ort_call(mod, span, func_name, args, types)
+                    call = _ort_call(mod, span, func_name, args, types, ort_threads)
                     if len(types) == 1:
                         nv = fresh(span.outputs[0], types[0])
                         out.append(relax.VarBinding(nv, call))
@@ -304,15 +305,15 @@ def _ort_spans(func, plan: Plan) -> dict:
     return {p: span for span in cut(func, on) for p in range(span.first, span.stop)}
 
 
-def _ort_call(mod, span, func_name: str, args, types):
-    """The call of ``span`` as a registered ORT session, at the graph optimization level that
-    ran it fastest here."""
+def _ort_call(mod, span, func_name: str, args, types, threads: int = 1):
+    """The call of ``span`` as a registered ORT session on ``threads`` intra-op threads, at the
+    graph optimization level that ran it fastest here."""
     from autoplace.backend.ort_segments import fastest_level, register, relax_call
     from autoplace.graph.segments import export
 
     segment = export(mod, span, func_name)
-    level, _ = fastest_level(segment, runs=5)
-    return relax_call(register(segment, 1, level), args, types)
+    level, _ = fastest_level(segment, threads, runs=5)
+    return relax_call(register(segment, threads, level), args, types)
 
 
 def _is_tensor(expr) -> bool:

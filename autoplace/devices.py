@@ -305,6 +305,49 @@ class Device:
                       "unsupported_ops": frozenset(d.get("unsupported_ops", ()))})
 
 
+def local_devices(runtimes: bool = True) -> list[Device]:
+    """This machine's devices, as a caller who names none gets them: its CPU, its first GPU
+    where TVM sees one, and (``runtimes``) a device per runtime installed here: PyTorch's
+    kernels (``torch:cpu``) where PyTorch is, ONNX Runtime's (``ort:cpu``) where onnxruntime
+    and PyTorch (which exports its segments) are."""
+    import tvm
+
+    devices = [Device.cpu(0)]
+    if tvm.cuda(0).exist:
+        devices.append(Device.cuda(0))
+    if runtimes and _installed("torch"):
+        devices.append(Device.torch())
+        if _installed("onnxruntime"):
+            devices.append(Device.onnxruntime())
+    return devices
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (found, not blocked), without importing it."""
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def runtime_threads(devices) -> int:
+    """The intra-op threads an ONNX Runtime device's calls run at in a plan over ``devices``:
+    where one TVM CPU device is the only one, every core this process may use (as eager
+    PyTorch and ONNX Runtime run by default); with several, each CPU device is a share of the
+    cores, and a runtime call runs on one thread."""
+    cpus = {d.index for d in devices if d.runtime == "tvm" and not d.is_gpu}
+    if len(cpus) != 1:
+        return 1
+    from autoplace.backend.threads import process_cpus
+
+    return max(1, len(process_cpus()))
+
+
 def _on_host(name: str, host: str | None) -> str:
     """A device's default name: ``name``, prefixed by its host's (``"node1-cpu0"``)."""
     return name if host is None else f"{host}-{name}"

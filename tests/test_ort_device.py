@@ -125,7 +125,10 @@ def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
 
 def test_optimize_over_three_runtimes_puts_a_segment_on_ort_and_matches_eager(branchy):
     model, x, mod, graph = branchy
-    res = autoplace.optimize(mod, DEVICES, cost_model=RooflineCostModel(), calibrate=False,
+    # TVM's CPU slow (roofline costs) and no conv on PyTorch: the convs must go to ORT
+    devices = [Device.cpu(0, peak_flops=1e6), Device.torch(unsupported_ops={"nn.conv2d"}),
+               Device.onnxruntime()]
+    res = autoplace.optimize(mod, devices, cost_model=RooflineCostModel(), calibrate=False,
                              db=None, pins=[("op:nn.max_pool2d", "cpu0")])
     assert "ort" in res.plan.assignment and res.plan.assignment[
         next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")] == "cpu0"
@@ -218,3 +221,31 @@ def test_ort_costs_and_edge_are_stored_in_the_profile_and_read_back(branchy, tmp
     for i, s in first.ops.items():  # each op: its workload's mean in context
         same = graph.workloads()[graph.nodes[i].workload_key]
         assert again.ops[i] == pytest.approx(np.mean([first.ops[k] for k in same]))
+
+
+def test_a_saved_module_with_ort_segments_loads_and_runs_in_a_new_process(branchy, tmp_path):
+    import subprocess
+    import textwrap
+
+    model, x, _, _ = branchy
+    m = autoplace.optimize_module(model, (x,), [Device.cpu(0, peak_flops=1e6),
+                                                Device.onnxruntime()],
+                                  cost_model=RooflineCostModel(), calibrate=False, db=None,
+                                  eager_fallback=False)
+    assert "ort" in m.plan.assignment and m.runs == "build"
+    path = tmp_path / "m.apmod"
+    m.save(path)
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "want.npy", _want(model, x))
+    script = textwrap.dedent(f"""
+        import numpy as np, torch, autoplace
+        m = autoplace.load_module({str(path)!r})
+        x = torch.from_numpy(np.load({str(tmp_path / 'x.npy')!r}))
+        got = m(x).numpy()
+        np.testing.assert_allclose(got, np.load({str(tmp_path / 'want.npy')!r}), rtol=1e-4,
+                                   atol=1e-5)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

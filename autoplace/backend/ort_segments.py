@@ -34,8 +34,9 @@ PREFIX = "autoplace.ort_segment."
 LEVELS = ("all", "extended", "basic")
 _ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
 
-# id -> session function. Kept for the life of the process: builds call the functions by name.
-_REGISTRY: dict[str, object] = {}
+# global name -> (segment, threads, level). Kept for the life of the process: builds call the
+# functions by name.
+_REGISTRY: dict[str, tuple] = {}
 
 
 class OrtSegmentError(RuntimeError):
@@ -73,18 +74,56 @@ class OrtSegment:
     def session(self, threads: int = 1, level: str = "all"):
         """An ORT CPU session of the segment on ``threads`` intra-op threads at graph
         optimization ``level`` (:data:`LEVELS`)."""
-        return _session(self.onnx, threads, level)
+        return session(self.onnx, threads, level)
 
 
-def _session(model: bytes, threads: int, level: str, profile_prefix: str | None = None,
-             optimized: str | None = None):
+def onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
+    """``module`` (a ``torch.nn.Module``) traced on ``inputs`` (torch tensors) and exported to
+    ONNX by PyTorch's TorchScript-based exporter (the one that needs no onnxscript), with
+    ``kwargs`` (``input_names``, ``output_names``, ...). Quiet: its deprecation and tracer
+    warnings are not shown, and its log, which it turns on for good and prints a failed graph
+    to, is kept as it was."""
+    import contextlib
+    import io
+    import warnings
+    from unittest import mock
+
+    import torch
+
+    exporter = getattr(getattr(torch.onnx, "_internal", None), "torchscript_exporter", None)
+    quiet = (mock.patch.object(exporter.utils, "setup_onnx_logging",
+                               lambda verbose: contextlib.nullcontext())
+             if hasattr(getattr(exporter, "utils", None), "setup_onnx_logging")
+             else contextlib.nullcontext())
+    logging_was = torch._C._jit_is_onnx_log_enabled()
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), quiet, torch.no_grad():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the exporter is legacy
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            torch.onnx.export(module, tuple(inputs), buf, dynamo=False, **kwargs)
+    finally:
+        torch._C._jit_set_onnx_log_enabled(logging_was)
+    return buf.getvalue()
+
+
+def session(model: bytes, threads: int, level: str, profile_prefix: str | None = None,
+            optimized: str | None = None):
+    """An ORT session of ONNX ``model`` on the CPU execution provider: ``threads`` intra-op
+    threads that sleep between calls, one inter-op thread, graph optimization ``level`` (one of
+    :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``); profiled into files of
+    ``profile_prefix`` where given, its optimized graph saved at ``optimized`` where given."""
     import onnxruntime as ort
 
+    level = level.removeprefix("ORT_ENABLE_").lower()
     if level not in LEVELS:
         raise ValueError(f"graph optimization level {level!r}: one of {LEVELS}")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
+    # idle threads sleep between calls: spinning, they take the cores TVM's kernels and
+    # PyTorch's calls need next
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                             f"ORT_ENABLE_{level.upper()}")
     opts.log_severity_level = 3
@@ -103,9 +142,9 @@ def scope(node: str) -> str:
 
 def op_of(onnx_node: str, ops: Sequence[str]) -> str | None:
     """The op (of ``ops``) an ONNX node name of the exported graph, or of ORT's optimized graph
-    (which keeps the name of the node a fused node grew from), was traced under; None for the
-    nodes ORT adds (layout reorders)."""
-    m = re.match(r"/(op_[^/]+)/", onnx_node)
+    (which keeps the name of a node a fused node grew from: ``"fused /op_x/MatMul/..."``), was
+    traced under; None for the nodes ORT adds (layout reorders)."""
+    m = re.search(r"/(op_[^/]+)/", onnx_node)
     if not m:
         return None
     scopes = {scope(o): o for o in ops}
@@ -127,8 +166,31 @@ def register(segment: OrtSegment, threads: int = 1, level: str = "all") -> str:
     if name not in _REGISTRY:
         fn = _function(segment, segment.session(threads, level))
         tvm.register_global_func(name, fn, override=True)
-        _REGISTRY[name] = fn
+        _REGISTRY[name] = (segment, threads, level)
     return name
+
+
+def called(mod) -> list[str]:
+    """The global names of the ORT segments module ``mod`` (or its text) calls, sorted."""
+    return sorted(set(re.findall(re.escape(PREFIX) + r"[0-9a-f]{16}_\d+_[a-z]+", str(mod))))
+
+
+def saved(name: str) -> tuple[bytes, dict]:
+    """What brings registered segment ``name`` back in another process
+    (:func:`register_saved`): its ONNX model, and the rest as JSON."""
+    if name not in _REGISTRY:
+        raise KeyError(f"{name} is no ORT segment registered in this process")
+    seg, threads, level = _REGISTRY[name]
+    return seg.onnx, {"inputs": [[list(s), d] for s, d in seg.inputs],
+                      "outputs": [[list(s), d] for s, d in seg.outputs], "ops": list(seg.ops),
+                      "threads": threads, "level": level}
+
+
+def register_saved(onnx: bytes, spec: Mapping) -> str:
+    """Register again a segment :func:`saved` gave; returns its global name (the same)."""
+    seg = OrtSegment(onnx, tuple((tuple(s), d) for s, d in spec["inputs"]),
+                     tuple((tuple(s), d) for s, d in spec["outputs"]), tuple(spec["ops"]), {})
+    return register(seg, int(spec["threads"]), str(spec["level"]))
 
 
 def relax_call(name: str, args, outputs):
@@ -210,7 +272,7 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
     with tempfile.TemporaryDirectory() as tmp:
         optimized = os.path.join(tmp, "optimized.onnx")
-        sess = _session(segment.onnx, threads, level, os.path.join(tmp, "ort"), optimized)
+        sess = session(segment.onnx, threads, level, os.path.join(tmp, "ort"), optimized)
         owners = _owners(optimized, segment.ops)
         names = [i.name for i in sess.get_inputs()]
         feed = dict(zip(names, feeds))
@@ -224,8 +286,8 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
         path = sess.end_profiling()
         with open(path) as f:
             events = json.load(f)
-    per_op, other = _split(events, segment.ops, runs + 2, skip=2, owners=owners)
-    per_op = _unfused(per_op, segment, weights or {})
+    per_op, other, forward = _split(events, segment.ops, runs + 2, skip=2, owners=owners)
+    per_op = _unfused(per_op, segment, weights or {}, forward)
     # The profiler slows every node down a little: its split, scaled to a call without it.
     whole = profile_whole(segment, threads, level, runs, feeds)
     scale = min(1.0, whole / max(float(np.median(walls)), 1e-12))
@@ -262,13 +324,14 @@ def _owners(optimized: str, ops: Sequence[str]) -> dict[str, str]:
 
 
 def _split(events, ops: Sequence[str], calls: int, skip: int,
-           owners: Mapping[str, str] | None = None) -> tuple[dict, float]:
+           owners: Mapping[str, str] | None = None) -> tuple[dict, float, frozenset]:
     """Per op, its nodes' mean seconds a call over the calls after the first ``skip`` of
-    ``calls`` (with the nodes ``owners`` gives it), and the same of the nodes no op owns."""
+    ``calls`` (with the nodes ``owners`` gives it), the same of the nodes no op owns, and the
+    ops that own a fusion named after them (``"fused ..."``)."""
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     kept = runs[skip:] if len(runs) == calls else runs
     start = min((e["ts"] for e in kept), default=0)
-    per_op, other = dict.fromkeys(ops, 0.0), 0.0
+    per_op, other, forward = dict.fromkeys(ops, 0.0), 0.0, set()
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") \
                 or e.get("ts", 0) < start:
@@ -280,22 +343,29 @@ def _split(events, ops: Sequence[str], calls: int, skip: int,
             other += seconds
         else:
             per_op[op] += seconds
-    return per_op, other
+            if node.startswith("fused "):
+                forward.add(op)
+    return per_op, other, frozenset(forward)
 
 
-def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float]) -> dict:
-    """``per_op`` with each fused node's time shared back (:func:`profile`)."""
+def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float],
+             forward: frozenset = frozenset()) -> dict:
+    """``per_op`` with each fused node's time shared back (:func:`profile`): an op of
+    ``forward`` (its node a fusion named after its first op, ``"fused <node>"``) shares with the
+    ops right after it that kept no node of their own, any other with those right before it."""
     out, ops = dict(per_op), list(segment.ops)
-    for k, op in enumerate(ops):
-        if per_op[op] <= 0:
-            continue
+    claimed = set()
+    timed = [k for k, op in enumerate(ops) if per_op[op] > 0]
+    for k in sorted(timed, key=lambda k: ops[k] not in forward):  # fusions first
+        op = ops[k]
         group = [op]
-        for prev in reversed(ops[:k]):
-            if per_op[prev] > 0 or not segment.onnx_nodes.get(prev):
-                if segment.onnx_nodes.get(prev):
-                    break
+        for other in (ops[k + 1:] if op in forward else reversed(ops[:k])):
+            if not segment.onnx_nodes.get(other):
                 continue  # folded into a constant at export: no share
-            group.append(prev)
+            if per_op[other] > 0 or other in claimed:
+                break
+            group.append(other)
+        claimed.update(group)
         w = np.array([max(float(weights.get(o, 1.0 if not weights else 0.0)), 0.0)
                       for o in group]) + 1e-12
         for o, share in zip(group, w / w.sum()):

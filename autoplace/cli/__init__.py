@@ -14,7 +14,7 @@ __all__ = ["build_parser", "main"]
 
 
 EPILOG = """examples:
-  autoplace demo                        # optimize a zoo model over two CPU devices, build, run it
+  autoplace demo                        # place a zoo model over this machine's runtimes, run it
   autoplace optimize --model zoo:inception --device cpu:0 --device cpu:1
   autoplace optimize --model model.onnx --objective throughput --run 64   # run the pipeline
   autoplace report --model zoo:inception --out report/                   # plots of the plan
@@ -48,13 +48,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_specs(objective: str) -> list[str]:
+    """The devices of ``demo`` and ``optimize`` when none is named: for a latency plan, this
+    machine's CPU and GPU and the runtimes installed here (``torch:cpu``, ``ort:cpu``:
+    :func:`autoplace.devices.local_devices`); a pipeline, over two shares of the CPU."""
+    if objective != "latency":
+        return ["cpu:0", "cpu:1"]
+    from autoplace.devices import local_devices
+
+    return [d.spec for d in local_devices()]
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command in ("demo", "optimize") and args.device is None:
-        args.device = ["cpu:0", "cpu:1"]
+        args.device = default_specs(args.objective)
     from autoplace import InfeasibleError, PlanError, UnsupportedModelError
     from autoplace.profile import DeviceUnavailable
     from autoplace.profile.measurements import ProfileStoreError

@@ -11,7 +11,7 @@ import numpy as np
 from autoplace.cli import options
 
 EPILOG_DEMO = """examples:
-  autoplace demo                       # resnet (or branchy_cnn without torch) over two CPU devices
+  autoplace demo                       # resnet over this machine's CPU and runtimes (torch, ORT)
   autoplace demo --model zoo:inception --objective latency
 """
 EPILOG_OPTIMIZE = """examples:
@@ -151,12 +151,12 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
 
     profiled = args.no_profile or not res.cost_model.startswith("roofline")  # asked for roofline
     tuned = kernels.get("tuned", 0) > 0
-    if profiled and tuned:
+    if profiled and (tuned or not kernels.get("default", 0)):  # (no TVM kernel to tune)
         return None
     spec = args.model or options.default_model()
     every = " ".join(f"--device {d}" for d in args.device)
-    devs = " ".join(f"--device {d}" for d in args.device  # PyTorch's kernels are not tuned
-                    if not d.strip().startswith("torch"))
+    devs = " ".join(f"--device {d}" for d in args.device  # a runtime's kernels are not tuned
+                    if not d.strip().startswith(("torch", "ort", "onnxruntime")))
     db = getattr(args, "db", None) or "prof.db"
     steps, seconds = [], 0.0
     if not profiled:
@@ -179,6 +179,13 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
 
 
 def _cmd_demo(args) -> int:
+    spec = args.model or options.default_model()
+    if args.objective == "latency" and spec.startswith("zoo:") and _torch_installed():
+        from autoplace import zoo
+
+        found = zoo.torch_model(spec[4:])
+        if found is not None:  # as a PyTorch user runs it: against eager and ONNX Runtime
+            return _demo_pytorch(args, spec, *found)
     out = _optimize_and_run(args)
     rep = out["report"]
     print(f"model {out['model']}: {out['graph']}")
@@ -194,6 +201,46 @@ def _cmd_demo(args) -> int:
         f" with {plan.threads} TVM threads" if plan.threads else "")
     print(f"compiled the plan ({used}) and ran: max |difference| from the single-device "
           f"build = {rep['max_abs_err_vs_single_device']:.3g}")
+    return 0
+
+
+def _torch_installed() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _demo_pytorch(args, spec: str, model, inputs) -> int:
+    """``optimize_module`` of zoo model ``spec`` (a PyTorch model) over ``--device`` (this
+    machine's CPU and runtimes by default): the plan, what it measured against eager and ONNX
+    Runtime on the whole model, which runs, and its outputs against eager's."""
+    import torch
+
+    from autoplace.pytorch import optimize_module
+
+    devices = options.devices(args.device)
+    t0 = time.perf_counter()
+    module = optimize_module(
+        model, inputs, devices, solver=args.solver, time_limit=args.time_limit,
+        pins=options.rules(args.rule), cost_model=options.cost_model(args),
+        baseline_guard=not getattr(args, "no_guard", False), calibrate=not args.no_calibrate,
+        db=None if args.no_profile else "auto")
+    took = time.perf_counter() - t0
+    with torch.inference_mode():
+        got, want = module(*inputs), model(*inputs)
+    err = float((got - want).abs().max())
+    print(f"model {spec}: {module.result.graph.summary()}")
+    print(module.summary())
+    if module.times:
+        print("per call, measured here turn by turn: " + ", ".join(
+            f"{name} {s * 1e3:.3f} ms" for name, s in sorted(module.times.items(),
+                                                               key=lambda kv: kv[1])))
+    used = ", ".join(d.name for d in module.plan.used_devices())
+    print(f"optimized and built in {took:.1f} s; the module runs {module.runs}"
+          + (f" (the plan on {used})" if module.runs == "build" else "")
+          + f": max |difference| from eager = {err:.3g}")
     return 0
 
 
@@ -233,7 +280,8 @@ def _cmd_optimize(args) -> int:
 
 def register_cli(sub) -> None:
     """Add the ``demo`` and ``optimize`` subcommands to an argparse subparsers object."""
-    p = sub.add_parser("demo", help="optimize a zoo model over two CPU devices, build and run it",
+    p = sub.add_parser("demo", help="place a zoo model over this machine's CPU and runtimes, run "
+                                    "it against eager PyTorch and ONNX Runtime",
                        epilog=EPILOG_DEMO, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_run_options(p)
     p.set_defaults(func=_cmd_demo, device=None)

@@ -74,8 +74,10 @@ def cost_model(args):
 def add_run_options(p):
     p.add_argument("--model", help=model_help())
     p.add_argument("--device", action="append",
-                   help="cpu:N (built for this host's CPU), cpu:N:generic (generic x86-64) or "
-                        "cuda:N; repeat for each device")
+                   help="cpu:N (built for this host's CPU), cpu:N:generic (generic x86-64), "
+                        "cuda:N, torch:cpu (PyTorch's kernels), ort:cpu (ONNX Runtime); repeat "
+                        "for each device (default: cpu:0 and the runtimes installed here; "
+                        "cpu:0 and cpu:1 for --objective throughput)")
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--contiguous", action=argparse.BooleanOptionalAction, default=True,
                    help="throughput: one stage per device, the devices a chain (the default; "

@@ -10,12 +10,11 @@ and ORT rewrites the segment as a whole.
 
 from __future__ import annotations
 
-import io
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoplace.backend.ort_segments import OrtSegment, OrtSegmentError, random_inputs, scope
+from autoplace.backend.ort_segments import (OrtSegment, OrtSegmentError, onnx_export,
+                                            random_inputs, scope)
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 
 
@@ -129,19 +128,15 @@ def export(mod, span: Span, func_name: str = "main") -> OrtSegment:
     module = _Segment(steps, consts, span.inputs, span.outputs)
     inputs = tuple(_sig(v) for v in span.inputs)
     args = tuple(torch.from_numpy(a) for a in random_inputs(inputs))
-    buf = io.BytesIO()
     names = [f"in{i}" for i in range(len(span.inputs))]
     outs = [f"out{i}" for i in range(len(span.outputs))]
     try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(module, args, buf, dynamo=False, input_names=names,
-                              output_names=outs, opset_version=17)
+        model = onnx_export(module, args, input_names=names, output_names=outs,
+                            opset_version=17)
     except Exception as e:  # noqa: BLE001 - the exporter fails in many ways; name the ops
         ops = ", ".join(f"{n} ({graph.node(n).op_type})" for _, n, _, _ in steps if n)
         raise OrtSegmentError(f"the ONNX export of the segment of {ops} failed: "
                               f"{type(e).__name__}: {str(e).strip()[:300]}") from e
-    model = buf.getvalue()
     ops = tuple(n for _, n, _, _ in steps if n)
     return OrtSegment(model, inputs, tuple(_sig(v) for v in span.outputs), ops, _onnx_nodes(model, ops))
 

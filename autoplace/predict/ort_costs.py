@@ -3,7 +3,8 @@ in context (:func:`autoplace.profile.ort_timings.time_ort_device`).
 
 A node the device runs costs what its nodes took in its segment's optimized graph; entering and
 leaving a segment is charged on the links between the device and TVM's (:meth:`edge_s`), not
-per node: a longer segment pays it fewer times. TVM devices cannot run a PyTorch call, and the
+per node: a longer segment pays it fewer times (the model's own inputs and outputs, which cross
+no link, in the cost of the nodes that read or give them). TVM devices cannot run a PyTorch call, and the
 device runs nothing it could not export (``inf``).
 """
 
@@ -42,7 +43,14 @@ class OrtCostModel:
         if len(self.timings.ops) != len(graph.nodes):
             raise ValueError("these ORT timings are of another model: "
                              "time_ort_device(mod, graph, device) first")
-        return np.array([self.timings.ops[i] for i in range(len(graph.nodes))], dtype=float)
+        cost = np.array([self.timings.ops[i] for i in range(len(graph.nodes))], dtype=float)
+        # the model's own inputs and outputs enter and leave a segment too (no link charges
+        # them): at each input's first consumer, and at each output
+        for gin in graph.inputs:
+            if gin.consumers and not gin.is_weight:
+                cost[gin.consumers[0]] += self.edge_s
+        cost[[n.index for n in graph.nodes if n.is_output]] += self.edge_s
+        return cost
 
     def fused_cost(self, graph: OpGraph, device: Device, chain) -> float:
         """ORT fuses in its own graph: no chain is charged as one call."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoplace.devices import Device
+from autoplace.devices import Device, runtime_threads
 from autoplace.graph import OpGraph
 from autoplace.pricing.auto import fingerprints
 from autoplace.pricing.prices import Prices, check_runnable
@@ -126,8 +126,9 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
             if mod is None:
                 raise ValueError(f"{d.name}: pricing an ONNX Runtime device needs the module")
             store = db if isinstance(db, (str, Path)) and str(db) != "auto" else None
-            models[d.name] = OrtCostModel(time_ort_device(mod, graph, d, func_name=func_name,
-                                                          db=store))
+            models[d.name] = OrtCostModel(time_ort_device(
+                mod, graph, d, func_name=func_name, db=store,
+                threads=runtime_threads(tvm_devices)))
             continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
         timings = time_torch_device(graph, d, callers=callers, chains=chains,

@@ -115,7 +115,8 @@ class AutoplaceBackend:
             if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
                 raise NotImported("the graph writes into its inputs or buffers")
             res = optimize(from_exported(exported),
-                           self.devices if self.devices is not None else default_devices(),
+                           self.devices if self.devices is not None else default_devices(
+                               self.optimize_kwargs.get("objective", "latency")),
                            **self.optimize_kwargs)
             module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                                      result=res)
@@ -312,7 +313,9 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     Parameters
     ----------
     devices : sequence of Device, optional
-        Where ops may run. Default: this machine's CPU, plus its GPU where TVM sees one.
+        Where ops may run. Default: this machine's CPU, its GPU where TVM sees one, and the
+        runtimes installed here (PyTorch's kernels, ONNX Runtime's):
+        :func:`~autoplace.pytorch.module.default_devices`.
     strict : bool
         Raise instead of running a graph in PyTorch.
     eager_fallback : bool

@@ -27,8 +27,9 @@ from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
 from autoplace.backend import own_pool
+from autoplace.backend.ort_segments import onnx_export, session
 from autoplace.backend.torch_bridge import called, missing
-from autoplace.devices import Device
+from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
 from autoplace.run.compile import flat_tensors
@@ -64,12 +65,11 @@ class TensorSpec:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}] on {self.device}"
 
 
-def default_devices() -> list[Device]:
-    """This machine's CPU, and its first GPU where TVM sees one."""
-    devices = [Device.cpu(0)]
-    if tvm.cuda(0).exist:
-        devices.append(Device.cuda(0))
-    return devices
+def default_devices(objective: str = "latency") -> list[Device]:
+    """This machine's CPU, its first GPU where TVM sees one, and, for a latency plan, the
+    runtime devices installed here (PyTorch's kernels; ONNX Runtime's where it is installed):
+    :func:`autoplace.devices.local_devices`."""
+    return local_devices(runtimes=objective == "latency")
 
 
 #: The build is kept unless the model in PyTorch measured faster than this fraction of it.
@@ -85,7 +85,9 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     The build is for the static shapes, dtypes and device of ``example_inputs`` (a tensor or a
     sequence of tensors); weights are copied into it as constants (later changes to the model's
     weights are not seen) and it computes no gradients. ``devices`` defaults to this machine's
-    CPU, plus its GPU where TVM sees one; ``optimize_kwargs`` go to :func:`autoplace.optimize`
+    CPU, its GPU where TVM sees one, and the runtimes installed here (PyTorch's kernels, and
+    ONNX Runtime's where onnxruntime is: :func:`default_devices`), so that the plan mixes them
+    per op by cost; ``optimize_kwargs`` go to :func:`autoplace.optimize`
     (``objective``, ``cost_model``, ``db``, ...). The model's training mode is left as it was.
 
     The whole-model alternatives a PyTorch user has are contenders (:func:`contend`): the
@@ -113,7 +115,8 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     eager_s, note = _eager_s(model, inputs)  # first: TVM's pool would slow PyTorch down
     exported = export_torch(model, inputs)
     res = optimize(from_exported(exported),
-                   list(devices) if devices is not None else default_devices(), **optimize_kwargs)
+                   list(devices) if devices is not None else default_devices(
+                       optimize_kwargs.get("objective", "latency")), **optimize_kwargs)
     module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                              exported.call_spec.out_spec, result=res)
     if eager_s is not None:
@@ -267,30 +270,9 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
-    """``model`` exported to ONNX by PyTorch's TorchScript-based exporter (the one that needs no
-    onnxscript), its inputs named ``input0``, ``input1``, ...; quiet: the exporter's
-    deprecation and tracer warnings are not shown (the outputs are checked against eager's),
-    and its log, which it turns on for good and prints a failed graph to, is kept as it was."""
-    import contextlib
-    import warnings
-    from unittest import mock
-
-    exporter = getattr(getattr(torch.onnx, "_internal", None), "torchscript_exporter", None)
-    quiet = (mock.patch.object(exporter.utils, "setup_onnx_logging",
-                               lambda verbose: contextlib.nullcontext())
-             if hasattr(getattr(exporter, "utils", None), "setup_onnx_logging")
-             else contextlib.nullcontext())
-    logging_was = torch._C._jit_is_onnx_log_enabled()
-    buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), quiet:
-            warnings.simplefilter("ignore", DeprecationWarning)  # the exporter is legacy
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            torch.onnx.export(model, tuple(inputs), buf, dynamo=False,
-                              input_names=[f"input{k}" for k in range(len(inputs))])
-    finally:
-        torch._C._jit_set_onnx_log_enabled(logging_was)
-    return buf.getvalue()
+    """``model`` exported to ONNX, its inputs named ``input0``, ``input1``, ... (quiet:
+    :func:`autoplace.backend.ort_segments.onnx_export`)."""
+    return onnx_export(model, inputs, input_names=[f"input{k}" for k in range(len(inputs))])
 
 
 class OrtModel:
@@ -302,15 +284,8 @@ class OrtModel:
     PyTorch's calls after one took several times as long, on the cores they held.)"""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        opts.intra_op_num_threads = threads or torch.get_num_threads()
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
-        self._session = ort.InferenceSession(onnx, opts, providers=["CPUExecutionProvider"])
+        self._session = session(onnx, threads or torch.get_num_threads(), level)
         # The exporter drops an input the model does not read: feed those it kept.
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]
@@ -589,6 +564,15 @@ class AutoplaceModule(torch.nn.Module):
                 "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec),
                 "runs": "build" if ort is None else ONNXRUNTIME,
                 "ort_level": None if ort is None else ort.level}
+        segments = {}  # the ORT segments the build calls, registered again on load
+        if self._saved is not None:
+            segments = self._saved.get("segments", {})
+        else:
+            from autoplace.backend import ort_segments
+
+            segments = {name: ort_segments.saved(name)
+                        for name in ort_segments.called(self._build.mod)}
+        meta["ort_segments"] = {name: spec for name, (_, spec) in segments.items()}
         buf = io.BytesIO()
         np.savez(buf, *[v for v, _ in consts])
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
@@ -598,6 +582,8 @@ class AutoplaceModule(torch.nn.Module):
             z.writestr("constants.npz", buf.getvalue())
             if ort is not None:
                 z.writestr("model.onnx", ort.onnx)
+            for name, (onnx, _) in segments.items():
+                z.writestr(f"ort_segments/{name}.onnx", onnx)
 
 
 def load_module(path: str | os.PathLike) -> AutoplaceModule:
@@ -619,6 +605,8 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
             npz = np.load(io.BytesIO(z.read("constants.npz")))
             arrays = [npz[f"arr_{k}"] for k in range(len(npz.files))]
             onnx = z.read("model.onnx") if meta.get("runs") == ONNXRUNTIME else None
+            segments = {name: (z.read(f"ort_segments/{name}.onnx"), spec)
+                        for name, spec in meta.get("ort_segments", {}).items()}
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as e:
         raise ModuleFileError(f"{path} is not a module saved by autoplace ({e})") from e
     here = {"format": FORMAT, "autoplace": __version__, "tvm": tvm.__version__}
@@ -634,16 +622,32 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
             f"{path} calls {len(lacking)} PyTorch op(s) (ops TVM's importer lacks) that this "
             "process has not registered: a saved library finds them by name, so import the same "
             "model first (autoplace.from_torch or optimize_module) in this process, then load it")
+    if segments:
+        _register_segments(segments, path)
     plan = Plan.from_json(plan_text)
     consts = list(zip(arrays, meta["constant_devices"]))
     build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"])
     inputs = [TensorSpec(tuple(s["shape"]), s["dtype"], s["device"]) for s in meta["inputs"]]
     out_spec = None if meta["outputs"] is None else pytree.treespec_loads(meta["outputs"])
-    module = AutoplaceModule(build, inputs, out_spec,
-                             _saved={"lib": lib, "consts": consts, "meta": meta})
+    module = AutoplaceModule(build, inputs, out_spec, _saved={
+        "lib": lib, "consts": consts, "meta": meta, "segments": segments})
     if onnx is not None:
         _run_saved_onnx(module, onnx, meta["ort_level"], out_spec, path)
     return module
+
+
+def _register_segments(segments: dict, path) -> None:
+    """Register the ONNX Runtime segments a saved build calls (name -> (ONNX model, spec))."""
+    try:
+        from autoplace.backend import ort_segments
+
+        ort_segments.require()
+    except ImportError as e:
+        raise ModuleFileError(f"{path}: its build runs {len(segments)} ONNX Runtime "
+                              f"segment(s), and {e}") from None
+    for name, (onnx, spec) in segments.items():
+        if ort_segments.register_saved(onnx, spec) != name:
+            raise ModuleFileError(f"{path}: ORT segment {name} does not match its saved model")
 
 
 def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, out_spec, path) -> None:

@@ -62,6 +62,19 @@ def load(name: str, seed: int = 0) -> ZooModel:
     raise KeyError(f"no zoo model {name!r}; available: {', '.join(names())}")
 
 
+def torch_model(name: str, seed: int = 0):
+    """Zoo model ``name``, one written in PyTorch, as a ``torch.nn.Module`` in eval mode and its
+    example inputs as torch tensors (the same weights and inputs :func:`load` gives); None for a
+    model written in Relax."""
+    if name not in _TORCH:
+        return None
+    import torch
+
+    model, shapes = _TORCH[name][0](seed)
+    inputs = torch_models.example_inputs(shapes, np.random.default_rng(seed))
+    return model, [torch.from_numpy(x) for x in inputs]
+
+
 def from_spec(spec: str, seed: int = 0) -> ZooModel:
     """``zoo:NAME`` or a path to an ``.onnx`` file (random inputs of the model's input shapes)."""
     if spec.startswith("zoo:"):

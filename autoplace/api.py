@@ -7,7 +7,10 @@ checks the arguments first.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autoplace.annotate import annotate
@@ -167,25 +170,50 @@ def optimize(
     devices, segment_overhead_s = _checked_arguments(
         devices, objective, solver, time_limit, stage_overhead_s, max_stages, segment_overhead_s,
         check_devices)
+    clock = _Steps()
     graph = OpGraph.from_relax(mod, func_name)
     devices, runtime_note = runtime_devices(graph, devices, objective)
     tvm_devices = [d for d in devices if d.runtime == "tvm"]
-    prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name, check_devices,
-                   stage_overhead_s if objective == "throughput" else segment_overhead_s,
-                   calibrate, mixed=competes(devices))
+    with clock("costs of " + ", ".join(d.name for d in tvm_devices)):
+        prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name,
+                       check_devices,
+                       stage_overhead_s if objective == "throughput" else segment_overhead_s,
+                       calibrate, mixed=competes(devices))
     pinned = resolve_pins(graph, devices, pins)
     chains = runtime_chains(graph, devices, pinned)
-    prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
-                                prices.store, chains, mod, func_name)
-    prices = fused_runtime_calls(graph, devices, prices, chains)
-    found = problems(graph, devices, prices, objective, links, pinned, max_stages)
-    options = {"contiguous": True} if objective == "throughput" and contiguous else {}
-    if objective == "throughput":
-        options["replicate"] = replicate
-    solution = solve(found.solved, objective, solver, time_limit=time_limit, **options)
-    choice = choose(graph, devices, prices, found, solution, pinned, objective,
-                    replicate=replicate, baseline_guard=baseline_guard)
-    return _result(mod, graph, prices, choice, func_name, runtime_note)
+    with clock("costs of " + ", ".join(d.name for d in devices[len(tvm_devices):])):
+        prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
+                                    prices.store, chains, mod, func_name)
+        prices = fused_runtime_calls(graph, devices, prices, chains)
+    with clock("solver"):
+        found = problems(graph, devices, prices, objective, links, pinned, max_stages)
+        options = {"contiguous": True} if objective == "throughput" and contiguous else {}
+        if objective == "throughput":
+            options["replicate"] = replicate
+        solution = solve(found.solved, objective, solver, time_limit=time_limit, **options)
+    with clock("guard"):
+        choice = choose(graph, devices, prices, found, solution, pinned, objective,
+                        replicate=replicate, baseline_guard=baseline_guard)
+    with clock("annotate"):
+        res = _result(mod, graph, prices, choice, func_name, runtime_note)
+    return replace(res, steps_s=clock.steps)
+
+
+class _Steps:
+    """Seconds per named step (``with clock("solver"): ...``), in the order they ran; a step
+    with no name (no runtime device) is not kept."""
+
+    def __init__(self):
+        self.steps: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if not name.endswith("of "):
+                self.steps[name] = self.steps.get(name, 0.0) + time.perf_counter() - t
 
 
 def _checked_arguments(devices, objective, solver, time_limit, stage_overhead_s, max_stages,

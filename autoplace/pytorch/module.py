@@ -10,9 +10,10 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -112,16 +113,26 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     >>> m.save("model.apmod"); m2 = autoplace.load_module("model.apmod")
     """
     inputs = _tensors(example_inputs)
+    t = time.perf_counter()
     eager_s, note = _eager_s(model, inputs)  # first: TVM's pool would slow PyTorch down
     exported = export_torch(model, inputs)
-    res = optimize(from_exported(exported),
-                   list(devices) if devices is not None else default_devices(
-                       optimize_kwargs.get("objective", "latency")), **optimize_kwargs)
-    module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
+    mod = from_exported(exported)
+    took = {"eager timed, exported and imported": time.perf_counter() - t}
+    res = optimize(mod, list(devices) if devices is not None else default_devices(
+        optimize_kwargs.get("objective", "latency")), **optimize_kwargs)
+    t = time.perf_counter()
+    build = build_of(res)
+    took["build"] = time.perf_counter() - t
+    module = AutoplaceModule(build, [TensorSpec.of(t) for t in inputs],
                              exported.call_spec.out_spec, result=res)
     if eager_s is not None:
+        t = time.perf_counter()
         contend(module, model, inputs, eager_s, note, eager_fallback=eager_fallback,
                 torch_compile=torch_compile)
+        took["contenders"] = time.perf_counter() - t
+    first = "eager timed, exported and imported"
+    module.result = replace(module.result, steps_s={
+        first: took.pop(first), **module.result.steps_s, **took})
     return module
 
 

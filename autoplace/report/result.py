@@ -54,6 +54,10 @@ class OptimizeResult:
     outside_note: tuple[str, ...] = ()  # per device, the learned costs outside their training
     contenders: tuple[Contender, ...] = ()  # what compile() / pipeline() time against the plan
     expected_error: str = ""  # the prediction's expected error, in words
+    #: Seconds each step of optimize took (its costs, the runtime devices' timing, the solver,
+    #: the guard), and, once built, the build's (``with_step``): where the time to the first
+    #: output goes.
+    steps_s: Mapping[str, float] = field(default_factory=dict)
 
     @functools.cached_property
     def kernels(self) -> dict[str, int]:
@@ -235,8 +239,18 @@ class OptimizeResult:
             from autoplace.report.explain import contenders_note
 
             lines.append(contenders_note(self.contenders))
+        if self.steps_s:
+            lines.append(f"took {sum(self.steps_s.values()):.1f} s: " + ", ".join(
+                f"{k} {v:.1f} s" for k, v in self.steps_s.items()))
         return "\n".join(lines)
 
+
+
+def with_step(res: OptimizeResult, step: str, seconds: float) -> OptimizeResult:
+    """``res`` with ``seconds`` more spent on ``step`` (:attr:`OptimizeResult.steps_s`)."""
+    steps = dict(res.steps_s)
+    steps[step] = steps.get(step, 0.0) + seconds
+    return replace(res, steps_s=steps)
 
 
 def with_measured_baseline(res: OptimizeResult, name: str, seconds: float,

@@ -45,7 +45,7 @@ framework's threads, and TVM's pool):
    build's own latency and its measured/predicted, eager timed turn by turn with both in the
    same process (each call following every other as often), the ops on each device, and the
    time to the first output: ``optimize_module`` and the first call, split where it went (the
-   steps of the library that ``optimize_module`` calls, timed as it calls them: :data:`STAGES`).
+   module's ``result.steps_s``).
 
 Targets (issue 52; printed, not asserted), as speed-ups, the other's median over autoplace's:
 with the defaults, the module runs >= 0.97x the fastest of eager, frozen ``torch.compile`` and
@@ -62,8 +62,6 @@ Weights are random and re-initialised so that outputs are O(1) (``_models.py``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import math
 import os
@@ -97,20 +95,6 @@ DEFAULTS_TARGET = 0.97  # the defaults' module over the fastest of USER
 MIX_TARGET = 1.05  # the untuned mix+ORT's build over the fastest of SINGLE, on half the models
 TUNED_TARGETS = {"bert": 1.15, "resnet18": 1.0, "mobilenet_v3_small": 1.0, "efficientnet_b0": 1.0}
 MP_TOLERANCE = 0.15
-
-#: Where ``optimize_module``'s time goes: (label, module, function) of the library's steps it
-#: calls, each timed as it is called (one the library no longer has is left out; the rest of
-#: the call is "other").
-STAGES = (("eager", "autoplace.pytorch.module", "_eager_s"),
-          ("export", "autoplace.pytorch.module", "export_torch"),
-          ("import", "autoplace.pytorch.module", "from_exported"),
-          ("TVM costs", "autoplace.api", "price"),  # calibration and TVM's profiles among them
-          ("runtime costs", "autoplace.api", "with_runtime_costs"),  # PyTorch and ORT timed
-          ("solve", "autoplace.api", "solve"),
-          ("guard", "autoplace.api", "choose"),
-          ("build", "autoplace.pytorch.module", "build_of"),
-          ("contenders", "autoplace.pytorch.module", "contend"))
-
 
 # ---------------------------------------------------------------------------------------------
 # Workers: each runs in its own process and writes one JSON result.
@@ -255,7 +239,7 @@ def _worker_module(cfg: dict) -> dict:
     (device specs, with the store's tuning records where ``cfg["tuned"]``, else none), or with
     every default where that is None. What the module runs and its latency, the build's own
     latency and prediction, eager beside them, the ops on each device, and the time to the first
-    output split where it went (:data:`STAGES`)."""
+    output, split where it went (``module.result.steps_s``)."""
     import torch
 
     import autoplace
@@ -268,11 +252,9 @@ def _worker_module(cfg: dict) -> dict:
     given = {} if cfg["devices"] is None else {
         "devices": [autoplace.Device.from_spec(s) for s in cfg["devices"]],
         "db": cfg["db"] if cfg["tuned"] else None}
-    stages: dict[str, float] = {}
-    with _stage_clock(stages):
-        t0 = time.perf_counter()
-        m = autoplace.optimize_module(model.module, args, **given)
-        optimize_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    m = autoplace.optimize_module(model.module, args, **given)
+    optimize_s = time.perf_counter() - t0
     with torch.inference_mode():
         t0 = time.perf_counter()
         outs = m(*args)
@@ -289,36 +271,9 @@ def _worker_module(cfg: dict) -> dict:
             "devices": [d.name for d in plan.devices], "ops": dict(Counter(plan.assignment)),
             "plan_threads": plan.threads,
             "kernels": m.result.kernels, "optimize_s": optimize_s, "first_call_s": first_call_s,
-            "first_s": optimize_s + first_call_s, "stages_s": stages,
+            "first_s": optimize_s + first_call_s, "steps_s": dict(m.result.steps_s),
             "rel_error": _models.rel_error([t.numpy() for t in built], ref),
             "module_rel_error": _models.rel_error(_flat_numpy(outs), ref)}
-
-
-@contextlib.contextmanager
-def _stage_clock(spent: dict[str, float]):
-    """Within: each function of :data:`STAGES` adds the seconds its calls take to
-    ``spent[label]`` (the library's functions are put back after)."""
-    patched = []
-    for label, module_name, name in STAGES:
-        module = importlib.import_module(module_name)
-        fn = getattr(module, name, None)
-        if fn is None:
-            continue
-
-        def timed(*a, _fn=fn, _label=label, **kw):
-            t = time.perf_counter()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t
-
-        setattr(module, name, timed)
-        patched.append((module, name, fn))
-    try:
-        yield spent
-    finally:
-        for module, name, fn in patched:
-            setattr(module, name, fn)
 
 
 def _device(cfg: dict):
@@ -706,7 +661,7 @@ def _module(m: dict | None, user, single) -> dict:
             "eager_here_ms": m["eager_here_ms"], "times_ms": m["times_ms"],
             "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
             "ops": m["ops"], "first_s": m["first_s"], "first_call_s": m["first_call_s"],
-            "stages_s": m["stages_s"], "other_s": m["optimize_s"] - sum(m["stages_s"].values()),
+            "steps_s": m["steps_s"], "other_s": m["optimize_s"] - sum(m["steps_s"].values()),
             "rel_error": m["rel_error"],
             "vs_user": user[1] / m["ms"] if user else None,
             "vs_single": single[1] / m["build_ms"] if single else None}
@@ -789,7 +744,7 @@ def _first_output_table(pairs) -> list[str]:
                       *(_s(_get(modules, k, "first_s")) for k in keys)])
         for key, m in modules.items():
             if "error" not in m:
-                spent = [*m["stages_s"].items(), ("other", m["other_s"])]
+                spent = [*m["steps_s"].items(), ("other", m["other_s"])]
                 split.append(f"  {row['model']}, {s['threads']} thread(s), {key}: "
                              f"{_s(m['first_s'])} = " + ", ".join(
                                  f"{label} {_s(v)}" for label, v in spent)
@@ -798,9 +753,9 @@ def _first_output_table(pairs) -> list[str]:
         "eager: its first call; torch.compile, frozen: their first call (Inductor compiles); "
         "ORT: the ONNX export, the session and its first call; TVM default: the Relax module, "
         "the build and its first call; autoplace: optimize_module and the first call, split "
-        "below by the library's steps as optimize_module called them (TVM costs: calibration "
-        "and TVM's profiles; runtime costs: PyTorch's and ORT's calls timed; contenders: the "
-        "whole-model alternatives timed against the build):", *split]
+        "below as the module's result says (steps_s: costs of the TVM devices, calibration "
+        "included; costs of the runtime devices, their calls timed; contenders: the whole-model "
+        "alternatives timed against the build; other: what no step holds):", *split]
 
 
 def _targets(pairs) -> list[str]:

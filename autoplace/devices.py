@@ -337,15 +337,15 @@ def _installed(package: str) -> bool:
 
 def runtime_threads(devices) -> int:
     """The intra-op threads an ONNX Runtime device's calls run at in a plan over ``devices``:
-    where one TVM CPU device is the only one, every core this process may use (as eager
-    PyTorch and ONNX Runtime run by default); with several, each CPU device is a share of the
-    cores, and a runtime call runs on one thread."""
+    where one TVM CPU device is the only one, the threads of TVM's pool, which its kernels run
+    on (``TVM_NUM_THREADS``, else TVM's count of this machine's cores); with several, each CPU
+    device is a share of the cores, and a runtime call runs on one thread."""
     cpus = {d.index for d in devices if d.runtime == "tvm" and not d.is_gpu}
     if len(cpus) != 1:
         return 1
-    from autoplace.backend.threads import process_cpus
+    from autoplace.backend.threads import tvm_threads
 
-    return max(1, len(process_cpus()))
+    return max(1, tvm_threads())
 
 
 def _on_host(name: str, host: str | None) -> str:

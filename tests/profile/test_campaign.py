@@ -264,12 +264,13 @@ def test_optimize_cli_uses_a_given_profile(tmp_path):
                  ("profile-import", str(out), "--db", str(tmp_path / "copy.db"))):
         p = _cli(*args)
         assert p.wait(timeout=120) == 0, p.communicate()
-    p = _cli("optimize", "--model", "zoo:mlp", "--profile", str(out), "--json")
+    p = _cli("optimize", "--model", "zoo:mlp", "--device", "cpu:0", "--profile", str(out),
+             "--json")
     report = json.loads(p.communicate(timeout=300)[0])
     assert report["cost_model"] == "MeasuredCostModel"
     # measured, or the tuned kernel's time where this machine's shipped records have zoo:mlp's
     assert set(report["cost_sources"]) <= {"measured", "tuned"}
-    p = _cli("optimize", "--model", "zoo:mlp", "--no-profile", "--json")
+    p = _cli("optimize", "--model", "zoo:mlp", "--device", "cpu:0", "--no-profile", "--json")
     assert json.loads(p.communicate(timeout=300)[0])["cost_sources"] == ["roofline"]
 
 

@@ -226,15 +226,16 @@ class Device:
     def can_run(self, op_type: str) -> bool:
         """Whether the device runs ops of ``op_type``: a torch device runs PyTorch calls
         (``"torch.*"``) and the Relax ops that have a PyTorch equivalent, a TVM device Relax
-        ops only, an ORT device the Relax ops that have a PyTorch equivalent (it exports them)
-        (less its ``unsupported_ops`` either way)."""
+        ops only, an ORT device the Relax ops that have a PyTorch equivalent, and ``concat`` (it
+        exports them) (less its ``unsupported_ops`` either way)."""
         if op_type.startswith("torch."):
             return self.runtime == "torch"
         op = op_type.removeprefix("relax.")
         if self.kind in RUNTIME_KINDS:
-            from autoplace.backend.torch_equivalents import EQUIVALENTS
+            from autoplace.backend.torch_equivalents import EQUIVALENTS, SEGMENT_EQUIVALENTS
 
-            return op in EQUIVALENTS and op not in self.unsupported_ops
+            takes = EQUIVALENTS | SEGMENT_EQUIVALENTS if self.kind == "ort" else EQUIVALENTS
+            return op in takes and op not in self.unsupported_ops
         return op not in self.unsupported_ops
 
     @property

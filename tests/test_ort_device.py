@@ -151,6 +151,9 @@ def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branch
     found = model.links([Device.cpu(0), ort])
     assert found[("cpu0", "ort")].alpha == pytest.approx(timings.edge_s)
     assert found[("ort", "cpu0")].alpha == pytest.approx(timings.edge_s)
+    # the reorders at a segment's edges grow with the tensor: per byte, from the profile
+    assert timings.edge_byte_s >= 0 and found[("ort", "cpu0")].time(1 << 20) == pytest.approx(
+        timings.edge_s + (1 << 20) * timings.edge_byte_s)
 
 
 def test_an_ort_error_at_run_time_names_the_segments_ops(branchy):
@@ -218,6 +221,7 @@ def test_ort_costs_and_edge_are_stored_in_the_profile_and_read_back(branchy, tmp
     monkeypatch.setattr(ort_timings, "_timed", timed)
     again = time_ort_device(mod, graph, ort, runs=3, db=db)
     assert again.stored and again.edge_s == pytest.approx(first.edge_s)
+    assert again.edge_byte_s == pytest.approx(first.edge_byte_s)
     for i, s in first.ops.items():  # each op: its workload's mean in context
         same = graph.workloads()[graph.nodes[i].workload_key]
         assert again.ops[i] == pytest.approx(np.mean([first.ops[k] for k in same]))
@@ -249,3 +253,26 @@ def test_a_saved_module_with_ort_segments_loads_and_runs_in_a_new_process(branch
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_a_concat_runs_inside_an_ort_segment_not_on_the_torch_device():
+    class Fire(torch.nn.Module):  # squeeze, then two expands concatenated (SqueezeNet's block)
+        def __init__(self):
+            super().__init__()
+            self.s = torch.nn.Conv2d(8, 4, 1)
+            self.e1, self.e3 = torch.nn.Conv2d(4, 8, 1), torch.nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.s(x))
+            return torch.cat([torch.relu(self.e1(y)), torch.relu(self.e3(y))], 1)
+
+    torch.manual_seed(0)
+    model, x = Fire().eval(), torch.randn(1, 8, 12, 12)
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    assert Device.onnxruntime().can_run("concat") and not Device.torch().can_run("concat")
+    timings = time_ort_device(mod, graph, Device.onnxruntime(), runs=3)
+    assert timings.segments == 1 and all(np.isfinite(list(timings.ops.values())))
+    plan = Plan.from_assignment(graph, [Device.cpu(0), Device.onnxruntime()],
+                                ["ort"] * len(graph.nodes))
+    np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)

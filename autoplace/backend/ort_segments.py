@@ -263,26 +263,18 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
     (``SessionOptions.enable_profiling``) on ``inputs`` (random ones of its shapes by default)
     and split the time among its ops by the nodes of the optimized graph each became.
 
-    ORT names a fused node after the last op it computes (a conv, its bias add, batch norm and
-    activation: the activation's); its time is shared among that op and the ops right before
-    it in the segment that kept no node of their own, in proportion to ``weights`` (by op
-    name, e.g. their FLOPs; equal shares without)."""
-    import time
-
+    ORT names a fused node after one of the ops it computes: a conv with its bias add, batch
+    norm and activation after the activation, a MatMul+Add (``"fused ..."``) after the MatMul.
+    Its time is shared among that op and the ops before it (after it, for ``"fused ..."``) in
+    the segment that kept no node of their own, in proportion to ``weights`` (by op name, e.g.
+    their FLOPs; equal shares without). A node ORT added inside the segment (a layout reorder)
+    is charged to the op whose output it reads."""
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
     with tempfile.TemporaryDirectory() as tmp:
         optimized = os.path.join(tmp, "optimized.onnx")
         sess = session(segment.onnx, threads, level, os.path.join(tmp, "ort"), optimized)
         owners = _owners(optimized, segment.ops)
-        names = [i.name for i in sess.get_inputs()]
-        feed = dict(zip(names, feeds))
-        for _ in range(2):
-            sess.run(None, feed)
-        walls = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            sess.run(None, feed)
-            walls.append(time.perf_counter() - t)
+        walls = _walls(sess, feeds, runs)
         path = sess.end_profiling()
         with open(path) as f:
             events = json.load(f)
@@ -385,10 +377,15 @@ def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", run
                   inputs: Sequence[np.ndarray] | None = None) -> float:
     """Median seconds of one call of ``segment`` alone, without the profiler (on ``inputs``,
     random ones by default; after two warm-ups)."""
+    feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
+    return float(np.median(_walls(segment.session(threads, level), feeds, runs)))
+
+
+def _walls(sess, feeds: Sequence[np.ndarray], runs: int) -> list[float]:
+    """Seconds of each of ``runs`` calls of ORT session ``sess`` on ``feeds``, after two
+    warm-up calls."""
     import time
 
-    sess = segment.session(threads, level)
-    feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
     feed = dict(zip([i.name for i in sess.get_inputs()], feeds))
     for _ in range(2):
         sess.run(None, feed)
@@ -397,7 +394,7 @@ def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", run
         t = time.perf_counter()
         sess.run(None, feed)
         walls.append(time.perf_counter() - t)
-    return float(np.median(walls))
+    return walls
 
 
 def random_inputs(inputs: Sequence[tuple]) -> list[np.ndarray]:

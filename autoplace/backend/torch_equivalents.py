@@ -264,28 +264,55 @@ _BUILDERS = {
 EQUIVALENTS = frozenset(_BUILDERS)
 
 
+def _concat(c: _Call) -> TorchOp:
+    import torch
+
+    return c.op(torch.cat, "torch.cat", [_X, int(c.attrs["axis"])])
+
+
+def _split(c: _Call) -> TorchOp:
+    import torch
+
+    parts = c.attrs["indices_or_sections"]
+    at = int(parts) if isinstance(parts, (int, float)) else tuple(int(i) for i in parts)
+    return TorchOp(torch.tensor_split, "torch.tensor_split", (_X, at, int(c.attrs["axis"])), (),
+                   tuple((tuple(s), d) for s, d in c.outputs), False, c.node, tuple_output=True,
+                   why="placed on ONNX Runtime: split as torch.tensor_split")
+
+
+# Ops that take or give a tuple of tensors (``concat((a, b), axis)``, ``split``): a segment
+# traced in PyTorch computes them (a tuple in a slot, a tuple out), a torch device's call, which
+# takes and gives tensors one by one, does not.
+_TUPLE_BUILDERS = {"concat": _concat, "split": _split}
+#: Relax op types an ONNX Runtime segment can compute besides :data:`EQUIVALENTS`
+#: (``equivalent(..., tuples=True)``).
+SEGMENT_EQUIVALENTS = frozenset(_TUPLE_BUILDERS)
+
+
 def equivalent(op_type: str, attrs: dict, inputs: list, outputs: list, node: str,
-               extra: tuple[str, ...] = ()) -> TorchOp | None:
+               extra: tuple[str, ...] = (), tuples: bool = False) -> TorchOp | None:
     """The PyTorch call that computes Relax op ``op_type`` with ``attrs`` (and non-tensor
     arguments ``extra``, as the op graph writes them: a clip's bounds) on tensors of ``inputs``
     (``(shape, dtype)`` each, in the call's order) giving ``outputs``; None where PyTorch has
     no equivalent here (another layout, asymmetric padding, another out dtype, batch norm in
-    training or over another axis, an op not in :data:`EQUIVALENTS`)."""
-    builder = _BUILDERS.get(op_type)
+    training or over another axis, an op not in :data:`EQUIVALENTS`). ``tuples``: also the ops
+    of :data:`SEGMENT_EQUIVALENTS`, whose first slot takes a tuple of tensors."""
+    builder = _BUILDERS.get(op_type) or (_TUPLE_BUILDERS.get(op_type) if tuples else None)
     if builder is None:
         return None
     call = _Call(op_type, attrs, inputs, outputs, node, tuple(extra))
-    if op_type != "nn.batch_norm" and (  # one output, of the op's own dtype
+    if op_type not in ("nn.batch_norm", "split") and (  # one output, of the op's own dtype
             len(outputs) != 1 or str(attrs.get("out_dtype") or call.dtype) not in
             ("", "void", call.dtype)):
         return None
     return builder(call)
 
 
-def node_equivalent(node) -> TorchOp | None:
+def node_equivalent(node, tuples: bool = False) -> TorchOp | None:
     """:func:`equivalent` of an op-graph node (:class:`autoplace.graph.OpNode`)."""
     return equivalent(node.op_type, dict(node.attrs), [(t.shape, t.dtype) for t in node.inputs],
-                      [(t.shape, t.dtype) for t in node.outputs], node.name, node.extra_args)
+                      [(t.shape, t.dtype) for t in node.outputs], node.name, node.extra_args,
+                      tuples)
 
 
 def clip_bounds(extra) -> tuple[float, float] | None:

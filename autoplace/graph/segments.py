@@ -117,12 +117,12 @@ def export(mod, span: Span, func_name: str = "main") -> OrtSegment:
     for b in bindings[span.first:span.stop]:
         if isinstance(b.value, relax.Call):
             node = graph.nodes[next(nodes)]
-            op = node_equivalent(node)
+            op = node_equivalent(node, tuples=True)
             if op is None:
                 raise OrtSegmentError(f"node {node.name!r} ({node.op_type}) has no PyTorch "
                                       "equivalent to export to ONNX from")
             steps.append((b.var, node.name, op, [a for a in b.value.args
-                                                 if _is_tensor(a)]))
+                                                 if _is_tensor(a) or _is_tuple(a)]))
         else:
             steps.append((b.var, None, None, b.value))
     module = _Segment(steps, consts, span.inputs, span.outputs)
@@ -145,6 +145,13 @@ def _is_const(expr) -> bool:
     from tvm import ir, relax
 
     return isinstance(expr, ir.expr.GenericConst) and isinstance(expr.ty, relax.TensorType)
+
+
+def _is_tuple(expr) -> bool:
+    from tvm import relax
+
+    return isinstance(expr, relax.Tuple) or isinstance(getattr(expr, "ty", None),
+                                                         relax.TupleType)
 
 
 def _is_tensor(expr) -> bool:

@@ -34,8 +34,17 @@ class OrtCostModel:
 
     @property
     def edge_s(self) -> float:
-        """Seconds one tensor entering or leaving a segment costs."""
+        """Seconds one tensor entering or leaving a segment costs, beyond its bytes."""
         return self.timings.edge_s
+
+    @property
+    def edge_byte_s(self) -> float:
+        """Seconds a byte of a tensor entering or leaving a segment costs (ORT's reorders)."""
+        return self.timings.edge_byte_s
+
+    def edge(self, nbytes: float) -> float:
+        """Seconds a tensor of ``nbytes`` entering or leaving a segment costs."""
+        return self.edge_s + nbytes * self.edge_byte_s
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         if device.runtime != "ort":
@@ -48,8 +57,10 @@ class OrtCostModel:
         # them): at each input's first consumer, and at each output
         for gin in graph.inputs:
             if gin.consumers and not gin.is_weight:
-                cost[gin.consumers[0]] += self.edge_s
-        cost[[n.index for n in graph.nodes if n.is_output]] += self.edge_s
+                cost[gin.consumers[0]] += self.edge(gin.tensor.nbytes)
+        for n in graph.nodes:
+            if n.is_output:
+                cost[n.index] += self.edge(n.out_bytes)
         return cost
 
     def fused_cost(self, graph: OpGraph, device: Device, chain) -> float:
@@ -67,4 +78,6 @@ class OrtCostModel:
         return (f"{runs} op(s) priced in {t.segments} ONNX Runtime segment(s) by its profiler "
                 f"at {t.threads} thread(s), graph optimization '{t.level}' (measured faster on "
                 f"the largest segment: {levels}); + {t.edge_s * 1e6:.1f} us per tensor "
-                f"entering or leaving a segment (a call from the VM: {t.call_s * 1e6:.1f} us)")
+                f"entering or leaving a segment (half a call from the VM: "
+                f"{t.call_s * 1e6:.1f} us) and {t.edge_byte_s * 1e12:.0f} us per MB of it "
+                "(ORT's reorders at the edges)")

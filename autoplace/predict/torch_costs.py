@@ -125,7 +125,7 @@ class WithTorch:
         its memory, :attr:`~autoplace.devices.Device.memory`), under the torch device's name.
         Between a torch device and that device there is none (a hand-off, charged in each call's
         cost); an ORT device's, to and from every device of its memory, cost what entering or
-        leaving a segment costs (its model's ``edge_s``) for any tensor."""
+        leaving a segment costs (its model's ``edge_s`` a tensor and ``edge_byte_s`` a byte)."""
         links = getattr(self.base, "links", None)
         tvm = [d for d in devices if d.runtime == "tvm"]
         found = dict(links(tvm)) if callable(links) else {}
@@ -140,13 +140,14 @@ class WithTorch:
         from autoplace.devices import Link
 
         for t in devices:
-            edge = getattr(self.models.get(t.name), "edge_s", None)
-            if t.runtime != "ort" or edge is None:
+            model = self.models.get(t.name)
+            if t.runtime != "ort" or model is None:
                 continue
+            beta = 1 / model.edge_byte_s if model.edge_byte_s > 0 else np.inf
             for d in devices:
                 if d.name != t.name and d.memory == t.memory:
-                    found[(t.name, d.name)] = Link(t.name, d.name, alpha=edge, beta=np.inf)
-                    found[(d.name, t.name)] = Link(d.name, t.name, alpha=edge, beta=np.inf)
+                    found[(t.name, d.name)] = Link(t.name, d.name, alpha=model.edge_s, beta=beta)
+                    found[(d.name, t.name)] = Link(d.name, t.name, alpha=model.edge_s, beta=beta)
         return found
 
     def overheads(self, devices: Sequence[Device]) -> dict:

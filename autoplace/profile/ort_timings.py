@@ -8,7 +8,8 @@ graph optimization level runs the largest fastest here, and profiles each segmen
 profiler: each op costs what its nodes of the optimized graph took
 (:func:`autoplace.backend.ort_segments.profile`). What entering and leaving a segment costs (the
 call from the VM, the layout reorders ORT adds at its edges) is charged per tensor that crosses
-(:attr:`OrtTimings.edge_s`), on the links between the device and TVM's.
+(:attr:`OrtTimings.edge_s`, and per byte, :attr:`OrtTimings.edge_byte_s`: the reorders grow with
+the tensor), on the links between the device and TVM's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class OrtTimings:
 
     ``ops``: by node index, the op's nodes in its segment's optimized graph (``inf``: the
     device cannot run it, ``why`` says so); ``edge_s``: one tensor entering or leaving a
-    segment (half a call from the VM, and the reorders ORT adds at the edges, per tensor);
+    segment (half a call from the VM), plus ``edge_byte_s`` a byte of it (the layout reorders
+    ORT adds at a segment's edges, per byte that crosses);
     ``level``: the graph optimization level the segments run at, ``levels_s`` what the largest
     segment took at each; ``segments``: how many were profiled; ``call_s``: one call from the
     VM beyond its nodes; ``stored``: read from a profile store, not timed here."""
@@ -50,6 +52,7 @@ class OrtTimings:
     why: Mapping[int, str] = field(default_factory=dict)
     call_s: float = DEFAULT_CALL_S
     stored: bool = False
+    edge_byte_s: float = 0.0
 
 
 def runnable(graph: OpGraph, device: Device) -> list[bool]:
@@ -57,7 +60,8 @@ def runnable(graph: OpGraph, device: Device) -> list[bool]:
     equivalent for its attributes."""
     from autoplace.backend.torch_equivalents import node_equivalent
 
-    return [device.can_run(n.op_type) and node_equivalent(n) is not None for n in graph.nodes]
+    return [device.can_run(n.op_type) and node_equivalent(n, tuples=True) is not None
+            for n in graph.nodes]
 
 
 def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "main",
@@ -125,7 +129,8 @@ def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTiming
     return OrtTimings(ops, edge.seconds, level, threads,
                       {k: float(v) for k, v in edge.detail.get("levels_s", {}).items()},
                       int(edge.detail.get("segments", 0)), why,
-                      float(edge.detail.get("call_s", DEFAULT_CALL_S)), stored=True)
+                      float(edge.detail.get("call_s", DEFAULT_CALL_S)), stored=True,
+                      edge_byte_s=float(edge.detail.get("byte_s", 0.0)))
 
 
 def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) -> None:
@@ -154,7 +159,9 @@ def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) ->
     store.put_overhead(OverheadFit(fp, "", "ort_edge", timings.edge_s, {
         "level": timings.level, "levels_s": dict(timings.levels_s),
         "segments": timings.segments, "call_s": timings.call_s,
-        "how": "half a call from the VM plus the reorders ORT adds, per tensor crossing"},
+        "byte_s": timings.edge_byte_s,
+        "how": "half a call from the VM per tensor crossing, plus byte_s a byte of it for the "
+               "reorders ORT adds at a segment's edges"},
         now))
 
 
@@ -189,13 +196,19 @@ def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
         times = profile(seg, threads, level, runs, weights=flops)
         for name, s in times.ops.items():
             ops[graph.index(name)] = s
-        crossing = len(seg.inputs) + len(seg.outputs)
-        added.append(times.added_s / max(1, crossing))
+        crossing = sum(_nbytes(s, d) for s, d in (*seg.inputs, *seg.outputs))
+        if times.added_s > 0 and crossing:
+            added.append(times.added_s / crossing)
     call_s = measure_call(threads)
-    edge_s = call_s / 2 + float(np.median(added))
+    edge_s = call_s / 2
     for i in why:
         ops[i] = np.inf
-    return OrtTimings(ops, edge_s, level, threads, levels_s, len(segments), why, call_s)
+    return OrtTimings(ops, edge_s, level, threads, levels_s, len(segments), why, call_s,
+                      edge_byte_s=float(np.median(added)) if added else 0.0)
+
+
+def _nbytes(shape, dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def measure_call(threads: int = 1, calls: int = 16, shape=(64, 8, 8)) -> float:

@@ -125,7 +125,7 @@ def export(mod, span: Span, func_name: str = "main") -> OrtSegment:
                                                  if _is_tensor(a) or _is_tuple(a)]))
         else:
             steps.append((b.var, None, None, b.value))
-    module = _Segment(steps, consts, span.inputs, span.outputs)
+    module = _segment_module(steps, consts, span.inputs, span.outputs)
     inputs = tuple(_sig(v) for v in span.inputs)
     args = tuple(torch.from_numpy(a) for a in random_inputs(inputs))
     names = [f"in{i}" for i in range(len(span.inputs))]
@@ -173,6 +173,8 @@ def _sig(var) -> tuple:
 
 
 def _segment_class():
+    """The ``torch.nn.Module`` class a segment is traced as (defined on first use: PyTorch is
+    imported only where a segment is exported)."""
     import torch
 
     class OpCall(torch.nn.Module):
@@ -219,7 +221,9 @@ def _segment_class():
     return Segment
 
 
-def _Segment(steps, consts, inputs, outputs):
+def _segment_module(steps, consts, inputs, outputs):
+    """The module computing a segment's ``steps`` (``(var, node name or None, op, args)``, a
+    binding each) from its ``inputs`` to its ``outputs``, ``consts`` its constants."""
     return _segment_class()(steps, consts, inputs, outputs)
 
 

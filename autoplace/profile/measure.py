@@ -60,12 +60,12 @@ def check_present(device: Device, spec: str | None = None) -> None:
             raise DeviceUnavailable(f"{spec}: PyTorch finds no CUDA GPU {device.index}")
         return
     if device.runtime == "ort":
+        from autoplace.backend.ort_segments import require
+
         try:
-            import onnxruntime  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError:
-            raise DeviceUnavailable(f"{spec or device.spec}: ONNX Runtime is not installed: "
-                                    "pip install 'autoplace[ort]'") from None
+            require()
+        except ImportError as e:
+            raise DeviceUnavailable(f"{spec or device.spec}: {e}") from None
         return
     spec = spec or f"{device.kind}:{device.index}"
     cores = len(process_cpus())

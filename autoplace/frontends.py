@@ -51,12 +51,14 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
 
     Ops the importer lacks (``adaptive_max_pool2d``, ``_cdist_forward``, ``searchsorted``,
     ``nonzero``, ``_unique2``...: those of the decomposed program that its converter map does
-    not name) become calls into PyTorch (:mod:`autoplace.backend.torch_bridge`), which a
-    :meth:`Device.torch <autoplace.Device.torch>` device runs. Where an op's output shape
-    depends on the data (``nonzero``, ``unique``), it returns a new tensor on every call, and
-    every op that reads such a tensor runs in PyTorch too: no TVM kernel ever sees a shape
-    known only at run time. The calls are registered in this process (a saved build that
-    calls PyTorch needs the model imported again in the process that loads it).
+    not name), and ops its converter fails on, become calls into PyTorch
+    (:mod:`autoplace.backend.torch_bridge`), which a :meth:`Device.torch <autoplace.Device.torch>`
+    device runs. Where an op's output shape depends on the data (``nonzero``, ``unique``), it
+    returns a new tensor on every call, and every op that reads such a tensor runs in PyTorch
+    too: no TVM kernel ever sees a shape known only at run time. The ops that give or read
+    complex tensors (``torch.fft``), which TVM's tensors cannot hold, run as one PyTorch call
+    per connected group, whose outputs are real. The calls are registered in this process (a
+    saved build that calls PyTorch needs the model imported again in the process that loads it).
     """
     import torch
     from tvm.relax.frontend.torch import from_exported_program
@@ -67,6 +69,7 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
         with torch.no_grad():
             # Decomposed once here, as the importer would, to see the ops it will convert.
             program = exported.run_decompositions()
+            _fuse_complex(program)
             known = set(ExportedProgramImporter().convert_map)
             custom = {**_AS_PYTORCH, **_torch_fallbacks(program, known)}
             return from_exported_program(program, custom_convert_map=custom or None,
@@ -84,6 +87,7 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
     graph = program.graph
     calls = [n for n in graph.nodes if n.op == "call_function"]
     lacking = {n for n in calls if n.target.__name__ not in known}
+    names = {n.target.__name__ for n in calls}
     dynamic = set()  # nodes whose output shape depends on the data
     for n in calls:
         val = n.meta.get("val")
@@ -91,7 +95,7 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
         if any(free_unbacked_symbols(v) for v in vals if v is not None):
             dynamic.add(n)
     if not lacking and not dynamic:
-        return {}
+        return dict.fromkeys(names, _importer_or_torch({}))
     # Runtime checks of an unbacked size (sym_size, comparisons, _assert_scalar): dropped.
     for n in reversed(calls):
         if "assert_scalar" in n.target.__name__ or (
@@ -111,21 +115,132 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
                 continue
             torch_nodes.add(n)
     examples = _example_values(program) if dynamic & torch_nodes else {}
+    whys = {}
+    for node in torch_nodes:
+        whys[node] = (getattr(node.target, "why", "") if node in lacking and isinstance(
+                          node.target, _Group)
+                      else f"the importer lacks aten.{node.target.__name__.split('.')[0]}"
+                      if node in lacking
+                      else "its output's shape depends on the data" if node in dynamic
+                      and not any(a in dynamic for a in node.all_input_nodes)
+                      else "it reads a tensor whose shape depends on the data")
+    return dict.fromkeys(names, _importer_or_torch(
+        {n: (n in dynamic, examples.get(n.name), whys[n]) for n in torch_nodes}))
+
+
+def _importer_or_torch(torch_nodes: dict):
+    """The converter of every op: a PyTorch call for the nodes of ``torch_nodes`` (node ->
+    ``(dynamic, example value, why)``), else the importer's own converter, and a PyTorch call
+    where that one fails (the reason kept in the call's ``why``)."""
     originals: dict = {}
 
     def convert(node, importer):
-        if node not in torch_nodes:
-            if not originals:
-                originals.update(type(importer).create_convert_map(importer))
-                originals.update({k: partial(f, importer=importer) for k, f in _AS_PYTORCH.items()})
+        if node in torch_nodes:
+            dynamic, example, why = torch_nodes[node]
+            return _torch_call(node, importer, dynamic, example, why)
+        if not originals:
+            originals.update(type(importer).create_convert_map(importer))
+            originals.update({k: partial(f, importer=importer) for k, f in _AS_PYTORCH.items()})
+        try:
             return originals[node.target.__name__](node)
-        why = (f"the importer lacks aten.{node.target.__name__.split('.')[0]}" if node in lacking
-               else "its output's shape depends on the data" if node in dynamic
-               and not any(a in dynamic for a in node.all_input_nodes)
-               else "it reads a tensor whose shape depends on the data")
-        return _torch_call(node, importer, node in dynamic, examples.get(node.name), why)
+        except Exception as e:  # noqa: BLE001 - the importer's errors have no common type
+            why = f"the importer failed on aten.{node.target.__name__.split('.')[0]}: " + \
+                str(e).strip().splitlines()[-1][:200]
+            try:
+                return _torch_call(node, importer, False, None, why)
+            except Exception:  # noqa: BLE001 - nor can PyTorch take it: the importer's error
+                raise e from None
 
-    return {name: convert for name in {n.target.__name__ for n in torch_nodes}}
+    return convert
+
+
+class _Group:
+    """A connected group of an exported program's ops that give or read complex tensors, run
+    as one call of its own graph (``module``); its outputs are real."""
+
+    def __init__(self, module, ops: Sequence[str], index: int):
+        import hashlib
+
+        self.module, self.ops = module, tuple(ops)
+        self.__name__ = f"autoplace_complex_{index}"
+        self.why = (f"aten.{', aten.'.join(self.ops)} compute complex numbers, which TVM's "
+                    "tensors cannot hold")
+        # what it computes, for the call's signature: its ops and its graph's code
+        self._text = f"complex:{'+'.join(self.ops)}:" + hashlib.sha1(
+            module.code.encode()).hexdigest()[:8]
+
+    def __call__(self, *args):
+        return self.module(*args)
+
+    def __str__(self) -> str:
+        return self._text
+
+
+def _fuse_complex(program) -> int:
+    """Replace, in ``program``'s graph, each connected group of nodes that give or read a
+    complex tensor (with whatever lies on a path between two of them) by one call of a
+    :class:`_Group`; the number of groups."""
+    import torch
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    def is_complex(v) -> bool:
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        return any(isinstance(t, torch.Tensor) and t.dtype.is_complex for t in vals)
+
+    graph = program.graph
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    inside = {n for n in calls if is_complex(n.meta.get("val"))}
+    inside |= {u for n in inside for u in n.users if u.op == "call_function"}
+    if not inside:
+        return 0
+    groups = _components(inside)
+    for group in groups:  # whatever lies on a path between two of its nodes joins it
+        while True:
+            below = _reach(group, lambda n: n.users)
+            above = _reach(group, lambda n: n.all_input_nodes)
+            between = (below & above) - group
+            if not between:
+                break
+            group |= between
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    ops = [[n.target.__name__.split(".")[0] for n in sorted(g, key=order.get)] for g in groups]
+    gm = program.graph_module
+    fuse_by_partitions(gm, [dict.fromkeys(g) for g in groups], prefix="autoplace_complex_",
+                       always_return_tuple=True)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target.startswith("autoplace_complex_"):
+            index = int(node.target.rsplit("_", 1)[1])
+            node.op, node.target = "call_function", _Group(
+                getattr(gm, node.target), ops[index], index)
+    gm.recompile()
+    return len(groups)
+
+
+def _components(nodes: set) -> list[set]:
+    """The groups of ``nodes`` connected through edges among themselves."""
+    left, groups = set(nodes), []
+    while left:
+        stack, group = [left.pop()], set()
+        while stack:
+            n = stack.pop()
+            group.add(n)
+            for m in (*n.users, *n.all_input_nodes):
+                if m in left:
+                    left.discard(m)
+                    stack.append(m)
+        groups.append(group)
+    return groups
+
+
+def _reach(nodes: set, step) -> set:
+    """The nodes reached from ``nodes`` by ``step`` (not counting themselves unless reached)."""
+    seen, stack = set(), [m for n in nodes for m in step(n)]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(step(n))
+    return seen
 
 
 def _cumsum(node, importer):

@@ -1026,3 +1026,60 @@ def test_a_convs_batch_norm_is_folded_into_its_call():
     fw, fb = fold_batch_norm(w, np.array([1.0, 2.0]), gamma, beta, mean, var, 1.0)
     np.testing.assert_allclose(fw.reshape(-1), [1.0, 0.5])
     np.testing.assert_allclose(fb, [(1.0 - 0.5) * 1.0 + 1.0, (2.0 - 1.0) * 0.5 - 1.0])
+
+
+class _Catted(torch.nn.Module):
+    """A cat of an empty 1-d tensor with a 4-d one, which PyTorch takes (a key cache before
+    its first entry, as Hugging Face's GPT-2 writes it) and TVM's importer refuses."""
+
+    def forward(self, x):
+        return torch.cat([x.new_zeros(0), x * 2], dim=-2) + 1
+
+
+class _FourierMixing(torch.nn.Module):
+    """An FNet block's token mixing: the real part of a 2-d FFT, through complex tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        mixed = torch.fft.fft2(x).real
+        return self.proj(torch.nn.functional.layer_norm(x + mixed, (16,)))
+
+
+@pytest.mark.parametrize("model, why", [
+    (_Catted, "the importer failed on aten.cat: Concat expects all input tensors to have same ndim"),
+    (_FourierMixing, "aten._fft_c2c"),
+])
+def test_an_op_tvm_cannot_import_or_hold_runs_in_pytorch_and_says_why(model, why):
+    model = model().eval()
+    x = torch.randn(1, 2, 8, 16)
+    mod = autoplace.from_torch(model, [x])
+    calls = [n for n in OpGraph.from_relax(mod).nodes if n.is_torch]
+    assert calls and all(why in dict(n.attrs)["why"] for n in calls)
+    res = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None)
+    assert why in res.summary()
+    run = res.compile(trial=False)
+    y = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        np.testing.assert_allclose(run(y.numpy())[0], model(y).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_ops_of_complex_numbers_are_one_pytorch_call_per_connected_group():
+    class TwoMixings(torch.nn.Module):
+        def forward(self, x):
+            a = torch.fft.fft(x, dim=-1).real
+            b = torch.fft.fft(torch.relu(a), dim=-2).imag  # a second group, after a real op
+            return a + b
+
+    mod = autoplace.from_torch(TwoMixings(), [torch.randn(4, 8)])
+    g = OpGraph.from_relax(mod)
+    groups = [n for n in g.nodes if n.is_torch]
+    assert len(groups) == 2 and all(n.op_type.startswith("torch.complex:") for n in groups)
+    assert any(n.op_type == "nn.relu" for n in g.nodes)  # the real op between stays TVM's
+    run = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None).compile(trial=False)
+    y = torch.randn(4, 8)
+    np.testing.assert_allclose(run(y.numpy())[0], TwoMixings()(y).numpy(), rtol=1e-5, atol=1e-5)

@@ -63,14 +63,24 @@ def runtime_devices(graph: OpGraph, devices: list[Device], objective: str = "lat
                              "torch device (Device.torch(name=...)) yourself")
     out = [d for d in devices if d.runtime == "tvm"] + given + [
         d for d in runtimes if d.runtime != "torch"]
-    lacked = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes
-                     if dict(n.attrs).get("why", "").startswith("the importer lacks")})
-    reading = sorted({n.op_type.removeprefix("torch.") for n in torch_nodes} - set(lacked))
-    parts = ([f"the importer lacks aten.{', aten.'.join(lacked)}"] if lacked else []) + (
-        [f"aten.{', aten.'.join(reading)} give or read a tensor whose shape depends on the data"]
-        if reading else [])
     return out, (f"runs in PyTorch ({given[0].name}), {len(torch_nodes)} op(s): "
-                 + "; ".join(parts),)
+                 + "; ".join(_why_torch(torch_nodes)),)
+
+
+def _why_torch(torch_nodes) -> list[str]:
+    """Why the PyTorch calls of the model run there, a part per reason."""
+    lacked, dynamic, other = set(), set(), {}
+    for n in torch_nodes:
+        why, op = dict(n.attrs).get("why", ""), n.op_type.removeprefix("torch.")
+        if why.startswith("the importer lacks"):
+            lacked.add(op)
+        elif "shape depends on the data" in why:
+            dynamic.add(op)
+        else:  # the importer failed on it, or complex numbers: each its own words
+            other.setdefault(why or f"aten.{op}", None)
+    return ([f"the importer lacks aten.{', aten.'.join(sorted(lacked))}"] if lacked else []) + (
+        [f"aten.{', aten.'.join(sorted(dynamic))} give or read a tensor whose shape depends "
+         "on the data"] if dynamic else []) + list(other)
 
 
 def competes(devices: Sequence[Device]) -> bool:

@@ -28,7 +28,7 @@ from autoplace.cluster._ray import ClusterError, connected_ray
 from autoplace.cluster.hosts import Host, host_nodes
 from autoplace.devices import Device
 from autoplace.plan import Plan, PlanError
-from autoplace.run.pipeline import PipelineError, PipelineStats
+from autoplace.run.pipeline import PipelineError, PipelineStats, as_torch, numpy_stream
 from autoplace.run.split import Stage, StagedModule, split
 
 if TYPE_CHECKING:
@@ -234,20 +234,17 @@ class RayPipeline:
         # (seq, output refs, (worker, its first ref) per worker the input went to)
         pending: collections.deque = collections.deque()
         done: list[list[Any]] = []
-        torch_device = None
+        inputs, torch_device = numpy_stream(inputs)
         for seq, x in enumerate(inputs):
-            arrays, dev = self._arrays(seq, x)
-            if seq == 0:
-                torch_device = dev
-            pending.append((seq, *self._submit(arrays)))
+            pending.append((seq, *self._submit(self._arrays(seq, x))))
             while len(pending) >= self.max_in_flight:
                 out = self._collect(pending, done)
                 done.append(out)
-                yield _as_torch(out, torch_device)
+                yield as_torch(out, torch_device)
         while pending:
             out = self._collect(pending, done)
             done.append(out)
-            yield _as_torch(out, torch_device)
+            yield as_torch(out, torch_device)
 
     def close(self) -> None:
         """End the actors (their builds go with them)."""
@@ -269,14 +266,14 @@ class RayPipeline:
 
     # ------------------------------------------------------------------ internals
 
-    def _arrays(self, seq: int, x) -> tuple[list[np.ndarray], Any]:
+    def _arrays(self, seq: int, x) -> list[np.ndarray]:
+        """The arrays of input ``seq`` (torch tensors already made arrays by
+        :func:`~autoplace.run.pipeline.numpy_stream`), as many as the model takes."""
         x = list(x)
         if len(x) != len(self.staged.inputs):
             raise TypeError(f"input {seq}: expected {len(self.staged.inputs)} arrays "
                             f"({', '.join(self.staged.inputs)}), got {len(x)}")
-        dev = next((a.device for a in x if hasattr(a, "detach")), None)
-        return [a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
-                for a in x], dev
+        return [np.asarray(a) for a in x]
 
     def _submit(self, arrays: list[np.ndarray]) -> tuple[list, list]:
         """Each stage called on one input (a replicated plan's: the replica with the fewest
@@ -366,13 +363,3 @@ class RayPipeline:
             f"{what}, on input {seq}; {len(done)} outputs came back, {left} (later inputs "
             "were not read)", None if s is None else s.index, seq,
             None if host is None else host.name, list(done), unprocessed)
-
-
-def _as_torch(out: list[np.ndarray], device) -> list[Any]:
-    """One input's outputs as the caller gave its inputs: arrays, or torch tensors on
-    ``device``."""
-    if device is None:
-        return out
-    import torch
-
-    return [torch.from_numpy(a).to(device) for a in out]

@@ -313,9 +313,9 @@ class Pipeline:
         with self._run_lock:
             if self._closed.is_set():
                 raise PipelineClosedError("the pipeline is closed")
-            inputs, device = _numpy_stream(inputs)
+            inputs, device = numpy_stream(inputs)
             if self._direct is not None:
-                return _as_torch(self._run_direct(inputs), device)
+                return [as_torch(out, device) for out in self._run_direct(inputs)]
             source = _Source(iter(inputs))
             self._busy = [0.0] * len(self._busy)
             t0 = time.perf_counter()
@@ -344,7 +344,7 @@ class Pipeline:
                 raise source.error
             self.stats = PipelineStats(len(results), wall, tuple(self._busy),
                                        "replicas" if self._pullers > 1 else "stages")
-            return _as_torch([results[k] for k in range(len(results))], device)
+            return [as_torch(results[k], device) for k in range(len(results))]
 
     def _run_direct(self, inputs) -> list[list[np.ndarray]]:
         """The one stage on each input in turn, its arrays copied straight into tensors on its
@@ -606,10 +606,11 @@ def _stage_error(stage: Stage, seq: int, e: Exception, device: Device | None = N
                          f"{type(e).__name__}: {e}", stage.index, seq)
 
 
-def _numpy_stream(inputs):
-    """``inputs`` with torch tensors as numpy arrays (a CPU tensor's shared, not copied), and
-    the device of the first input's first tensor (None when it has none: a stream of arrays).
-    torch is not imported here: a caller that passes tensors has imported it."""
+def numpy_stream(inputs):
+    """``inputs`` (each a sequence of a model's arguments) with torch tensors as numpy arrays
+    (a CPU tensor's shared, not copied), and the device of the first input's first tensor
+    (None when it has none: a stream of arrays). torch is not imported here: a caller that
+    passes tensors has imported it. :func:`as_torch` turns outputs back."""
     torch = sys.modules.get("torch")
     it = iter(inputs)
     if torch is None:
@@ -626,14 +627,15 @@ def _numpy_stream(inputs):
             for x in rest), device
 
 
-def _as_torch(results: list[list[np.ndarray]], device):
-    """The results of a run as the caller gave its inputs: arrays, or torch tensors on
-    ``device`` (sharing the arrays' memory on a CPU)."""
+def as_torch(out: list[np.ndarray], device) -> list:
+    """One input's outputs as the caller gave its inputs: arrays (``device`` None, as
+    :func:`numpy_stream` gives it for a stream of arrays), or torch tensors on ``device``
+    (sharing the arrays' memory on a CPU)."""
     if device is None:
-        return results
+        return out
     import torch
 
-    return [[torch.from_numpy(a).to(device) for a in out] for out in results]
+    return [torch.from_numpy(a).to(device) for a in out]
 
 
 def _take(value):

@@ -28,14 +28,22 @@ INSTALL_HINT = "pip install -e '.[bench]'"
 TORCHVISION = {name: f"torchvision {name}, 224x224" for name in (
     "resnet18", "resnet34", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
     "regnet_x_400mf", "regnet_y_400mf", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
-    "efficientnet_b0", "convnext_tiny", "squeezenet1_1")}
+    "efficientnet_b0", "convnext_tiny", "squeezenet1_1", "densenet121")}
 ZOO = ("zoo:resnet", "zoo:transformer")
 
 # BERT-style encoders: layers, hidden size, heads, feed-forward size, sequence length.
 BERTS = {"bert": dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30522),
          "bert_tiny": dict(layers=2, hidden=128, heads=2, ffn=512, seq=64, vocab=30522),
          "bert_wide": dict(layers=2, hidden=512, heads=8, ffn=2048, seq=128, vocab=30522)}
-NAMES = (*ZOO, *TORCHVISION, *BERTS)
+# Families no other model here belongs to, from ``transformers`` at small configs (random weights):
+# decoders with an attention mask (left padding) whose position ids and causal mask the model
+# computes itself, audio encoders opening on conv1d, and token mixing by Fourier transform.
+OTHERS = {"gpt2": "transformers GPT2Model, 2 layers, hidden 128, 32 tokens, masked",
+          "llama": "transformers LlamaModel, 2 layers, hidden 128, GQA 4/2 heads, 32 tokens, masked",
+          "whisper_encoder": "transformers Whisper encoder, 2 layers, d 128, 80 mels x 200 frames",
+          "wav2vec2": "transformers Wav2Vec2Model, 3 conv1d, 2 layers, hidden 128, 4000 samples",
+          "fnet": "transformers FNetModel, 2 layers, hidden 128, 32 tokens (FFT token mixing)"}
+NAMES = (*ZOO, *TORCHVISION, *BERTS, *OTHERS)
 
 # Architecture families of the models above (a zoo model belongs to none).
 FAMILIES = {"resnet": ("resnet18", "resnet34"),
@@ -86,7 +94,67 @@ def load(name: str, seed: int = 0, *, transformers: bool = True) -> BenchModel:
         module, description = _bert(config, transformers)
         ids = rng.integers(0, config["vocab"], (1, config["seq"])).astype("int64")
         return BenchModel(name, _reinit(module, seed), [ids], description)
+    if name in OTHERS:
+        module, inputs = _other(name, rng)
+        return BenchModel(name, _reinit(module, seed), inputs, OTHERS[name])
     raise KeyError(f"no benchmark model {name!r}; available: {', '.join(NAMES)}")
+
+
+def _other(name: str, rng):
+    """(module returning the last hidden state, numpy inputs) of a model of :data:`OTHERS`."""
+    import torch
+
+    try:
+        import_torchvision()  # transformers imports torchvision when it is installed
+    except ImportError:
+        pass
+    try:
+        import transformers as hf
+    except ImportError:
+        raise ImportError(f"{name} needs transformers: {INSTALL_HINT}") from None
+    tokens, vocab = 32, 1000
+    ids = rng.integers(0, vocab, (1, tokens)).astype("int64")
+    mask = np.ones((1, tokens), dtype="int64")
+    mask[0, :4] = 0  # left padding: the model derives its positions and causal mask from it
+    if name == "gpt2":
+        inner = hf.GPT2Model(hf.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=vocab,
+                                           n_positions=64, bos_token_id=0, eos_token_id=0))
+        call, inputs = (lambda m, i, a: m(input_ids=i, attention_mask=a)), [ids, mask]
+    elif name == "llama":
+        inner = hf.LlamaModel(hf.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=64))
+        call = lambda m, i, a: m(input_ids=i, attention_mask=a, use_cache=False)  # noqa: E731
+        inputs = [ids, mask]
+    elif name == "whisper_encoder":
+        inner = hf.WhisperModel(hf.WhisperConfig(
+            d_model=128, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
+            num_mel_bins=80, max_source_positions=100)).encoder
+        call = lambda m, x: m(x)  # noqa: E731
+        inputs = [rng.standard_normal((1, 80, 200)).astype("float32")]
+    elif name == "wav2vec2":
+        inner = hf.Wav2Vec2Model(hf.Wav2Vec2Config(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+            conv_dim=(64, 64, 64), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4))
+        call = lambda m, x: m(x)  # noqa: E731
+        inputs = [rng.standard_normal((1, 4000)).astype("float32")]
+    else:
+        inner = hf.FNetModel(hf.FNetConfig(
+            hidden_size=128, num_hidden_layers=2, intermediate_size=256, vocab_size=vocab,
+            max_position_embeddings=64, use_tpu_fourier_optimizations=False))
+        call, inputs = (lambda m, i: m(input_ids=i)), [ids]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return call(self.inner, *args).last_hidden_state
+
+    return Model(), inputs
 
 
 def relax_module(model: BenchModel, seed: int = 0):
@@ -246,7 +314,7 @@ def _reinit(module, seed: int, calibration=None):
 
     with torch.no_grad():
         for m in module.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
+            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear)):
                 normal(m.weight, m.weight[0].numel() ** -0.5)
                 if m.bias is not None:
                     normal(m.bias, 0.1)

@@ -42,6 +42,7 @@ def optimize(
     contiguous: bool = True,
     stage_overhead_s: float | Mapping[str, float] | None = None,
     max_stages: int | None = None,
+    call_overhead_s: float | Mapping[str, float] | None = None,
     segment_overhead_s: float | Mapping[str, float] | None = None,
     func_name: str = "main",
     db="auto",
@@ -101,6 +102,12 @@ def optimize(
         the device's profile measured one (its ``call`` overhead).
     max_stages : int, optional
         Throughput only: most pipeline stages a plan may have.
+    call_overhead_s : float, or mapping device name -> float, optional
+        Throughput only: seconds per input the call of a stage or replica costs its device,
+        every stage, one alone too (a device the mapping leaves out keeps its profile's
+        figure). Default, per device: the ``call`` overhead its profile measured, else none.
+        The devices of a Ray cluster's hosts are called as actors:
+        :func:`autoplace.cluster.host_overheads` gives their measured calls.
     segment_overhead_s : float, or mapping device name -> float, optional
         Latency only: seconds each segment of the plan costs its device when the plan runs as
         segments, one worker thread per device (:class:`autoplace.run.ConcurrentModel`): the
@@ -170,6 +177,7 @@ def optimize(
     devices, segment_overhead_s = _checked_arguments(
         devices, objective, solver, time_limit, stage_overhead_s, max_stages, segment_overhead_s,
         check_devices)
+    calls = _given_calls(call_overhead_s, devices, objective)
     clock = _Steps()
     graph = OpGraph.from_relax(mod, func_name)
     devices, runtime_note = runtime_devices(graph, devices, objective)
@@ -185,6 +193,8 @@ def optimize(
         prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
                                     prices.store, chains, mod, func_name)
         prices = fused_runtime_calls(graph, devices, prices, chains)
+    if calls:
+        prices = _with_calls(prices, calls)
     with clock("solver"):
         found = problems(graph, devices, prices, objective, links, pinned, max_stages)
         options = {"contiguous": True} if objective == "throughput" and contiguous else {}
@@ -197,6 +207,29 @@ def optimize(
     with clock("annotate"):
         res = _result(mod, graph, prices, choice, func_name, runtime_note)
     return replace(res, steps_s=clock.steps)
+
+
+def _given_calls(value, devices: Sequence[Device], objective: str) -> dict[str, float]:
+    """``call_overhead_s`` per device it names (every device, given one figure)."""
+    if value is None:
+        return {}
+    if objective != "throughput":
+        raise ValueError("call_overhead_s describes the calls of pipeline stages and replicas: "
+                         "pass it with objective='throughput'")
+    given = _per_device(value, devices, "call_overhead_s")
+    return given if not isinstance(value, Mapping) else {k: given[k] for k in value}
+
+
+def _with_calls(prices: Prices, calls: Mapping[str, float]) -> Prices:
+    """``prices`` with the given ``calls`` in place of the profiles' for the devices named, and
+    a line saying so in place of the profiles' line on calls."""
+    merged = {**prices.overheads.calls, **calls}
+    shown = ", ".join(f"{name} {s * 1e6:.1f} us" for name, s in merged.items())
+    line = (f"call overhead: {shown} (given for {', '.join(calls)}: call_overhead_s); each stage "
+            "and each replica pays its device's per input, a plan of one stage too")
+    notes = tuple(n for n in prices.notes.overheads if not n.startswith("call overhead:"))
+    return replace(prices, overheads=replace(prices.overheads, calls=merged),
+                   notes=replace(prices.notes, overheads=notes + (line,)))
 
 
 class _Steps:

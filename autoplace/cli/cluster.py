@@ -1,5 +1,5 @@
 """``autoplace cluster``: the hosts of a Ray cluster and their devices, and the links between
-them timed into a profile store."""
+them and the call of an actor on each timed into a profile store."""
 
 from __future__ import annotations
 
@@ -34,17 +34,25 @@ def _run(args) -> int:
     try:
         found = hosts()
         devices = cluster_devices()
-        fits = []
+        fits, calls = [], []
         if args.measure_links:
+            from autoplace.cluster.calls import HOW, measure_call_overheads
             from autoplace.cluster.links import host_fingerprint, measure_host_links
             from autoplace.profile import ProfileStore
 
             with ProfileStore(args.db) as store:
                 measure_host_links(store, again=args.again)
+                measure_call_overheads(store, again=args.again)
                 names = {host_fingerprint(h.name): h.name for h in found}
                 fits = [f for f in store.links() if f.src in names and f.dst in names]
                 fits = [{"src": names[f.src], "dst": names[f.dst], "alpha_s": f.alpha_s,
                          "beta_bps": f.beta_bps, "r2": f.r2} for f in fits]
+                got = {(f.device, f.kind): f.seconds for f in store.overheads()
+                       if f.detail.get("how") == HOW}
+                calls = [{"host": h.name, "actor_s": got[(fp, "call")],
+                          "driver_s": got[(fp, "stage")]}
+                         for h in found for fp in [host_fingerprint(h.name)]
+                         if (fp, "call") in got and (fp, "stage") in got]
     finally:
         if ours:
             ray.shutdown()
@@ -52,7 +60,8 @@ def _run(args) -> int:
         print(json.dumps({"hosts": [{"name": h.name, "node_id": h.node_id, "address": h.address,
                                      "cpus": h.cpus,
                                      "devices": [d.spec for d in h.devices()]} for h in found],
-                          "devices": [d.to_dict() for d in devices], "links": fits}, indent=1))
+                          "devices": [d.to_dict() for d in devices], "links": fits,
+                          "calls": calls}, indent=1))
         return 0
     print(f"{'host':<16} {'address':<16} {'cpus':>4}  {'node':<12}  devices")
     for h in found:
@@ -61,13 +70,16 @@ def _run(args) -> int:
     for f in fits:
         print(f"link {f['src']} -> {f['dst']}: {f['alpha_s'] * 1e6:.0f} us + bytes / "
               f"{f['beta_bps'] / 1e9:.3g} GB/s (r2 {f['r2']:.3f})")
+    for c in calls:
+        print(f"call of an actor on {c['host']}: {c['actor_s'] * 1e6:.0f} us CPU in the actor, "
+              f"{c['driver_s'] * 1e6:.0f} us in this driver")
     return 0
 
 
 def register_cli(sub) -> None:
     """Add the ``cluster`` subcommand to an argparse subparsers object."""
     p = sub.add_parser(
-        "cluster", help="list a Ray cluster's hosts and devices; time the links between hosts",
+        "cluster", help="list a Ray cluster's hosts and devices; time links and calls",
         description="List the hosts of a running Ray cluster and their devices (use them as "
                     "--device HOST/cpu:0). A host is named by its node's autoplace-host label "
                     "('ray start --labels autoplace-host=NAME'), else its hostname. "
@@ -78,8 +90,9 @@ def register_cli(sub) -> None:
     p.add_argument("--address", default="auto",
                    help="the cluster's address, as ray.init takes it (default auto)")
     p.add_argument("--measure-links", action="store_true",
-                   help="time the link between every ordered pair of hosts into --db")
+                   help="time the link between every ordered pair of hosts, and the call "
+                        "of an actor on each host, into --db")
     p.add_argument("--db", default="profile.db", help="profile store for --measure-links")
-    p.add_argument("--again", action="store_true", help="time links the store already has")
+    p.add_argument("--again", action="store_true", help="time links and calls the store has")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_cli)

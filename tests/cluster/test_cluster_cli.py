@@ -32,16 +32,19 @@ def test_cluster_lists_hosts(ray_cluster, capsys, tmp_path):
     assert main(["cluster", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [h["devices"] for h in out["hosts"]] == [["alpha/cpu:0"], ["beta/cpu:0"]]
-    assert out["devices"][1]["host"] == "beta" and out["links"] == []
+    assert out["devices"][1]["host"] == "beta" and out["links"] == out["calls"] == []
 
 
 @pytest.mark.slow
 def test_cluster_measures_links_into_a_store(ray_cluster, capsys, tmp_path):
     db = str(tmp_path / "prof.db")
     assert main(["cluster", "--measure-links", "--db", db]) == 0
-    links = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("link ")]
+    out = capsys.readouterr().out.splitlines()
+    links = [ln for ln in out if ln.startswith("link ")]
     assert [ln.split(":")[0] for ln in links] == ["link alpha -> beta", "link beta -> alpha"]
+    calls = [ln.split(":")[0] for ln in out if ln.startswith("call ")]
+    assert calls == ["call of an actor on alpha", "call of an actor on beta"]
     from autoplace.profile import ProfileStore
 
     with ProfileStore(db) as store:
-        assert len(store.links()) == 2
+        assert len(store.links()) == 2 and len(store.overheads()) == 4

@@ -1,0 +1,148 @@
+"""What a stage on a host costs beyond its ops: the Ray actor call it takes per input.
+
+A :class:`~autoplace.cluster.RayPipeline` calls every stage's actor once per input, a plan of one
+stage too. Each call costs CPU time twice: in the actor on the stage's host (receiving the call,
+reading its arguments, returning its results) and in the process that drives the pipeline
+(submitting the call, holding its small results). Both are timed per host, once, by streaming
+calls of a small array from this process to a pass-through actor on the host and reading the
+CPU time each process spent (``time.process_time``: every thread of the process, Ray's own
+included). They are stored in the profile store under the host's name, beside its links, as the
+host's ``call`` (the actor's) and ``stage`` (the driver's) overheads.
+
+:func:`host_overheads` gives them as :func:`autoplace.optimize`'s ``call_overhead_s`` (each stage
+and each replica pays its device's call per input, a plan of one stage too) and
+``stage_overhead_s`` (each stage of a pipeline pays the hand-off, and the driver's load is their
+sum), so a plan that cuts a model into small stages over hosts is priced with the calls it makes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from autoplace.cluster._ray import ClusterError, connected_ray
+from autoplace.cluster.hosts import Host, hosts
+from autoplace.cluster.links import _Endpoint, host_fingerprint
+from autoplace.devices import Device
+from autoplace.profile import OverheadFit, ProfileStore
+
+log = logging.getLogger(__name__)
+
+#: Bytes of the array each timed call passes (what a host link's alpha is fitted from, too).
+CALL_BYTES = 4096
+
+#: How the stored figures were measured (their ``detail["how"]``).
+HOW = "ray_actor_call"
+
+
+def call_times(host: Host, *, calls: int = 200, in_flight: int = 8,
+               size: int = CALL_BYTES) -> dict[str, float]:
+    """CPU seconds per call of a pass-through actor on ``host`` called from this process,
+    ``in_flight`` calls at a time: the actor's (``"actor"``) and this process's (``"driver"``);
+    and the wall seconds per call (``"wall"``), after a warm-up of ``calls // 4``."""
+    ray = connected_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor = ray.remote(_Endpoint).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False)
+    ).remote()
+    x = np.zeros(size, dtype=np.uint8)
+
+    def stream(n: int) -> None:
+        pending = []
+        for _ in range(n):
+            pending.append(actor.echo.remote(x))
+            if len(pending) >= in_flight:
+                ray.get(pending.pop(0))
+        ray.get(pending)
+
+    try:
+        stream(max(1, calls // 4))
+        actor_0 = ray.get(actor.cpu_s.remote())
+        driver_0, wall_0 = time.process_time(), time.perf_counter()
+        stream(calls)
+        wall, driver = time.perf_counter() - wall_0, time.process_time() - driver_0
+        actor_s = ray.get(actor.cpu_s.remote()) - actor_0
+    finally:
+        ray.kill(actor)
+    return {"actor": actor_s / calls, "driver": driver / calls, "wall": wall / calls}
+
+
+def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[str] | None = None,
+                           *, calls: int = 200, again: bool = False) -> list[OverheadFit]:
+    """Time the actor call of every host of the cluster (or of ``names``) from this process
+    (:func:`call_times`) and store each host's ``call`` and ``stage`` overheads in ``store``
+    (with a record of the host), unless ``store`` has both and not ``again``. Returns the
+    figures made.
+
+    Run it from where the pipelines will be driven: the ``stage`` figure is this process's.
+
+    Raises
+    ------
+    ClusterError
+        A name the cluster lacks.
+    """
+    live = {h.name: h for h in hosts()}
+    names = sorted(live) if names is None else list(names)
+    missing = [n for n in names if n not in live]
+    if missing:
+        raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
+                           f"{', '.join(live) or 'none'})")
+    out = []
+    for name in names:
+        fp = host_fingerprint(name)
+        if store is not None and not again and _stored(store, fp):
+            continue
+        t = call_times(live[name], calls=calls)
+        detail = {"how": HOW, "host": name, "bytes": CALL_BYTES, "calls": calls,
+                  "in_flight": 8, "wall_s": t["wall"]}
+        fits = [OverheadFit(fp, "", "call", t["actor"], {**detail, "side": "actor"}),
+                OverheadFit(fp, "", "stage", t["driver"], {**detail, "side": "driver"})]
+        log.info("actor call on host %s: %.0f us in the actor, %.0f us in the driver, "
+                 "%.0f us wall", name, t["actor"] * 1e6, t["driver"] * 1e6, t["wall"] * 1e6)
+        if store is not None:
+            h = live[name]
+            store.add_device(fp, f"host:{name}", {"kind": "host", "host": name, "cpus": h.cpus})
+            for f in fits:
+                store.put_overhead(f)
+        out += fits
+    return out
+
+
+def _stored(store: ProfileStore, fp: str) -> bool:
+    kinds = {f.kind for f in store.overheads(fp) if f.detail.get("how") == HOW}
+    return {"call", "stage"} <= kinds
+
+
+def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | ProfileStore
+                   ) -> dict[str, dict[str, float]]:
+    """The actor call of each of ``devices``' hosts, from ``fits`` (or a store's): ``{"call_
+    overhead_s": {device name: s}, "stage_overhead_s": {device name: s}}``, the keywords
+    :func:`autoplace.optimize` takes for a throughput plan. A device of no host (this
+    process's) gets none.
+
+    >>> res = autoplace.optimize(mod, devices, objective="throughput",      # doctest: +SKIP
+    ...                          links=host_links(devices, store),
+    ...                          **host_overheads(devices, store))
+
+    Raises
+    ------
+    ClusterError
+        A host with no figure: the message says how to measure it.
+    """
+    if isinstance(fits, ProfileStore):
+        fits = fits.overheads()
+    by_host = {(f.device, f.kind): f.seconds for f in fits if f.detail.get("how") == HOW}
+    call, stage = {}, {}
+    for d in devices:
+        if d.host is None:
+            continue
+        fp = host_fingerprint(d.host)
+        if (fp, "call") not in by_host or (fp, "stage") not in by_host:
+            raise ClusterError(f"no actor call measured for host {d.host!r}: "
+                               "'autoplace cluster --measure-links --db PATH' times it")
+        call[d.name], stage[d.name] = by_host[(fp, "call")], by_host[(fp, "stage")]
+    return {"call_overhead_s": call, "stage_overhead_s": stage}

@@ -8,9 +8,14 @@ Baselines (all scored by the simulator on the problem the solver saw):
   devices together, predicted only from a profile measured with that many threads;
 * ``replicas`` (throughput): every device that can hold the model runs it on the inputs it takes
   (:func:`autoplace.solve.simulate.simulate_replicas`);
+* ``host <name>`` (devices on several hosts of a cluster): the best plan over the devices of
+  that host alone, for a host of two or more devices (:func:`host_baselines`; a host of one
+  device has its ``only`` baseline);
 * ``priority``, ``greedy``: the heuristics of ONNX Runtime / OpenVINO and earliest finish.
 
-The first three are plans ``optimize`` may return instead of the solver's (:func:`guard`).
+All but the heuristics are plans ``optimize`` may return instead of the solver's (:func:`guard`):
+over the hosts of a cluster, the solver's pipeline is kept only if it beats the best one-host
+plan and the replicas of the whole model, one or more per host.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from autoplace.solve.simulate import (device_loads, hand_offs, replica_host_s, r
 #: How many standard deviations of its predicted value a multi-device plan's gain must clear
 #: (one-sided, about 98 % if the cost errors were normal).
 GUARD_SIGMAS = 2.0
+
+#: Seconds the solver may take for each host's baseline (:func:`host_baselines`).
+HOST_BASELINE_TIME_S = 2.0
 
 #: Relative standard deviation of a stage's hand-off (``stage_overhead_s``) from one measurement
 #: to the next: the figure ``autoplace profile --only-overheads`` stores moves that much between
@@ -211,9 +219,53 @@ def predict_baselines(problem: Problem, objective: str, spread: np.ndarray, *,
     return out
 
 
+def host_baselines(problem: Problem, objective: str, hosts: Sequence[str | None],
+                   spread: np.ndarray, *, skip: str | None = None,
+                   time_limit: float = HOST_BASELINE_TIME_S) -> list[Baseline]:
+    """The best plan over each host's devices alone (``hosts[k]``: device ``k``'s host), for
+    every host of two or more devices but ``skip``, when the devices span several hosts; solved
+    by ``"auto"`` within ``time_limit`` seconds (CP-SAT's contiguous model for throughput), its
+    device indices those of ``problem``.
+
+    Examples
+    --------
+    Two ops of 1 s on host a's two devices, 3 s on host b's: host a's pipeline takes 1 s per
+    input, a stage a device.
+
+    >>> p = Problem.build([[1.0, 1.0, 3.0]] * 2, [(0, 1)])
+    >>> [(b.name, b.value) for b in host_baselines(p, "throughput", ["a", "a", "b"],
+    ...                                            np.full((2, 3), np.nan))]
+    [('host a', 1.0)]
+    """
+    from autoplace.cluster.solve import restricted
+
+    names = list(dict.fromkeys(hosts))
+    if len(names) < 2:
+        return []
+    out = []
+    for host in names:
+        idx = np.flatnonzero(np.array([h == host for h in hosts]))
+        if idx.size < 2 or host == skip:
+            continue
+        options = {"contiguous": True} if objective == "throughput" else {}
+        try:
+            sol = solve(restricted(problem, idx), objective, "auto", time_limit=time_limit,
+                        **options)
+        except InfeasibleError:
+            continue
+        sol = dataclasses.replace(sol, assignment=idx[np.asarray(sol.assignment)],
+                                  solver=f"{sol.solver} over host {host}")
+        out.append(Baseline(f"host {host}", sol.value, *value_sigma(problem, sol, spread),
+                            solution=sol, problem=problem,
+                            note=", ".join(problem.device_names[k] for k in idx)))
+    return out
+
+
 def several_devices(b: Baseline) -> bool:
-    """Whether baseline ``b`` takes the resources of several devices (all threads, replicas)."""
-    return b.threads is not None or b.solution.replicas is not None
+    """Whether baseline ``b`` takes the resources of several devices (all threads, replicas, a
+    host's devices)."""
+    return (b.threads is not None or b.solution.replicas is not None
+            or len(set(np.asarray(b.solution.assignment).tolist())) > 1)
 
 
 def is_baseline(sol: Solution) -> bool:

@@ -14,7 +14,8 @@ from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.pricing import Prices, Problems
 from autoplace.pricing.prices import all_threads_costs
-from autoplace.report.baselines import GuardDecision, guard, predict_baselines
+from autoplace.report.baselines import (Baseline, GuardDecision, guard, host_baselines,
+                                        predict_baselines)
 from autoplace.report.result import Contender, Delivery
 from autoplace.solve import Problem, Solution
 
@@ -48,10 +49,14 @@ def choose(graph: OpGraph, devices: Sequence[Device], prices: Prices, problems: 
     names, calls = problem.device_names, prices.overheads.calls
     plan = plan_of(graph, devices, solution, objective, prices)
     threaded = all_threads_costs(graph, devices, prices)
+    cpu_hosts = {d.host for d in devices if d.kind == "cpu" and d.runtime == "tvm"}
+    if threaded is not None and len(cpu_hosts) > 1:
+        threaded = None  # no one device has the threads of CPUs on several hosts
     torch_calls = np.array([n.is_torch for n in graph.nodes], dtype=bool)
     found = predict_baselines(problem, objective, prices.spread, replicate=replicate,
                               all_threads=threaded,
                               stay=torch_calls if torch_calls.any() else None)
+    found = _over_hosts(found, problem, objective, devices, prices.spread, solution)
     plans = {b.name: plan_of(graph, devices, b.solution, objective, prices, b.threads)
              for b in found if b.solution is not None}
     vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
@@ -94,6 +99,38 @@ def choose(graph: OpGraph, devices: Sequence[Device], prices: Prices, problems: 
         plan = replace(plan, predicted_s=delivery.predicted_s)
     return Choice(plan, problem, solution, delivery, found, plans, decision, contenders,
                   _expected_error(problem, solution, prices))
+
+
+def _over_hosts(found: list[Baseline], problem: Problem, objective: str,
+                devices: Sequence[Device], spread: np.ndarray, solution: Solution
+                ) -> list[Baseline]:
+    """The baselines ``found``, where the devices span several hosts of a cluster, with what the
+    guard weighs there: each single device's host in its note, the hosts of the replicas, the
+    best plan of each host of several devices (:func:`host_baselines`; not the one host the
+    solver's plan may lie on), and why no all-threads baseline."""
+    hosts = [d.host for d in devices]
+    if len(set(hosts)) < 2:
+        return found
+    name_host = dict(zip(problem.device_names, hosts))
+    used = {hosts[k] for k in np.asarray(solution.assignment).tolist()}
+    out = []
+    for b in found:
+        if b.name.startswith("only ") and b.solution is not None:
+            here = hosts[int(np.asarray(b.solution.assignment)[0])]
+            b = replace(b, note=f"host {here or 'of this process'}")
+        elif b.name == "replicas" and b.solution is not None:
+            reps = sorted({str(name_host[n]) for n in b.note.split(", ")})
+            b = replace(b, note=f"{b.note} (hosts {', '.join(reps)})")
+        out.append(b)
+    heuristics = next((i for i, b in enumerate(out) if b.name in ("priority", "greedy")),
+                      len(out))
+    out[heuristics:heuristics] = host_baselines(
+        problem, objective, hosts, spread, skip=next(iter(used)) if len(used) == 1 else None)
+    cpu_hosts = {d.host for d in devices if d.kind == "cpu" and d.runtime == "tvm"}
+    if len(cpu_hosts) > 1 and not any(b.name == "all threads" for b in out):
+        out.append(Baseline("all threads", None, note="the CPU devices are on several hosts: "
+                                                      "no one device has all their threads"))
+    return out
 
 
 def _contenders(returned: Contender, solver: Contender | None, baselines,

@@ -22,6 +22,8 @@ from autoplace.solve.simulate import (check_feasible, copies_needed, device_load
                                       replica_periods,
                                       simulate_latency, simulate_throughput)
 
+from autoplace.report.placement import device_label, hosts_line
+
 if TYPE_CHECKING:
     from autoplace.report.placement import PlacementResult
 
@@ -63,11 +65,12 @@ class NodeExplanation:
     copies_out: tuple[Copy, ...]
     move_s: Mapping[str, float]
     reason: str
+    host: str | None = None  # the device's host (a cluster's), None: this process's
 
     def record(self) -> dict[str, Any]:
         """A flat dict (one table row): ``cost_<device>_s`` per device, copy counts and bytes."""
         row = {"index": self.index, "node": self.name, "op": self.op, "device": self.device,
-               "stage": self.stage, "source": self.source,
+               "host": self.host, "stage": self.stage, "source": self.source,
                "spread": self.spread[self.device]}
         row.update({f"cost_{d}_s": c for d, c in self.cost_s.items()})
         row.update({"copies_in": len(self.copies_in),
@@ -102,6 +105,7 @@ class Explanation:
     baseline_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     guard: str = ""                             # why this plan, not the solver's or a baseline
     overheads: tuple[str, ...] = ()             # per device, the overhead charged and its source
+    hosts: Mapping[str, str] = dataclasses.field(default_factory=dict)  # device -> its host
 
     @property
     def bytes_moved(self) -> float:
@@ -138,6 +142,7 @@ class Explanation:
             "baseline_notes": dict(self.baseline_notes),
             "guard": self.guard or None,
             "overheads": list(self.overheads),
+            "hosts": dict(self.hosts),
         }
 
     def summary(self) -> str:
@@ -149,6 +154,8 @@ class Explanation:
             lines[-1] += f", {1 / self.value_s:.1f} inputs/s"
         if self.runs:
             lines.append(f"runs as: {self.runs}")
+        if self.hosts:
+            lines.append(hosts_line(_Named(d, h) for d, h in self.hosts.items()))
         lines += self.overheads
         gains = []
         single = self.best_single
@@ -190,7 +197,8 @@ class Explanation:
             spread = n.spread[n.device]
             cin = sum(c.nbytes for c in n.copies_in)
             cout = sum(c.nbytes for c in n.copies_out)
-            where = n.device if n.stage is None else f"{n.device}/{n.stage}"
+            device = device_label(_Named(n.device, n.host))
+            where = device if n.stage is None else f"{device}/{n.stage}"
             rows.append([
                 str(n.index), n.name, n.op, where,
                 *(_fmt_s(n.cost_s[d]) for d in self.device_s),
@@ -226,6 +234,7 @@ def explain(result: PlacementResult) -> Explanation:
         preds[v].add(u)
 
     whole = _whole_model_reason(plan)
+    host_of = {d.name: d.host for d in plan.devices}
 
     def score(assignment, stages=None) -> float:
         if sol.objective == "latency":
@@ -263,7 +272,7 @@ def explain(result: PlacementResult) -> Explanation:
             spread={names[j]: float(spread[i, j]) for j in range(problem.num_devices)},
             copies_in=tuple(c for c, (u, dst) in zip(copies, needed) if dst == k and u in preds[i]),
             copies_out=tuple(c for c, (u, _) in zip(copies, needed) if u == i),
-            move_s=move,
+            move_s=move, host=host_of.get(names[k]),
             reason=whole or _torch_reason(node) or _reason(problem, sol, i, k, move,
                                                            extra_copy_s, extra_bytes, why_not,
                                                            base, group)))
@@ -279,7 +288,15 @@ def explain(result: PlacementResult) -> Explanation:
         cost_model=result.cost_model, plan=str(plan),
         runs=str(result.delivery or ""),
         baseline_notes=dict(getattr(result, "baseline_notes", None) or {}),
-        guard=_guard_text(result), overheads=tuple(getattr(result, "overheads_note", ())))
+        guard=_guard_text(result), overheads=tuple(getattr(result, "overheads_note", ())),
+        hosts={name: h for name, h in host_of.items() if h is not None})
+
+
+class _Named(NamedTuple):
+    """A device's name and host: what :func:`device_label` and :func:`hosts_line` read."""
+
+    name: str
+    host: str | None
 
 
 def _device_s(problem, sol, a) -> np.ndarray:

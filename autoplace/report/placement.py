@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from autoplace.devices import Device
     from autoplace.graph import OpGraph
     from autoplace.plan import Plan
     from autoplace.solve import Problem, Solution
@@ -28,3 +29,30 @@ class PlacementResult(Protocol):
     def schedule(self) -> Schedule:
         """The simulator's one-input schedule of the plan."""
         ...
+
+
+def device_label(device: Device) -> str:
+    """A device's name, and its host where the name does not begin with it (``"gpu@node2"``),
+    as ``str(plan)`` shows it."""
+    host = device.host
+    if host is None or device.name.startswith(f"{host}-"):
+        return device.name
+    return f"{device.name}@{host}"
+
+
+def device_labels(result: PlacementResult) -> list[str]:
+    """:func:`device_label` of each of ``result.problem``'s devices, by index."""
+    by_name = {d.name: d for d in result.plan.devices}
+    return [device_label(by_name[n]) if n in by_name else n for n in result.problem.device_names]
+
+
+def hosts_line(devices) -> str:
+    """``"hosts: alpha (alpha-cpu0, alpha-cpu1), beta (beta-cpu0)"``: the devices of each host,
+    or ``""`` when no device names one."""
+    by_host: dict[str, list[str]] = {}
+    for d in devices:
+        if d.host is not None:
+            by_host.setdefault(d.host, []).append(d.name)
+    if not by_host:
+        return ""
+    return "hosts: " + ", ".join(f"{h} ({', '.join(names)})" for h, names in by_host.items())

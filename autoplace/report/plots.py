@@ -2,7 +2,10 @@
 
 Each function draws into ``ax`` when given, else into a new figure made without ``pyplot`` (so
 nothing global changes and any backend, Agg included, can save it), and returns the figure.
-Times come from the simulator (:mod:`autoplace.solve.simulate`), never recomputed here.
+Times come from the simulator (:mod:`autoplace.solve.simulate`), never recomputed here. A
+device of a cluster's host is labelled with its host where its name does not begin with it
+(``"gpu@node2"``), as ``str(plan)`` shows it; the process that hands the inputs on is then the
+driver.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplace.report.explain import _fmt_bytes, _fmt_s
+from autoplace.report.placement import device_label, device_labels
 from autoplace.solve.simulate import (device_loads, hand_offs, link_loads, replica_host_s,
                                       replica_periods, stage_counts, stage_overhead)
 
@@ -59,8 +63,9 @@ def plot_gantt(result: PlacementResult, ax: Axes | None = None) -> Figure:
         ax.plot([t.start * scale] * 2, [r - 0.35, r + 0.35], color=_COPY_COLOUR, lw=1)
     ax.axvline(sched.makespan * scale, color="k", ls="--", lw=1)
 
-    labels = [devs[k] for k in range(problem.num_devices)]
-    labels += [f"copy {devs[s]} → {devs[t]}" for s, t in links]
+    shown = device_labels(result)
+    labels = [shown[k] for k in range(problem.num_devices)]
+    labels += [f"copy {shown[s]} → {shown[t]}" for s, t in links]
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_xlim(0, sched.makespan * scale * 1.01 or 1)
@@ -111,7 +116,8 @@ def plot_graph(result: PlacementResult, ax: Axes | None = None) -> Figure:
             ax.annotate(n.op_type.split(".")[-1], pos[n.index], xytext=(0, 6 if up else -6),
                         textcoords="offset points", ha="center", va="bottom" if up else "top",
                         fontsize=6)
-    handles = [Patch(color=c, label=d) for d, c in colour.items()]
+    label = {d.name: device_label(d) for d in plan.devices}
+    handles = [Patch(color=c, label=label[d]) for d, c in colour.items()]
     handles.append(Line2D([], [], color="tab:red", lw=2, label="tensor crosses devices"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), fontsize=8,
               frameon=False)
@@ -134,8 +140,10 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     """
     ax = _axes(ax, (7, 4))
     problem, sol = result.problem, result.solution
+    shown = device_labels(result)
+    driver = "driver" if any(d.host is not None for d in result.plan.devices) else "host"
     if sol.replicas is not None:
-        return _plot_replica_loads(problem, sol, ax)
+        return _plot_replica_loads(problem, sol, ax, shown, driver)
     a = np.asarray(sol.assignment)
     devs = problem.device_names
     stages = sol.stages if sol.stages is not None else result.plan.stages
@@ -160,17 +168,17 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
         if overhead[k] > 0:
             ax.bar(len(names), overhead[k] * scale, bottom=bottom, color=_OVERHEAD_COLOUR,
                    edgecolor="white", linewidth=0.5, gid=f"load:{dev}:overhead")
-        names.append(dev)
+        names.append(shown[k])
         heights.append(dev_load[k] * scale)
     for (s, t), x in np.ndenumerate(link_load):
         if x > 0:
             ax.bar(len(names), x * scale, color=_COPY_COLOUR, hatch="///", edgecolor="white",
                    gid=f"load:{devs[s]}->{devs[t]}")
-            names.append(f"copy\n{devs[s]} → {devs[t]}")
+            names.append(f"copy\n{shown[s]} → {shown[t]}")
             heights.append(x * scale)
     if host > 0:
         ax.bar(len(names), host * scale, color=_OVERHEAD_COLOUR, gid="load:host")
-        names.append("host\n(hand-offs)")
+        names.append(f"{driver}\n(hand-offs)")
         heights.append(host * scale)
     top = int(np.argmax(heights))
     ax.bar(top, heights[top], fill=False, edgecolor="tab:red", linewidth=2.5,
@@ -195,9 +203,10 @@ def plot_stage_loads(result: PlacementResult, ax: Axes | None = None) -> Figure:
     return ax.figure
 
 
-def _plot_replica_loads(problem, sol, ax) -> Figure:
+def _plot_replica_loads(problem, sol, ax, shown, driver) -> Figure:
     """Each replica's compute and hand-off seconds per input of the stream (its share of the
-    inputs times its time per input), and the host's."""
+    inputs times its time per input), and the host's (``driver``: what its bar is called);
+    ``shown``: each device's label."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -214,11 +223,11 @@ def _plot_replica_loads(problem, sol, ax) -> Figure:
         if o > 0:
             ax.bar(len(names), o * f * scale, bottom=w * f * scale, color=_OVERHEAD_COLOUR,
                    edgecolor="white", gid=f"load:{problem.device_names[k]}:overhead")
-        names.append(f"{problem.device_names[k]}\n({f:.0%} of inputs)")
+        names.append(f"{shown[k]}\n({f:.0%} of inputs)")
     host = replica_host_s(problem, ks)
     if host > 0:
         ax.bar(len(names), host * scale, color=_OVERHEAD_COLOUR, gid="load:host")
-        names.append("host\n(hand-offs, calls)")
+        names.append(f"{driver}\n(hand-offs, calls)")
     ax.axhline(sol.value * scale, color="k", ls="--", lw=1)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel(f"{unit} per input")

@@ -17,7 +17,8 @@ from autoplace.annotate import annotate
 from autoplace.devices import Device, Link
 from autoplace.graph import OpGraph
 from autoplace.pricing import (Prices, competes, fused_runtime_calls, price, problems,
-                               resolve_pins, runtime_chains, runtime_devices, with_runtime_costs)
+                               resolve_pins, runtime_chains, runtime_devices, runtime_models,
+                               tvm_loses, with_runtime_costs)
 from autoplace.report.choose import Choice, choose
 from autoplace.report.result import OptimizeResult
 from autoplace.solve import SOLVERS, solve
@@ -182,16 +183,28 @@ def optimize(
     graph = OpGraph.from_relax(mod, func_name)
     devices, runtime_note = runtime_devices(graph, devices, objective)
     tvm_devices = [d for d in devices if d.runtime == "tvm"]
-    with clock("costs of " + ", ".join(d.name for d in tvm_devices)):
-        prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name,
-                       check_devices,
-                       stage_overhead_s if objective == "throughput" else segment_overhead_s,
-                       calibrate, mixed=competes(devices))
+    runtimes = devices[len(tvm_devices):]
+    overhead = stage_overhead_s if objective == "throughput" else segment_overhead_s
     pinned = resolve_pins(graph, devices, pins)
     chains = runtime_chains(graph, devices, pinned)
-    with clock("costs of " + ", ".join(d.name for d in devices[len(tvm_devices):])):
-        prices = with_runtime_costs(graph, prices, tvm_devices, devices[len(tvm_devices):],
-                                    prices.store, chains, mod, func_name)
+    models, skip = None, frozenset()
+    if (isinstance(cost_model, str) and cost_model == "auto" and calibrate and check_devices
+            and competes(devices)):
+        # The runtime devices first: a calibration of TVM's costs need not time the ops they
+        # win by far, judged by TVM's costs before calibration.
+        with clock("costs of " + ", ".join(d.name for d in runtimes)):
+            rough = price(mod, graph, tvm_devices, objective, cost_model, db, func_name,
+                          check_devices, overhead, calibrate=False)
+            models = runtime_models(graph, rough, tvm_devices, runtimes, rough.store, chains,
+                                    mod, func_name)
+            skip = tvm_loses(graph, rough, runtimes, models)
+    with clock("costs of " + ", ".join(d.name for d in tvm_devices)):
+        prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name,
+                       check_devices, overhead, calibrate, mixed=competes(devices),
+                       calibration_skip=skip)
+    with clock("costs of " + ", ".join(d.name for d in runtimes)):
+        prices = with_runtime_costs(graph, prices, tvm_devices, runtimes, prices.store, chains,
+                                    mod, func_name, models)
         prices = fused_runtime_calls(graph, devices, prices, chains)
     if calls:
         prices = _with_calls(prices, calls)

@@ -276,3 +276,22 @@ def test_a_concat_runs_inside_an_ort_segment_not_on_the_torch_device():
     plan = Plan.from_assignment(graph, [Device.cpu(0), Device.onnxruntime()],
                                 ["ort"] * len(graph.nodes))
     np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_calibration_need_not_time_the_ops_a_runtime_device_wins_by_far(branchy):
+    from autoplace.pricing import price, tvm_loses
+    from autoplace.profile.ort_timings import OrtTimings
+
+    _, _, mod, graph = branchy
+    rough = price(mod, graph, [Device.cpu(0)], "latency", RooflineCostModel(), None, "main",
+                  False, None)
+    on_tvm = rough.cost[:, 0]
+    by_far = {n.workload_key for n in graph.nodes if n.op_type == "nn.conv2d"}
+    # ORT runs the convs at a tenth of TVM's cost, everything else at twice it
+    ops = {n.index: on_tvm[n.index] / 10 if n.workload_key in by_far else 2 * on_tvm[n.index]
+           + 1e-6 for n in graph.nodes}
+    ort = Device.onnxruntime()
+    model = OrtCostModel(OrtTimings(ops, edge_s=0.0, level="all"))
+    assert tvm_loses(graph, rough, [ort], {ort.name: model}) == by_far
+    # TVM's costs a margin off would still lose to a tenth of them, not to a half
+    assert tvm_loses(graph, rough, [ort], {ort.name: model}, margin=20.0) == frozenset()

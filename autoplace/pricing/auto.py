@@ -21,8 +21,8 @@ ROOFLINE = "roofline estimates"
 
 def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = True,
                     func_name: str = "main", progress: bool = True,
-                    graph: OpGraph | None = None, workloads: int | None = None
-                    ) -> tuple[Any, str]:
+                    graph: OpGraph | None = None, workloads: int | None = None,
+                    skip: frozenset[str] = frozenset()) -> tuple[Any, str]:
     """The best cost model this machine has for ``devices``, and a line saying which.
 
     Per device: the profile shipped in the package (:func:`autoplace.profile.shipped_dir`)
@@ -35,7 +35,8 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
     the next call times nothing). Otherwise, where no profile applies,
     :class:`RooflineCostModel`. ``graph``: ``mod``'s op graph, where the caller has it;
     ``workloads``: how many a calibration times at most
-    (:data:`~autoplace.pricing.calibrate.CALIBRATION_WORKLOADS` by default).
+    (:data:`~autoplace.pricing.calibrate.CALIBRATION_WORKLOADS` by default), none of ``skip``
+    (workload keys).
     The files are read on every call: keep the model to reuse it (``optimize(cost_model=...)``).
     """
     from autoplace.predict import MeasuredCostModel, load_cost_model
@@ -57,7 +58,7 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
 
                 cal = calibrated(d, [("model", mod)], progress=progress,
                                  count=workloads or CALIBRATION_WORKLOADS,
-                                 overheads=_calibration_overheads)
+                                 overheads=_calibration_overheads, skip=skip)
                 adapted[fp], first[fp] = cal, d.name
                 notes.append(f"{d.name}: {cal.note}")
             else:

@@ -109,11 +109,12 @@ class ProfileCheck:
 
 def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
                policy: TimingPolicy = CALIBRATION_POLICY, progress: bool = True,
-               overheads=None) -> Calibration:
+               overheads=None, skip: frozenset[str] = frozenset()) -> Calibration:
     """The shipped learned model adapted to ``device`` on up to ``count`` workloads of
-    ``models`` (``(name, tvm.IRModule)`` pairs) timed here, and on every workload the cache
-    entry of this host already holds; workloads the entry holds are not timed again, and where
-    it holds them all, its model is reused and nothing is timed. ``overheads(store, spec)``,
+    ``models`` (``(name, tvm.IRModule)`` pairs) timed here, none of ``skip`` (workload keys),
+    and on every workload the cache entry of this host already holds; workloads the entry holds
+    are not timed again, and where it holds them all, its model is reused and nothing is timed.
+    ``overheads(store, spec)``,
     if given, measures into the entry's store the overheads of running a plan on the device
     that it lacks (the run layer's work: :func:`autoplace.pricing.auto_cost_model` passes it).
 
@@ -131,7 +132,8 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
     t = time.perf_counter()
     cache, entry = cache_entry(device)
     base, base_path = shipped_base(device.kind)
-    digest = f"{_models_digest(models)}:{count}"
+    digest = f"{_models_digest(models)}:{count}" + (
+        f":{hashlib.sha1(chr(10).join(sorted(skip)).encode()).hexdigest()[:16]}" if skip else "")
     done = (cache.read(entry, "models.json") or {}).get("models", [])
     if digest in done:  # calibrated on these very models: read, time nothing
         try:
@@ -147,7 +149,7 @@ def calibrated(device: Device, models, *, count: int = CALIBRATION_WORKLOADS,
         try:
             with ProfileStore(entry / "profile.db") as store:
                 chosen, dev = time_chosen(store, device.spec, models, base, count=count,
-                                          policy=policy, progress=progress)
+                                          skip=skip, policy=policy, progress=progress)
                 if overheads is not None:
                     overheads(store, device.spec)
                 rows = profile_rows(store, dev.fingerprint)
@@ -289,10 +291,12 @@ def quick_profile(store, device_spec: str, models, *, count: int = 40, base=None
                        None if out is None else str(out))
 
 
-def time_chosen(store, device_spec: str, models, base, *, count: int = 40, **campaign_kwargs):
+def time_chosen(store, device_spec: str, models, base, *, count: int = 40,
+                skip: frozenset[str] = frozenset(), **campaign_kwargs):
     """Time on ``device_spec`` the workloads :func:`~autoplace.predict.adapt.choose_workloads`
     picks from ``models``
-    (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own) into ``store``,
+    (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own, none of
+    ``skip``) into ``store``,
     skipping those it already holds. Returns ``(how many were chosen, the campaign's
     DeviceReport)``; ValueError where the device cannot be reached."""
     from autoplace.graph import OpGraph
@@ -310,7 +314,8 @@ def time_chosen(store, device_spec: str, models, base, *, count: int = 40, **cam
         for _, nodes in fused_groups(mod, gpu=device_spec.startswith("cuda")):
             in_kernel.update(g.nodes[i].workload_key for i in nodes)
     keys = [k for k in choose_workloads(graphs, base, count=count,
-                                        skip=frozenset(every - in_kernel)) if k in modules]
+                                        skip=frozenset(every - in_kernel) | skip)
+            if k in modules]
     rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
                        links=False, **campaign_kwargs)
     dev = rep.devices[0]

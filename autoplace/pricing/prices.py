@@ -93,14 +93,15 @@ class Prices:
 
 def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_model, db,
           func_name: str, here: bool, given_overhead, calibrate: bool = False,
-          mixed: bool = False) -> Prices:
+          mixed: bool = False, calibration_skip: frozenset[str] = frozenset()) -> Prices:
     """Every node's cost on every TVM device of ``devices`` (the cost model's, fused kernels
     charged once, tuned kernels' timed times, the measured kernel floor), their spread, the
     overheads and which records the build applies.
 
     ``cost_model="auto"``: :func:`~autoplace.pricing.auto_cost_model` (``here``: the devices
     are on this machine, so ``mod``'s workloads may be timed to calibrate it; ``mixed``: a
-    runtime device competes for the model's ops, so a calibration times more of them).
+    runtime device competes for the model's ops, so a calibration times more of them; none of
+    ``calibration_skip``, workload keys).
     ``given_overhead``: the caller's stage (throughput) or segment (latency) overhead, or None.
     """
     if isinstance(cost_model, str) and cost_model == "auto":
@@ -108,7 +109,8 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
 
         cost_model, described = auto_cost_model(
             devices, mod if here else None, calibrate=calibrate, func_name=func_name,
-            graph=graph, workloads=MIXED_CALIBRATION_WORKLOADS if mixed else None)
+            graph=graph, workloads=MIXED_CALIBRATION_WORKLOADS if mixed else None,
+            skip=calibration_skip)
     else:
         described = (ROOFLINE if cost_model is None or isinstance(cost_model, RooflineCostModel)
                      else type(cost_model).__name__)

@@ -108,7 +108,7 @@ def runtime_chains(graph: OpGraph, devices: Sequence[Device],
 def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
                        torch_devices: Sequence[Device], db=None,
                        chains: Sequence[Sequence[int]] = (), mod=None,
-                       func_name: str = "main") -> Prices:
+                       func_name: str = "main", models: Mapping | None = None) -> Prices:
     """``costs`` (of ``tvm_devices``) with a column per runtime device (``torch_devices``).
     A torch device's: its PyTorch calls as a profile of it measured them (given to the cost
     model, in store ``db``, or shipped), those it lacks timed here, plus the hand-off of a call
@@ -118,32 +118,16 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     profiler splits the segments of ``mod[func_name]`` it can run, read from or written to
     store ``db`` where it is a path (:func:`~autoplace.profile.ort_timings.time_ort_device`,
     :class:`~autoplace.predict.ort_costs.OrtCostModel`). On TVM devices, PyTorch calls cost
-    ``inf``."""
+    ``inf``. ``models``: the runtime devices' cost models where the caller has them
+    (:func:`runtime_models`); else they are made here."""
     if not torch_devices:
         check_runnable(graph, tvm_devices, costs.cost, costs.model)
         return costs
-    from autoplace.predict.torch_costs import TorchCostModel, WithTorch
-    from autoplace.profile import check_present
-    from autoplace.profile.torch_timings import time_torch_device, torch_profile
+    from autoplace.predict.torch_costs import WithTorch
 
-    models = {}
-    for d in torch_devices:
-        check_present(d)  # timed here, whatever check_devices says
-        if d.runtime == "ort":
-            from autoplace.predict.ort_costs import OrtCostModel
-            from autoplace.profile.ort_timings import time_ort_device
-
-            if mod is None:
-                raise ValueError(f"{d.name}: pricing an ONNX Runtime device needs the module")
-            store = db if isinstance(db, (str, Path)) and str(db) != "auto" else None
-            models[d.name] = OrtCostModel(time_ort_device(
-                mod, graph, d, func_name=func_name, db=store,
-                threads=runtime_threads(tvm_devices)))
-            continue
-        callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
-        timings = time_torch_device(graph, d, callers=callers, chains=chains,
-                                    profile=torch_profile(d, db=db, cost_model=costs.model))
-        models[d.name] = TorchCostModel(timings)
+    if models is None:
+        models = runtime_models(graph, costs, tvm_devices, torch_devices, db, chains, mod,
+                                func_name)
     model = WithTorch(costs.model, models)
     torch_nodes = [n.index for n in graph.nodes if n.is_torch]
     cost = costs.cost.copy()
@@ -166,6 +150,62 @@ def with_runtime_costs(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Devi
     return replace(costs, model=model, cost=cost, sources=sources, spread=spread,
                    overheads=replace(costs.overheads, charged=overhead, sources=sources_of),
                    notes=replace(costs.notes, profiles=costs.notes.profiles + note))
+
+
+def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
+                   torch_devices: Sequence[Device], db=None,
+                   chains: Sequence[Sequence[int]] = (), mod=None,
+                   func_name: str = "main") -> dict:
+    """The cost model of each runtime device of ``torch_devices`` (by name), its ops timed or
+    read as :func:`with_runtime_costs` says: what that function charges."""
+    from autoplace.predict.torch_costs import TorchCostModel
+    from autoplace.profile import check_present
+    from autoplace.profile.torch_timings import time_torch_device, torch_profile
+
+    models = {}
+    for d in torch_devices:
+        check_present(d)  # timed here, whatever check_devices says
+        if d.runtime == "ort":
+            from autoplace.predict.ort_costs import OrtCostModel
+            from autoplace.profile.ort_timings import time_ort_device
+
+            if mod is None:
+                raise ValueError(f"{d.name}: pricing an ONNX Runtime device needs the module")
+            store = db if isinstance(db, (str, Path)) and str(db) != "auto" else None
+            models[d.name] = OrtCostModel(time_ort_device(
+                mod, graph, d, func_name=func_name, db=store,
+                threads=runtime_threads(tvm_devices)))
+            continue
+        callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
+        timings = time_torch_device(graph, d, callers=callers, chains=chains,
+                                    profile=torch_profile(d, db=db, cost_model=costs.model))
+        models[d.name] = TorchCostModel(timings)
+    return models
+
+
+#: How far off TVM's costs before calibration are taken to be, at most, where they are screened
+#: against the runtime devices' measured ones (:func:`tvm_loses`).
+CALIBRATION_MARGIN = 4.0
+
+
+def tvm_loses(graph: OpGraph, costs: Prices, devices: Sequence[Device], models: Mapping,
+              margin: float = CALIBRATION_MARGIN) -> frozenset[str]:
+    """The workload keys of ``graph`` whose every op a runtime device of ``devices`` (its cost
+    model in ``models``, by name) runs in under ``1 / margin`` of what ``costs`` (of the TVM
+    devices, before calibration) charge the fastest TVM device for it: ops a calibration of
+    TVM's costs need not time, since TVM would lose them even were its costs ``margin`` times
+    too high."""
+    from autoplace.predict.torch_costs import WithTorch
+
+    runtimes = [d for d in devices if d.name in models]
+    if not runtimes or not graph.nodes:
+        return frozenset()
+    model = WithTorch(costs.model, dict(models))
+    best = np.min(np.column_stack([model.predict(graph, d) for d in runtimes]), axis=1)
+    on_tvm = np.min(costs.cost, axis=1) if costs.cost.shape[1] else np.full(len(best), np.inf)
+    loses = np.isfinite(best) & (on_tvm >= margin * best)
+    return frozenset(key for key, idx in graph.workloads().items() if loses[idx].all())
+
 
 
 def fused_runtime_calls(graph: OpGraph, devices: Sequence[Device], costs: Prices,

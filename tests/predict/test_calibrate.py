@@ -158,3 +158,16 @@ def test_the_cli_calibrates_and_no_calibrate_gives_roofline(new_host):
 
     assert run()["cost_model"].startswith("cpu0: calibrated on this machine from")
     assert run("--no-calibrate")["cost_model"].startswith("roofline estimates")
+
+
+def test_a_calibration_times_none_of_the_workloads_it_is_told_to_skip(new_host, monkeypatch):
+    m = zoo.load("branchy_cnn")
+    keys = {n.workload_key for n in autoplace.OpGraph.from_relax(m.mod).nodes}
+    full = calibrated(Device.cpu(0), [("m", m.mod)], count=6, progress=False)
+    timed = set(full.profile.latency_s)
+    assert timed
+    skipped = frozenset(sorted(timed)[: len(timed) // 2 + 1])
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(new_host.parent / "fresh"))  # a new entry
+    cal = calibrated(Device.cpu(0), [("m", m.mod)], count=6, progress=False, skip=skipped)
+    assert cal.profile.latency_s and not set(cal.profile.latency_s) & skipped
+    assert set(cal.profile.latency_s) <= keys

@@ -2,7 +2,7 @@
 paths beside the in-process pipeline's, the host links, and a plan's measured against predicted
 throughput beside the best one-host plan.
 
-Run: .venv/bin/python -m benchmarks cluster_pipeline [--inputs 64] [--width 256] [--layers 4]
+Run: .venv/bin/python -m benchmarks cluster_pipeline [--inputs 64] [--widths 256 64] [--layers 4]
 
 Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta``, one CPU and a
 200 MB object store each, and prints:
@@ -14,20 +14,27 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
 2. A tiny model (relu then exp of a 16x64 array; no compute to speak of) as one stage and as two,
    per input: ``RayPipeline`` (stages on alpha, then beta) and the in-process ``Pipeline`` (two
    CPU devices, one thread each), micro-batches of 1 and of 8.
-3. The host links, timed and fitted (``measure_host_links``).
-4. An MLP (``--layers`` matmul+tanh of ``--width``, batch 64): ``autoplace.optimize`` over
-   ``alpha/cpu:0`` and ``beta/cpu:1`` (objective throughput, the host links, the Ray pipeline's
-   per-stage cost from 2. as ``stage_overhead_s``, no replicas: a cluster does not run them
-   yet), run by ``RayPipeline`` over ``--inputs`` inputs: measured and predicted inputs/s, and
-   the same for the best one-host plan (every op on alpha, one stage, one actor).
+3. The host links, timed and fitted (``measure_host_links``), and the call of an actor on each
+   host (``measure_call_overheads``: CPU seconds per call in the actor and in this driver).
+4. Per ``--widths`` entry, an MLP (``--layers`` matmul+tanh of that width, batch 64):
+   ``autoplace.optimize`` over ``alpha/cpu:0`` and ``beta/cpu:1`` (objective throughput, the
+   host links and the hosts' calls of 3., ``host_overheads``; replicas and the guard off, to
+   see the solver's pipeline), run by ``RayPipeline`` over ``--inputs`` inputs: measured and
+   predicted inputs/s; the same for the one-host plan (every op on alpha, one stage, one
+   actor) and for replicas of the whole model on both hosts. Beside each: the actors' busy
+   seconds (their calls' compute) against the ops' predicted seconds, and the share of the
+   machine's cores used while it ran by this process and the cluster it started (the driver,
+   the actors, Ray's own: ``ours``) and by every other process (``others``).
 
 Both nodes share this machine's cores: with two cores, the driver, two actors and Ray's own
-processes contend, as they would not on two machines.
+processes contend, as they would not on two machines; the last two columns show how much of
+the machine the benchmark had.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -151,20 +158,92 @@ def per_input(pipe, xs, rounds: int = 3) -> float:
     return statistics.median(times)
 
 
+def cpu_s() -> tuple[float, float]:
+    """CPU seconds spent by every process of this machine (user + system, from /proc/stat) and
+    by this one and its children (the driver, and the Ray cluster it started: raylets, GCS,
+    actors; ``nan`` without psutil), so far."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system = (int(v) for v in fields[:3])
+    irq, softirq = (int(v) for v in fields[5:7])
+    machine = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    try:
+        import psutil
+    except ImportError:
+        return machine, float("nan")
+    me, ours = psutil.Process(), 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            ours += t.user + t.system
+        except psutil.Error:
+            pass
+    return machine, ours
+
+
+def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> None:
+    """Step 4 for one MLP: the solver's plan, one host and replicas, measured and predicted."""
+    import autoplace
+    from autoplace.cluster import RayPipeline, host_links, host_overheads
+    from autoplace.solve import simulate_replicas, simulate_throughput
+
+    print(f"4. MLP {layers} x (matmul {width}, tanh), batch 64; {inputs} inputs")
+    mod = mlp(width, layers)
+    res = autoplace.optimize(mod, devs, objective="throughput", links=host_links(devs, fits),
+                             replicate=False, baseline_guard=False,
+                             **host_overheads(devs, calls))
+    plan, p = res.plan, res.problem
+    print("   " + str(plan).replace("\n", "\n   "))
+    n = len(plan.nodes)
+    one = plan_of(mod, devs, [0] * n)
+    reps = autoplace.Plan.from_assignment(
+        autoplace.OpGraph.from_relax(mod), devs, [devs[0].name] * n, stages=(0,) * n,
+        objective="throughput", replicas=tuple(d.name for d in devs))
+    rows = [("plan", plan, plan.predicted_s),
+            ("one host", one, simulate_throughput(p, [0] * n, [0] * n)),
+            ("replicas", reps, simulate_replicas(p, [0, 1]))]
+    xs = [rng.standard_normal((64, width)).astype("float32") for _ in range(inputs)]
+    print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}{'busy/ops':>10}"
+          f"{'ours':>6}{'others':>8}")
+    measured = {}
+    for name, pl, pred in rows:
+        with RayPipeline.from_plan(mod, pl) as pipe:
+            cpu0, t0 = cpu_s(), time.perf_counter()
+            measured[name] = per_input(pipe, xs)
+            wall = (time.perf_counter() - t0) * os.cpu_count()
+            cpu = [(b - a) / wall for a, b in zip(cpu0, cpu_s())]
+            stats = pipe.stats
+        # The ops' predicted seconds per input on each worker, against the seconds its calls
+        # were busy (the last run's): how much slower the compute ran than its costs.
+        ops = (p.cost[np.arange(n), _devices(pl, devs)].sum() if not pl.replicas
+               else p.cost[:, [0, 1]].sum(axis=0).mean())
+        busy = sum(stats.busy_s) / stats.inputs
+        print(f"   {name:<10}{1 / measured[name]:>11.2f}{1 / pred:>12.2f}"
+              f"{pred / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}{cpu[0] - cpu[1]:>8.2f}"
+              f"   ({stats})")
+    print(f"   plan over one host: {measured['one host'] / measured['plan']:.2f}x measured, "
+          f"{rows[1][2] / plan.predicted_s:.2f}x predicted")
+
+
+def _devices(plan, devs) -> list[int]:
+    """Each node's device index in ``devs``."""
+    names = [d.name for d in devs]
+    return [names.index(a) for a in plan.assignment]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", type=int, default=64)
-    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--widths", type=int, nargs="+", default=[256, 64])
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
 
     import ray
 
     import autoplace
-    from autoplace.cluster import RayPipeline, host_links, measure_host_links
+    from autoplace.cluster import RayPipeline, measure_call_overheads, measure_host_links
     from autoplace.devices import Device
     from autoplace.run import Pipeline
-    from autoplace.solve import simulate_throughput
 
     cluster = start()
     try:
@@ -194,37 +273,20 @@ def main():
             print(f"   Pipeline (mb {mb})  1 stage {local_s[(1, mb)] * 1e6:8.0f}   "
                   f"2 stages {local_s[(2, mb)] * 1e6:8.0f}")
 
-        print("3. host links (Ray object transfer)")
+        print("3. host links (Ray object transfer) and the call of an actor on each host")
         fits = measure_host_links()
         names = {autoplace.cluster.host_fingerprint(h): h for h in ("alpha", "beta")}
         for f in fits:
             print(f"   {names[f.src]} -> {names[f.dst]}: alpha {f.alpha_s * 1e6:.0f} us, "
                   f"beta {f.beta_bps / 1e9:.3g} GB/s, r2 {f.r2:.3f}")
+        calls = measure_call_overheads()
+        for f in calls:
+            print(f"   call on {f.detail['host']}: {f.seconds * 1e6:.0f} us CPU in the "
+                  f"{f.detail['side']} ({f.detail['wall_s'] * 1e6:.0f} us wall per call)")
 
-        print(f"4. MLP {args.layers} x (matmul {args.width}, tanh), batch 64; "
-              f"{args.inputs} inputs")
-        mod = mlp(args.width, args.layers)
         devs = [alpha, beta]
-        res = autoplace.optimize(mod, devs, objective="throughput", links=host_links(devs, fits),
-                                 stage_overhead_s=ray_s[2], replicate=False,
-                                 baseline_guard=False)
-        plan = res.plan
-        print("   " + str(plan).replace("\n", "\n   "))
-        xs = [rng.standard_normal((64, args.width)).astype("float32")
-              for _ in range(args.inputs)]
-        one = plan_of(mod, devs, [0] * len(plan.nodes))
-        one_pred = simulate_throughput(res.problem, [0] * len(plan.nodes), [0] * len(plan.nodes))
-        rows = [("plan", plan, plan.predicted_s), ("one host", one, one_pred)]
-        print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}")
-        measured = {}
-        for name, p, pred in rows:
-            with RayPipeline.from_plan(mod, p) as pipe:
-                measured[name] = per_input(pipe, xs)
-                busy = pipe.stats
-            print(f"   {name:<10}{1 / measured[name]:>11.2f}{1 / pred:>12.2f}"
-                  f"{pred / measured[name]:>6.2f}   ({busy})")
-        print(f"   plan over one host: {measured['one host'] / measured['plan']:.2f}x measured, "
-              f"{one_pred / plan.predicted_s:.2f}x predicted")
+        for width in args.widths:
+            mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng)
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -225,6 +225,11 @@ def test_ort_costs_and_edge_are_stored_in_the_profile_and_read_back(branchy, tmp
     for i, s in first.ops.items():  # each op: its workload's mean in context
         same = graph.workloads()[graph.nodes[i].workload_key]
         assert again.ops[i] == pytest.approx(np.mean([first.ops[k] for k in same]))
+    assert again.between_bytes == first.between_bytes == ort_timings.between_bytes(graph) > 0
+    # a model whose ops touch ten times the bytes between two calls: its call is timed again
+    monkeypatch.setattr(ort_timings, "between_bytes", lambda g: 10 * first.between_bytes)
+    with ProfileStore(db, readonly=True) as store:
+        assert ort_timings.stored(store, graph, ort) is None
 
 
 def test_a_saved_module_with_ort_segments_loads_and_runs_in_a_new_process(branchy, tmp_path):

@@ -79,5 +79,6 @@ class OrtCostModel:
                 f"at {t.threads} thread(s), graph optimization '{t.level}' (measured faster on "
                 f"the largest segment: {levels}); + {t.edge_s * 1e6:.1f} us per tensor "
                 f"entering or leaving a segment (half a call from the VM: "
-                f"{t.call_s * 1e6:.1f} us) and {t.edge_byte_s * 1e12:.0f} us per MB of it "
+                f"{t.call_s * 1e6:.1f} us, with {t.between_bytes / 2**20:.1f} MB written "
+                f"between two calls) and {t.edge_byte_s * 1e12:.0f} us per MB of it "
                 "(ORT's reorders at the edges)")

@@ -41,7 +41,8 @@ class OrtTimings:
     ORT adds at a segment's edges, per byte that crosses);
     ``level``: the graph optimization level the segments run at, ``levels_s`` what the largest
     segment took at each; ``segments``: how many were profiled; ``call_s``: one call from the
-    VM beyond its nodes; ``stored``: read from a profile store, not timed here."""
+    VM beyond its nodes, with ``between_bytes`` written by other ops between two calls
+    (:func:`measure_call`); ``stored``: read from a profile store, not timed here."""
 
     ops: Mapping[int, float]
     edge_s: float
@@ -53,6 +54,7 @@ class OrtTimings:
     call_s: float = DEFAULT_CALL_S
     stored: bool = False
     edge_byte_s: float = 0.0
+    between_bytes: int = 0
 
 
 def runnable(graph: OpGraph, device: Device) -> list[bool]:
@@ -108,7 +110,8 @@ def ort_info(device: Device, threads: int = 1) -> dict:
 
 def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTimings | None:
     """The :class:`OrtTimings` of ``graph`` that ``store`` holds for ``device`` at ``threads``,
-    or None where it lacks any of its ops or the edge."""
+    or None where it lacks any of its ops or the edge, or where its call was measured beside
+    a working set (:func:`between_bytes`) of more than twice or under half ``graph``'s."""
     from autoplace.profile.measure import fingerprint
 
     fp = fingerprint(ort_info(device, threads))
@@ -116,6 +119,9 @@ def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTiming
     if not edges:
         return None
     edge = edges[0]
+    touched, here = edge.detail.get("between_bytes"), between_bytes(graph)
+    if touched is None or not 0.5 <= (touched + 1) / (here + 1) <= 2.0:
+        return None  # its call was measured with another working set beside it: timed again
     level = edge.detail.get("level", "all")
     rows = {m.workload: m for m in store.measurements(fp, schedule=f"ort:{level}")}
     ops, why = {}, {}
@@ -130,7 +136,8 @@ def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTiming
                       {k: float(v) for k, v in edge.detail.get("levels_s", {}).items()},
                       int(edge.detail.get("segments", 0)), why,
                       float(edge.detail.get("call_s", DEFAULT_CALL_S)), stored=True,
-                      edge_byte_s=float(edge.detail.get("byte_s", 0.0)))
+                      edge_byte_s=float(edge.detail.get("byte_s", 0.0)),
+                      between_bytes=int(touched))
 
 
 def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) -> None:
@@ -159,7 +166,7 @@ def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) ->
     store.put_overhead(OverheadFit(fp, "", "ort_edge", timings.edge_s, {
         "level": timings.level, "levels_s": dict(timings.levels_s),
         "segments": timings.segments, "call_s": timings.call_s,
-        "byte_s": timings.edge_byte_s,
+        "byte_s": timings.edge_byte_s, "between_bytes": timings.between_bytes,
         "how": "half a call from the VM per tensor crossing, plus byte_s a byte of it for the "
                "reorders ORT adds at a segment's edges"},
         now))
@@ -199,63 +206,91 @@ def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
         crossing = sum(_nbytes(s, d) for s, d in (*seg.inputs, *seg.outputs))
         if times.added_s > 0 and crossing:
             added.append(times.added_s / crossing)
-    call_s = measure_call(threads)
+    touched = between_bytes(graph)
+    call_s = measure_call(threads, between_bytes=touched)
     edge_s = call_s / 2
     for i in why:
         ops[i] = np.inf
     return OrtTimings(ops, edge_s, level, threads, levels_s, len(segments), why, call_s,
-                      edge_byte_s=float(np.median(added)) if added else 0.0)
+                      edge_byte_s=float(np.median(added)) if added else 0.0,
+                      between_bytes=touched)
+
+
+def between_bytes(graph: OpGraph) -> int:
+    """The bytes a call's state may have been pushed out of the caches by, in ``graph``: what
+    its ops read as weights and write in one inference, at most twice this host's last-level
+    cache."""
+    from autoplace.profile.torch_runner import cache_bytes
+
+    touched = sum(n.param_bytes + n.bytes_written for n in graph.nodes)
+    return int(min(touched, 2 * cache_bytes()))
 
 
 def _nbytes(shape, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def measure_call(threads: int = 1, calls: int = 16, shape=(64, 8, 8)) -> float:
+def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
+                 between_bytes: int = 0, rounds: int = 7) -> float:
     """Seconds one call of an ORT segment from the Relax VM costs beyond its nodes: a built
-    chain of ``calls`` one-op segments (a relu) against ORT's own time for their nodes, per
-    call. Where it cannot be measured: :data:`DEFAULT_CALL_S`, with a warning."""
+    chain of ``calls`` one-op segments (a relu, a sigmoid, ...), each followed by a TVM kernel
+    that writes ``between_bytes`` (what the model's other ops touch between two calls, which
+    takes ORT's code and state out of the caches), against the same chain without the
+    segments, per call, less ORT's own time for their nodes. Where it cannot be measured:
+    :data:`DEFAULT_CALL_S`, with a warning."""
     import time
 
     import tvm
     from tvm import relax
 
-    from autoplace.backend.ort_segments import register, relax_call
+    from autoplace.backend.ort_segments import profile, register, relax_call
     from autoplace.graph.segments import cut, export
 
-    try:
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                out = bb.emit_output(relax.op.nn.relu(x))
-            bb.emit_func_output(out)
-        one = bb.get()
-        seg = export(one, cut(one["main"], [True])[0])
-        name = register(seg, threads)
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
-        ty = relax.TensorType(list(shape), "float32")
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(calls):
-                    v = bb.emit(relax_call(name, [v], [ty]))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
-        data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
-                                  .astype("float32"), tvm.cpu())
-        vm["main"](data)
-        walls = []
-        for _ in range(10):
-            t = time.perf_counter()
-            vm["main"](data)
-            walls.append(time.perf_counter() - t)
-        from autoplace.backend.ort_segments import profile
+    ty = relax.TensorType(list(shape), "float32")
+    big = relax.TensorType([max(1, between_bytes // 4)], "float32")
 
-        node_s = sum(profile(seg, threads, "all", runs=10).ops.values())
-        return max(0.0, float(np.median(walls)) / calls - node_s)
+    def built(body, args):
+        bb = relax.BlockBuilder()
+        params = [relax.Var(f"a{i}", t) for i, t in enumerate(args)]
+        with bb.function("main", params):
+            with bb.dataflow():
+                out = bb.emit_output(body(bb, *params))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    try:
+        segs = [export(one, cut(one["main"], [True])[0]) for one in (
+            built(lambda bb, x, f=f: f(x), [ty])
+            for f in (relax.op.nn.relu, relax.op.sigmoid, relax.op.tanh, relax.op.exp))]
+        names = [register(seg, threads) for seg in segs]
+
+        def chain(bb, x, w, with_calls):
+            for i in range(calls):
+                if with_calls:
+                    x = bb.emit(relax_call(names[i % len(names)], [x], [ty]))
+                if between_bytes:
+                    w = bb.emit(relax.op.add(w, relax.const(0.5, "float32")))
+            return relax.Tuple([x, w])
+
+        data = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
+                                   .astype("float32"), tvm.cpu()),
+                tvm.runtime.tensor(np.zeros(big.shape.values[0].value, "float32"), tvm.cpu())]
+        runs = []
+        for with_calls in (True, False):
+            mod = built(lambda bb, x, w, c=with_calls: chain(bb, x, w, c), [ty, big])
+            vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+            vm["main"](*data)
+            runs.append(vm["main"])
+        walls = ([], [])
+        for _ in range(rounds):  # turn by turn: the load of the moment is the same for both
+            for run, kept in zip(runs, walls):
+                t = time.perf_counter()
+                run(*data)
+                kept.append(time.perf_counter() - t)
+        node_s = float(np.mean([sum(profile(seg, threads, "all", runs=10).ops.values())
+                                for seg in segs]))
+        per_call = (float(np.median(walls[0])) - float(np.median(walls[1]))) / calls
+        return max(0.0, per_call - node_s)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         log.warning("could not measure an ONNX Runtime call from the VM (%s): charged %.1f us",
                     e, DEFAULT_CALL_S * 1e6)

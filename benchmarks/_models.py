@@ -104,14 +104,9 @@ def _other(name: str, rng):
     """(module returning the last hidden state, numpy inputs) of a model of :data:`OTHERS`."""
     import torch
 
-    try:
-        import_torchvision()  # transformers imports torchvision when it is installed
-    except ImportError:
-        pass
-    try:
-        import transformers as hf
-    except ImportError:
-        raise ImportError(f"{name} needs transformers: {INSTALL_HINT}") from None
+    hf = import_transformers()
+    if hf is None:
+        raise ImportError(f"{name} needs transformers: {INSTALL_HINT}")
     tokens, vocab = 32, 1000
     ids = rng.integers(0, vocab, (1, tokens)).astype("int64")
     mask = np.ones((1, tokens), dtype="int64")
@@ -223,6 +218,20 @@ def import_torchvision():
 _SHIM = None  # the operator schemas live as long as this library object
 
 
+def import_transformers():
+    """``import transformers`` (after torchvision, which it imports where installed, on a
+    CPU-only torch: :func:`import_torchvision`), or None where it is not installed."""
+    try:
+        import_torchvision()
+    except ImportError:
+        pass
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers
+
+
 def _bert(size: dict, transformers: bool = True):
     """(module taking token ids, returning the last hidden state; description) of the encoder
     of ``size`` (a value of :data:`BERTS`): ``transformers``' BertModel where it is installed
@@ -231,15 +240,11 @@ def _bert(size: dict, transformers: bool = True):
 
     if not transformers:
         return _TorchEncoder(size), "BERT-style encoder written in torch"
-    try:
-        import_torchvision()  # transformers imports torchvision when it is installed
-    except ImportError:
-        pass
-    try:
-        from transformers import BertConfig, BertModel
-    except ImportError:
+    hf = import_transformers()
+    if hf is None:
         return (_TorchEncoder(size),
                 f"BERT-style encoder written in torch (transformers not installed: {INSTALL_HINT})")
+    BertConfig, BertModel = hf.BertConfig, hf.BertModel
     config = BertConfig(vocab_size=size["vocab"], hidden_size=size["hidden"],
                         num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
                         intermediate_size=size["ffn"], max_position_embeddings=512)

@@ -26,7 +26,7 @@ import numpy as np
 INSTALL_HINT = "pip install -e '.[bench]'"
 
 TORCHVISION = {name: f"torchvision {name}, 224x224" for name in (
-    "resnet18", "resnet34", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
+    "resnet18", "resnet34", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
     "regnet_x_400mf", "regnet_y_400mf", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
     "efficientnet_b0", "convnext_tiny", "squeezenet1_1", "densenet121")}
 ZOO = ("zoo:resnet", "zoo:transformer")

@@ -39,7 +39,8 @@ BERTS = {"bert": dict(layers=4, hidden=256, heads=4, ffn=1024, seq=128, vocab=30
 # decoders with an attention mask (left padding) whose position ids and causal mask the model
 # computes itself, audio encoders opening on conv1d, and token mixing by Fourier transform.
 OTHERS = {"gpt2": "transformers GPT2Model, 2 layers, hidden 128, 32 tokens, masked",
-          "llama": "transformers LlamaModel, 2 layers, hidden 128, GQA 4/2 heads, 32 tokens, masked",
+          "llama": "transformers LlamaModel, 2 layers, hidden 128, 4 heads on 2 KV heads, 32 "
+                   "tokens, masked",
           "whisper_encoder": "transformers Whisper encoder, 2 layers, d 128, 80 mels x 200 frames",
           "wav2vec2": "transformers Wav2Vec2Model, 3 conv1d, 2 layers, hidden 128, 4000 samples",
           "fnet": "transformers FNetModel, 2 layers, hidden 128, 32 tokens (FFT token mixing)"}

@@ -67,12 +67,15 @@ def placed(model, threads: int) -> dict:
     with torch.no_grad():
         want = model.module(*[torch.from_numpy(x) for x in model.inputs])
     got = module(*[torch.from_numpy(x) for x in model.inputs])
-    flat = lambda v: [np.asarray(x) for x in (v if isinstance(v, (tuple, list)) else [v])]  # noqa: E731
     build_s = module.times.get("build")
     return {"first_s": first, "devices": dict(Counter(res.plan.assignment)), "runs": module.runs,
             "times": dict(module.times), "predicted": res.predicted_latency_s,
             "mp": build_s / res.predicted_latency_s if build_s else None,
-            "error": _models.rel_error(flat(got), flat(want))}
+            "error": _models.rel_error(_flat(got), _flat(want))}
+
+
+def _flat(v) -> list:
+    return [np.asarray(x) for x in (v if isinstance(v, (tuple, list)) else [v])]
 
 
 def main(argv=None) -> int:

@@ -1049,7 +1049,7 @@ class _FourierMixing(torch.nn.Module):
 
 
 @pytest.mark.parametrize("model, why", [
-    (_Catted, "the importer failed on aten.cat: Concat expects all input tensors to have same ndim"),
+    (_Catted, "the importer failed on aten.cat: Concat expects all input tensors to have same"),
     (_FourierMixing, "aten._fft_c2c"),
 ])
 def test_an_op_tvm_cannot_import_or_hold_runs_in_pytorch_and_says_why(model, why):

@@ -200,7 +200,8 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
     base : XGBCostModel
         The model to adapt, trained on another device.
     rows : sequence of dict
-        :func:`~autoplace.predict.profile_rows` of one device (the new one), at least 3.
+        :func:`~autoplace.predict.profile_rows` of one device (the new one), at least
+        :data:`MIN_ROWS`.
     base_device : str, optional
         Which of ``base``'s devices (fingerprint) to start from; default its only one of the
         rows' kind.
@@ -215,9 +216,9 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
     if len(devices) != 1:
         raise ValueError(f"adapt needs rows of one device, got {len(devices)} "
                          "(profile_rows(store, device))")
-    if len(rows) < 3:
-        raise ValueError(f"only {len(rows)} measured workloads to adapt on: time at least 3 "
-                         "(autoplace profile --quick)")
+    if len(rows) < MIN_ROWS:
+        raise ValueError(f"only {len(rows)} measured workloads to adapt on: time at least "
+                         f"{MIN_ROWS} (autoplace profile --quick)")
     kind = rows[0].get("device_kind", "cpu")
     if base_device is None:
         same = [fp for fp, d in base.devices_.items() if d.get("kind", "cpu") == kind]
@@ -245,6 +246,10 @@ def adapt(base, rows: Sequence[dict], *, base_device: str | None = None,
     device = {"fingerprint": first["device"], "name": first.get("device_name"), "kind": kind,
               "threads": first.get("threads"), "target": first.get("target")}
     return AdaptedCostModel(base, base_device, device, booster, calibration, base_path=base_path)
+
+
+#: The fewest measured workloads :func:`adapt` adapts a model on.
+MIN_ROWS = 3
 
 
 def choose_workloads(graphs: Sequence[OpGraph], base, *, count: int = 40,

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplace.predict.adapt import AdaptedCostModel, adapt, choose_workloads, shipped_base
+from autoplace.predict.adapt import (MIN_ROWS, AdaptedCostModel, adapt, choose_workloads,
+                                     shipped_base)
 from autoplace.profile.calibration_cache import cache_entry
 from autoplace.profile.measure import TimingPolicy
 
@@ -296,7 +297,8 @@ def time_chosen(store, device_spec: str, models, base, *, count: int = 40,
     """Time on ``device_spec`` the workloads :func:`~autoplace.predict.adapt.choose_workloads`
     picks from ``models``
     (``(name, tvm.IRModule)`` pairs; only ops that become kernels of their own, none of
-    ``skip``) into ``store``,
+    ``skip`` unless fewer than :data:`~autoplace.predict.adapt.MIN_ROWS` are left) into
+    ``store``,
     skipping those it already holds. Returns ``(how many were chosen, the campaign's
     DeviceReport)``; ValueError where the device cannot be reached."""
     from autoplace.graph import OpGraph
@@ -313,9 +315,12 @@ def time_chosen(store, device_spec: str, models, base, *, count: int = 40,
         every.update(n.workload_key for n in g.nodes)
         for _, nodes in fused_groups(mod, gpu=device_spec.startswith("cuda")):
             in_kernel.update(g.nodes[i].workload_key for i in nodes)
-    keys = [k for k in choose_workloads(graphs, base, count=count,
-                                        skip=frozenset(every - in_kernel) | skip)
-            if k in modules]
+    no_kernel = frozenset(every - in_kernel)
+    chosen = choose_workloads(graphs, base, count=count, skip=no_kernel | skip)
+    if len(chosen) < MIN_ROWS and skip:  # too few left to adapt on: the heaviest skipped too
+        more = choose_workloads(graphs, base, count=count, skip=no_kernel)
+        chosen += [k for k in more if k not in chosen][:MIN_ROWS - len(chosen)]
+    keys = [k for k in chosen if k in modules]
     rep = run_campaign([("quick", modules[k]) for k in keys], [device_spec], store,
                        links=False, **campaign_kwargs)
     dev = rep.devices[0]

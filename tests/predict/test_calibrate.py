@@ -171,3 +171,12 @@ def test_a_calibration_times_none_of_the_workloads_it_is_told_to_skip(new_host, 
     cal = calibrated(Device.cpu(0), [("m", m.mod)], count=6, progress=False, skip=skipped)
     assert cal.profile.latency_s and not set(cal.profile.latency_s) & skipped
     assert set(cal.profile.latency_s) <= keys
+
+
+def test_a_calibration_skipping_nearly_everything_still_times_enough_to_adapt(new_host):
+    from autoplace.predict.adapt import MIN_ROWS
+
+    m = zoo.load("branchy_cnn")
+    keys = frozenset(n.workload_key for n in autoplace.OpGraph.from_relax(m.mod).nodes)
+    cal = calibrated(Device.cpu(0), [("m", m.mod)], count=6, progress=False, skip=keys)
+    assert cal.rows >= MIN_ROWS and set(cal.profile.latency_s) <= keys

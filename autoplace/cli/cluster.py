@@ -50,9 +50,9 @@ def _run(args) -> int:
                 got = {(f.device, f.kind): f.seconds for f in store.overheads()
                        if f.detail.get("how") == HOW}
                 calls = [{"host": h.name, "actor_s": got[(fp, "call")],
-                          "driver_s": got[(fp, "stage")]}
+                          "driver_s": got[(fp, "stage")], "one_s": got[(fp, "segment")]}
                          for h in found for fp in [host_fingerprint(h.name)]
-                         if (fp, "call") in got and (fp, "stage") in got]
+                         if all((fp, k) in got for k in ("call", "stage", "segment"))]
     finally:
         if ours:
             ray.shutdown()
@@ -72,7 +72,8 @@ def _run(args) -> int:
               f"{f['beta_bps'] / 1e9:.3g} GB/s (r2 {f['r2']:.3f})")
     for c in calls:
         print(f"call of an actor on {c['host']}: {c['actor_s'] * 1e6:.0f} us CPU in the actor, "
-              f"{c['driver_s'] * 1e6:.0f} us in this driver")
+              f"{c['driver_s'] * 1e6:.0f} us in this driver; {c['one_s'] * 1e6:.0f} us from "
+              "submission to result, one at a time")
     return 0
 
 

@@ -1,5 +1,6 @@
 """A throughput plan whose stages are on the hosts of a Ray cluster: one actor per stage (or
-per replica of a replicated plan).
+per replica of a replicated plan); a latency plan over hosts runs the same way, one input at a
+time (:class:`RayModel`).
 
 Each stage's Relax module travels to its host as text (``tvm.ir.save_json``) and is built there,
 by an actor pinned to that host's node, for that host's CPU. Inputs stream through the actors as
@@ -35,6 +36,49 @@ if TYPE_CHECKING:
     import tvm
 
 log = logging.getLogger(__name__)
+
+
+class RayModel:
+    """A latency plan over hosts, built: its stages as Ray actors on their hosts, as
+    :class:`RayPipeline` runs them, called on one input at a time. Call it with numpy arrays (or
+    torch tensors, which it returns likewise); close it (or use ``with``) to end the actors.
+
+    >>> with res.compile() as model:          # a latency plan over hosts   # doctest: +SKIP
+    ...     outs = model(x)
+    """
+
+    def __init__(self, pipe: RayPipeline):
+        self.pipe, self.plan = pipe, pipe.plan
+
+    @classmethod
+    def from_plan(cls, mod: tvm.IRModule, plan: Plan, func_name: str = "main",
+                  **kwargs) -> RayModel:
+        """Start ``plan``'s stages (:meth:`RayPipeline.from_plan`, which ``kwargs`` go to) with
+        one input in flight."""
+        return cls(RayPipeline.from_plan(mod, plan, func_name, max_in_flight=1, **kwargs))
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.pipe.staged.inputs)
+
+    def __call__(self, *inputs) -> list[Any]:
+        """The outputs of one input.
+
+        Raises
+        ------
+        ClusterPipelineError
+            A stage failed or its host died (see :meth:`RayPipeline.stream`).
+        """
+        return next(self.pipe.stream([inputs]))
+
+    def close(self) -> None:
+        self.pipe.close()
+
+    def __enter__(self) -> RayModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class ClusterPipelineError(PipelineError):

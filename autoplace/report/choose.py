@@ -60,18 +60,27 @@ def choose(graph: OpGraph, devices: Sequence[Device], prices: Prices, problems: 
     plans = {b.name: plan_of(graph, devices, b.solution, objective, prices, b.threads)
              for b in found if b.solution is not None}
     vm_only = any(d.runtime != "tvm" for d in devices)  # PyTorch calls run inside one VM
-    if vm_only and plain is not None:  # ... so nothing overlaps: a baseline's ops add up
+    segment = None if plain is None else prices.overheads.charged
+    # A latency plan on a cluster's hosts runs as Ray actor calls, a stage per segment, each
+    # charged its segment overhead; the baselines too (one device is one call).
+    ray = plain is not None and any(d.host is not None for d in devices)
+    if ray:
+        found = [replace(b, value=delivery_of(
+            replace(plain, cost=(b.problem or plain).cost), b.solution, segment,
+            call_of(calls, names, b.solution), ray=True).predicted_s)
+            if b.value is not None and b.solution is not None else b for b in found]
+    if vm_only and plain is not None and not ray:  # ... so nothing overlaps: ops add up
         from autoplace.solve.segments import serial_latency
 
         found = [replace(b, value=serial_latency(replace(plain, cost=(b.problem or plain).cost),
                                                  b.solution.assignment))
                  if b.value is not None and b.solution is not None else b for b in found]
-    if calls and plain is not None:  # a latency build's call costs what its devices charge
+    if calls and plain is not None and not ray:  # a build's call costs what its devices charge
         found = [replace(b, value=b.value + call_of(calls, names, b.solution))
                  if b.value is not None else b for b in found]
-    segment = None if plain is None else prices.overheads.charged
     delivery = None if plain is None else delivery_of(plain, solution, segment,
-                                                      call_of(calls, names, solution), vm_only)
+                                                      call_of(calls, names, solution), vm_only,
+                                                      ray)
     decision, contenders = None, ()
     if baseline_guard:
         # A latency plan is worth what its build delivers (one VM, or segments side by side),
@@ -92,7 +101,7 @@ def choose(graph: OpGraph, devices: Sequence[Device], prices: Prices, problems: 
             plan = plans[chosen.name]
             if plain is not None:
                 delivery = delivery_of(replace(plain, cost=problem.cost), solution, segment,
-                                       call_of(calls, names, solution), vm_only)
+                                       call_of(calls, names, solution), vm_only, ray)
             log.info("returning the baseline %s: %s", chosen.name,
                      decision or "it is predicted faster than the solver's plan")
     if delivery is not None:
@@ -173,10 +182,12 @@ def _unpredicted_all_threads(graph: OpGraph, devices: Sequence[Device], threaded
 
 
 def delivery_of(problem: Problem, solution: Solution, overhead: Mapping[str, float],
-                call_s: float = 0.0, vm_only: bool = False) -> Delivery:
+                call_s: float = 0.0, vm_only: bool = False, ray: bool = False) -> Delivery:
     """Both ways of running a latency solution on ``problem`` (without the segment overhead the
     solver saw on its copies), and which is faster; ``call_s`` is added to either. ``vm_only``:
-    one VM whatever is faster (a plan with PyTorch calls, which segments do not run yet)."""
+    one VM whatever is faster (a plan with PyTorch calls, which segments do not run yet);
+    ``ray``: its segments as Ray actor calls on their hosts (a plan on a cluster's hosts), one
+    device too."""
     from autoplace.solve.segments import concurrent_latency, segments, serial_latency
 
     a = solution.assignment
@@ -184,7 +195,8 @@ def delivery_of(problem: Problem, solution: Solution, overhead: Mapping[str, flo
     conc = concurrent_latency(problem, a, per_device, solution.order).makespan
     serial = serial_latency(problem, a)
     count = int(segments(problem, a, solution.order).max(initial=-1)) + 1
-    runner = "concurrent" if len(set(a.tolist())) > 1 and conc < serial and not vm_only else "vm"
+    runner = ("ray" if ray else
+              "concurrent" if len(set(a.tolist())) > 1 and conc < serial and not vm_only else "vm")
     return Delivery(runner, conc, serial, count, call_s)
 
 

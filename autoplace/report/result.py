@@ -113,10 +113,25 @@ class OptimizeResult:
         (:func:`autoplace.run.trial.run_fastest`: up to about three seconds of calls beyond the
         builds) and returns the fastest; its ``.trial`` says what was measured. ``trial=False``
         builds this plan alone.
+
+        A latency plan with a device on a cluster's host runs as Ray actors, one per segment (a
+        call of one device's nodes that starts once all it reads is there) on its host, one
+        input at a time
+        (:class:`autoplace.cluster.RayModel`, close it when done); ``concurrent`` and ``trial``
+        do not apply.
         """
         if _on_hosts(self.plan):
-            raise ValueError("this plan has devices on other hosts: it runs on a Ray cluster as a "
-                             "pipeline; optimize with objective='throughput' and run .pipeline()")
+            if self.solution.objective != "latency":
+                raise ValueError("this plan has devices on other hosts: it runs on a Ray "
+                                 "cluster as a pipeline: run .pipeline()")
+            from autoplace.cluster import RayModel
+            from autoplace.solve.segments import segments
+
+            # A stage per segment, the calls the delivery priced (each waits for all it reads).
+            stages = segments(self.problem, self.solution.assignment, self.solution.order)
+            return RayModel.from_plan(self.source_mod,
+                                      replace(self.plan, stages=tuple(stages.tolist())),
+                                      self.graph.func_name)
         if trial is None:
             trial = concurrent is None
         if concurrent is None:
@@ -270,7 +285,9 @@ class Delivery:
     ``concurrent_s``: as segments, one worker per device, each segment charged its device's
     ``segment_overhead_s`` (:func:`autoplace.solve.segments.concurrent_latency`); ``serial_s``:
     one VM, one kernel after another (:func:`~autoplace.solve.segments.serial_latency`).
-    ``runner`` is the faster, ``"concurrent"`` or ``"vm"``; a plan on one device is ``"vm"``.
+    ``runner`` is the faster, ``"concurrent"`` or ``"vm"``; a plan on one device is ``"vm"``;
+    a plan on a cluster's hosts is ``"ray"``: its segments as Ray actor calls, each charged its
+    host's ``segment_overhead_s``, side by side where the data allows (``concurrent_s``).
     ``call_s``: what a call from Python costs beyond the kernels (the device's measured
     ``call`` overhead; 0 where no profile measured it), the same whichever runner.
     """
@@ -284,7 +301,7 @@ class Delivery:
     @property
     def run_s(self) -> float:
         """The runner's kernels, copies and segments, without the call."""
-        return self.concurrent_s if self.runner == "concurrent" else self.serial_s
+        return self.concurrent_s if self.runner in ("concurrent", "ray") else self.serial_s
 
     @property
     def predicted_s(self) -> float:
@@ -293,6 +310,9 @@ class Delivery:
 
     def __str__(self) -> str:
         call = f" + {self.call_s * 1e6:.1f} us a call" if self.call_s else ""
+        if self.runner == "ray":
+            return (f"{self.segments} Ray actor call(s) on their hosts, one input at a time, "
+                    f"predicted {self.concurrent_s * 1e3:.4f} ms{call}")
         if self.segments <= 1:
             return f"one VM, predicted {self.serial_s * 1e3:.4f} ms{call}"
         conc = (f"{self.segments} segments on one worker per device, predicted "

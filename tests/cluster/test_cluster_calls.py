@@ -49,6 +49,11 @@ def test_host_overheads_match_devices_by_host():
     with pytest.raises(ClusterError, match="no actor call measured for host 'beta'.*"
                                            "--measure-links"):
         host_overheads(devs, _fits("alpha", 5e-4, 4e-4))
+    # A latency plan waits for each call, one at a time: the host's segment figure.
+    fits.append(OverheadFit(host_fingerprint("alpha"), "", "segment", 1e-3, {"how": HOW}))
+    fits.append(OverheadFit(host_fingerprint("beta"), "", "segment", 2e-3, {"how": HOW}))
+    assert host_overheads(devs, fits, "latency") == {
+        "segment_overhead_s": {"alpha-cpu0": 1e-3, "beta-cpu0": 2e-3, "alpha-cpu1": 1e-3}}
 
 
 @pytest.mark.parametrize("op_s, split", [(0.2e-3, False), (10e-3, True)])
@@ -93,13 +98,16 @@ def test_measured_calls_are_stored_by_host(ray_cluster, tmp_path):
     with ProfileStore(path) as store:
         fits = measure_call_overheads(store, calls=40)
         assert {(f.device, f.kind) for f in fits} == {
-            (host_fingerprint(h), k) for h in ("alpha", "beta") for k in ("call", "stage")}
-        for f in fits:  # CPU seconds of a call: some, and less than a second
+            (host_fingerprint(h), k) for h in ("alpha", "beta")
+            for k in ("call", "stage", "segment")}
+        for f in fits:  # seconds of a call: some, and less than a second
             assert 0 < f.seconds < 1 and f.detail["wall_s"] > 0
         # Stored: measured again only when asked (a restarted cluster keeps its host names).
         assert measure_call_overheads(store, calls=40) == []
     with ProfileStore(path) as store:
         got = host_overheads(HOSTS, store)
         assert set(got["call_overhead_s"]) == {"alpha-cpu0", "beta-cpu0"}
+        assert set(host_overheads(HOSTS, store, "latency")["segment_overhead_s"]) == {
+            "alpha-cpu0", "beta-cpu0"}
     with pytest.raises(ClusterError, match="no host 'gamma'"):
         measure_call_overheads(None, ["gamma"])

@@ -47,4 +47,4 @@ def test_cluster_measures_links_into_a_store(ray_cluster, capsys, tmp_path):
     from autoplace.profile import ProfileStore
 
     with ProfileStore(db) as store:
-        assert len(store.links()) == 2 and len(store.overheads()) == 4
+        assert len(store.links()) == 2 and len(store.overheads()) == 6

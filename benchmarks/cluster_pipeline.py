@@ -1,6 +1,6 @@
 """A pipeline plan over the two hosts of a Ray cluster on this machine: per-hop overhead of Ray's
 paths beside the in-process pipeline's, the host links, and a plan's measured against predicted
-throughput beside the best one-host plan.
+throughput beside the best one-host plan, and a latency plan over the hosts.
 
 Run: .venv/bin/python -m benchmarks cluster_pipeline [--inputs 64] [--widths 256 64] [--layers 4]
 
@@ -25,6 +25,11 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
    seconds (their calls' compute) against the ops' predicted seconds, and the share of the
    machine's cores used while it ran by this process and the cluster it started (the driver,
    the actors, Ray's own: ``ours``) and by every other process (``others``).
+5. Latency: two branches of ``--layers`` matmul+tanh of the first width from one input, summed:
+   ``autoplace.optimize`` (objective latency, the host links, the hosts' calls one at a time as
+   ``segment_overhead_s``), run one input at a time by ``res.compile()`` (a ``RayModel``), and
+   the one-host plan likewise: the median of 30 calls against the prediction, and the shares
+   of the cores as in 4.
 
 Both nodes share this machine's cores: with two cores, the driver, two actors and Ray's own
 processes contend, as they would not on two machines; the last two columns show how much of
@@ -34,6 +39,7 @@ the machine the benchmark had.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -139,6 +145,68 @@ def mlp(width: int, layers: int):
     return bb.get()
 
 
+def branches(width: int, layers: int):
+    """Two MLP branches of ``layers`` matmul+tanh from one input, summed: a model whose latency
+    two hosts can halve."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, width), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ends = []
+            for _ in range(2):
+                h = x
+                for _ in range(layers):
+                    w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype("float32")
+                    h = bb.emit(relax.op.tanh(relax.op.matmul(h, relax.const(w))))
+                ends.append(h)
+            out = bb.emit_output(relax.op.add(*ends))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def latency_rows(width: int, layers: int, devs, fits, calls, rng, calls_n: int = 30) -> None:
+    """Step 5: a latency plan of :func:`branches` over the hosts and the one-host plan, each run
+    one input at a time by ``res.compile()`` / ``RayModel``: measured (median of ``calls_n``
+    calls) against predicted."""
+    import autoplace
+    from autoplace.cluster import RayModel, host_links, host_overheads
+
+    print(f"5. latency: two branches of {layers} x (matmul {width}, tanh), summed; "
+          f"median of {calls_n} calls")
+    mod = branches(width, layers)
+    res = autoplace.optimize(mod, devs, links=host_links(devs, fits),
+                             **host_overheads(devs, calls, "latency"))
+    print("   " + str(res.plan).replace("\n", "\n   "))
+    print(f"   runs as: {res.delivery}")
+    x = rng.standard_normal((64, width)).astype("float32")
+    one = res.baseline_plans.get(f"only {devs[0].name}")
+    n = len(res.plan.nodes)
+    rows = [("plan", lambda: res.compile(), res.predicted_latency_s)]
+    if one is not None:
+        one = dataclasses.replace(one, stages=(0,) * n)
+        rows.append(("one host", lambda: RayModel.from_plan(mod, one),
+                     res.baselines[f"only {devs[0].name}"]))
+    print(f"   {'':<10}{'measured ms':>12}{'predicted ms':>13}{'p/m':>6}{'ours':>6}{'others':>8}")
+    for name, build, pred in rows:
+        with build() as model:
+            for _ in range(3):
+                model(x)
+            times = []
+            cpu0, t_start = cpu_s(), time.perf_counter()
+            for _ in range(calls_n):
+                t0 = time.perf_counter()
+                model(x)
+                times.append(time.perf_counter() - t0)
+            wall = (time.perf_counter() - t_start) * os.cpu_count()
+            cpu = [(b - a) / wall for a, b in zip(cpu0, cpu_s())]
+        m = statistics.median(times)
+        print(f"   {name:<10}{m * 1e3:>12.2f}{pred * 1e3:>13.2f}{pred / m:>6.2f}{cpu[1]:>6.2f}"
+              f"{cpu[0] - cpu[1]:>8.2f}")
+
+
 def plan_of(mod, devices, stages):
     import autoplace
 
@@ -236,42 +304,25 @@ def main():
     ap.add_argument("--inputs", type=int, default=64)
     ap.add_argument("--widths", type=int, nargs="+", default=[256, 64])
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", default="1,2,3,4,5",
+                    help="which steps to run (3, the links and calls, always runs)")
     args = ap.parse_args()
 
     import ray
 
     import autoplace
-    from autoplace.cluster import RayPipeline, measure_call_overheads, measure_host_links
+    from autoplace.cluster import measure_call_overheads, measure_host_links
     from autoplace.devices import Device
-    from autoplace.run import Pipeline
 
     cluster = start()
     try:
-        print("1. per input through two actors (alpha, beta), 4 KiB, us (median of 3 runs)")
-        hops = hop_overhead()
-        for (name, inflight), us in hops.items():
-            print(f"   {name:<9} {inflight} in flight: {us:8.0f}")
-
-        print("2. tiny model (relu, exp of 16x64), us per input")
-        mod = tiny_model()
+        steps = {int(k) for k in args.steps.split(",")}
         rng = np.random.default_rng(1)
-        xs = [rng.standard_normal((16, 64)).astype("float32") for _ in range(200)]
         alpha, beta = Device.cpu(0, host="alpha"), Device.cpu(1, host="beta")
-        ray_s = {}
-        for k, stages in ((1, [0, 0]), (2, [0, 1])):
-            with RayPipeline.from_plan(mod, plan_of(mod, [alpha, beta], stages)) as pipe:
-                ray_s[k] = per_input(pipe, xs)
-        local = [Device.cpu(0), Device.cpu(1)]
-        local_s = {}
-        for k, stages in ((1, [0, 0]), (2, [0, 1])):
-            for mb in (1, 8):
-                with Pipeline.from_plan(mod, plan_of(mod, local, stages), num_threads=1,
-                                        micro_batch=mb) as pipe:
-                    local_s[(k, mb)] = per_input(pipe, xs)
-        print(f"   RayPipeline      1 stage {ray_s[1] * 1e6:8.0f}   2 stages {ray_s[2] * 1e6:8.0f}")
-        for mb in (1, 8):
-            print(f"   Pipeline (mb {mb})  1 stage {local_s[(1, mb)] * 1e6:8.0f}   "
-                  f"2 stages {local_s[(2, mb)] * 1e6:8.0f}")
+        if 1 in steps:
+            hop_rows()
+        if 2 in steps:
+            tiny_rows(alpha, beta)
 
         print("3. host links (Ray object transfer) and the call of an actor on each host")
         fits = measure_host_links()
@@ -281,15 +332,54 @@ def main():
                   f"beta {f.beta_bps / 1e9:.3g} GB/s, r2 {f.r2:.3f}")
         calls = measure_call_overheads()
         for f in calls:
-            print(f"   call on {f.detail['host']}: {f.seconds * 1e6:.0f} us CPU in the "
-                  f"{f.detail['side']} ({f.detail['wall_s'] * 1e6:.0f} us wall per call)")
+            what = ("wall from submission to result, one at a time" if f.kind == "segment" else
+                    f"CPU in the {f.detail['side']}")
+            print(f"   call on {f.detail['host']}: {f.seconds * 1e6:.0f} us {what}")
 
         devs = [alpha, beta]
-        for width in args.widths:
-            mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng)
+        if 4 in steps:
+            for width in args.widths:
+                mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng)
+        if 5 in steps:
+            latency_rows(args.widths[0], args.layers, devs, fits, calls, rng)
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def hop_rows() -> None:
+    """Step 1."""
+    print("1. per input through two actors (alpha, beta), 4 KiB, us (median of 3 runs)")
+    hops = hop_overhead()
+    for (name, inflight), us in hops.items():
+        print(f"   {name:<9} {inflight} in flight: {us:8.0f}")
+
+
+def tiny_rows(alpha, beta) -> None:
+    """Step 2."""
+    from autoplace.cluster import RayPipeline
+    from autoplace.devices import Device
+    from autoplace.run import Pipeline
+
+    print("2. tiny model (relu, exp of 16x64), us per input")
+    mod = tiny_model()
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((16, 64)).astype("float32") for _ in range(200)]
+    ray_s = {}
+    for k, stages in ((1, [0, 0]), (2, [0, 1])):
+        with RayPipeline.from_plan(mod, plan_of(mod, [alpha, beta], stages)) as pipe:
+            ray_s[k] = per_input(pipe, xs)
+    local = [Device.cpu(0), Device.cpu(1)]
+    local_s = {}
+    for k, stages in ((1, [0, 0]), (2, [0, 1])):
+        for mb in (1, 8):
+            with Pipeline.from_plan(mod, plan_of(mod, local, stages), num_threads=1,
+                                    micro_batch=mb) as pipe:
+                local_s[(k, mb)] = per_input(pipe, xs)
+    print(f"   RayPipeline      1 stage {ray_s[1] * 1e6:8.0f}   2 stages {ray_s[2] * 1e6:8.0f}")
+    for mb in (1, 8):
+        print(f"   Pipeline (mb {mb})  1 stage {local_s[(1, mb)] * 1e6:8.0f}   "
+              f"2 stages {local_s[(2, mb)] * 1e6:8.0f}")
 
 
 if __name__ == "__main__":

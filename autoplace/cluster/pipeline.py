@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -100,6 +101,12 @@ class _StageWorker:
     """A stage on its host: its module built there, called on each input's arrays."""
 
     def __init__(self, stage: int, device: Device, mod_json: str, threads: int):
+        # TVM's pool workers spin after each kernel (up to about a second) unless told not to:
+        # between the calls of a stream, and while a latency plan's other stages run, they
+        # would take the cores of the other actors on this host. Read once, at the pool's
+        # first use in this process (an actor has a process of its own); a caller's
+        # runtime_env may set it otherwise.
+        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
         import tvm
         from tvm import relax
 

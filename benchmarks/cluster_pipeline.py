@@ -28,8 +28,9 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
 5. Latency: two branches of ``--layers`` matmul+tanh of the first width from one input, summed:
    ``autoplace.optimize`` (objective latency, the host links, the hosts' calls one at a time as
    ``segment_overhead_s``), run one input at a time by ``res.compile()`` (a ``RayModel``), and
-   the one-host plan likewise: the median of 30 calls against the prediction, and the shares
-   of the cores as in 4.
+   the one-host plan likewise: the median of 30 calls against the prediction, the shares of
+   the cores as in 4., and the CPU milliseconds per call of each process of the cluster (the
+   driver, each stage's actor, Ray's daemons).
 
 Both nodes share this machine's cores: with two cores, the driver, two actors and Ray's own
 processes contend, as they would not on two machines; the last two columns show how much of
@@ -145,6 +146,24 @@ def mlp(width: int, layers: int):
     return bb.get()
 
 
+def process_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process and each of its children, by pid: what it is (the
+    driver, an actor, a raylet, ...) and its seconds; empty without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    me, out = psutil.Process(), {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            name = "driver" if proc.pid == me.pid else proc.name().removeprefix("ray::")
+            out[proc.pid] = (name, t.user + t.system)
+        except psutil.Error:
+            pass
+    return out
+
+
 def branches(width: int, layers: int):
     """Two MLP branches of ``layers`` matmul+tanh from one input, summed: a model whose latency
     two hosts can halve."""
@@ -195,16 +214,20 @@ def latency_rows(width: int, layers: int, devs, fits, calls, rng, calls_n: int =
             for _ in range(3):
                 model(x)
             times = []
-            cpu0, t_start = cpu_s(), time.perf_counter()
+            cpu0, procs0, t_start = cpu_s(), process_cpu_s(), time.perf_counter()
             for _ in range(calls_n):
                 t0 = time.perf_counter()
                 model(x)
                 times.append(time.perf_counter() - t0)
             wall = (time.perf_counter() - t_start) * os.cpu_count()
-            cpu = [(b - a) / wall for a, b in zip(cpu0, cpu_s())]
+            cpu, procs = [(b - a) / wall for a, b in zip(cpu0, cpu_s())], process_cpu_s()
         m = statistics.median(times)
         print(f"   {name:<10}{m * 1e3:>12.2f}{pred * 1e3:>13.2f}{pred / m:>6.2f}{cpu[1]:>6.2f}"
               f"{cpu[0] - cpu[1]:>8.2f}")
+        spent = sorted(((t - procs0.get(pid, (kind, 0.0))[1]) / calls_n, kind)
+                       for pid, (kind, t) in procs.items())
+        print("      CPU ms per call: " + ", ".join(
+            f"{kind} {s * 1e3:.1f}" for s, kind in reversed(spent) if s >= 2e-4))
 
 
 def plan_of(mod, devices, stages):

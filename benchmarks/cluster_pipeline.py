@@ -310,7 +310,8 @@ def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> No
                else p.cost[:, [0, 1]].sum(axis=0).mean())
         busy = sum(stats.busy_s) / stats.inputs
         print(f"   {name:<10}{1 / measured[name]:>11.2f}{1 / pred:>12.2f}"
-              f"{pred / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}{cpu[0] - cpu[1]:>8.2f}"
+              f"{pred / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}"
+              f"{cpu[0] - cpu[1]:>8.2f}"
               f"   ({stats})")
     print(f"   plan over one host: {measured['one host'] / measured['plan']:.2f}x measured, "
           f"{rows[1][2] / plan.predicted_s:.2f}x predicted")

@@ -258,7 +258,8 @@ def _profile_notes(model, devices: Sequence[Device], here: bool,
             continue
         used.add(id(prof))
         lines.append(f"profile: {d.name} <- {label(prof)}")
-        info = LocalRunner(d).info() if here else None
+        # (a cluster host's device is not this machine's: its profile was timed on its host)
+        info = LocalRunner(d).info() if here and d.host is None else None
         if info is not None and fingerprint(info) != prof.fingerprint:
             differ = [f"{k} {prof.info.get(k)!r} there, {info.get(k)!r} here" if k != "target"
                       else "target" for k in ("kind", "hardware", "threads", "tvm", "remote",

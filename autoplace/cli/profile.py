@@ -17,6 +17,7 @@ EPILOG = """examples:
   autoplace profile --refine 3 --device cpu:0 --db prof.db
   autoplace profile --only-overheads --device cpu:0 --device cuda:0 --db prof.db
   autoplace profile --model zoo:mlp --device cpu:0 --device torch:cpu --db prof.db
+  autoplace profile --model zoo:mlp --device node2/cpu:0 --address auto --db prof.db
   autoplace profile-export --db prof.db --device cpu:0 --out mycpu.json
   autoplace profile --quick --model zoo:resnet --device cpu:0:native --db new.db
 
@@ -27,6 +28,9 @@ DB.adapted.json. Use it with the measured ones:
   autoplace profile-export --db new.db --device cpu:0:native --out new.json
   autoplace optimize --model zoo:resnet --device cpu:0:native --profile new.json \
       --cost-model new.db.adapted.json
+
+HOST/cpu:N, a device of a Ray cluster's host (autoplace cluster lists them), is timed on that
+host by an actor there (as autoplace cluster --profile does), under a fingerprint naming the host.
 
 torch:cpu (torch:cuda:N on a GPU) times each workload's PyTorch call (one PyTorch thread, as
 the Relax VM calls it);
@@ -102,6 +106,9 @@ def _cmd_profile(args) -> int:
     from autoplace.profile.measure import TimingPolicy
     from autoplace.profile.store import ProfileStore
 
+    hosted = [s for s in args.device or [] if "/" in s and not s.startswith("rpc:")]
+    if hosted:
+        return _cmd_hosts(args, hosted)
     if args.quick:
         return _cmd_quick(args)
     _check_torch(args.device or [])
@@ -147,6 +154,20 @@ def _cmd_profile(args) -> int:
               f"{counts['overheads']} overheads")
     failed = [d for d in report.devices if d.error] if report else []
     return 1 if (failed or (overheads and overheads.error)) and not args.dry_run else 0
+
+
+def _cmd_hosts(args, hosted) -> int:
+    """Devices of a Ray cluster's hosts (``HOST/cpu:N``): their ops timed on their hosts."""
+    from autoplace.cli.cluster import profile_hosts
+
+    if len(hosted) != len(args.device):
+        raise ValueError(f"{hosted[0]} is a device of a cluster's host: profile it and this "
+                         "machine's devices in two commands")
+    if args.quick or args.refine or args.dry_run or args.only_overheads:
+        raise ValueError(f"{hosted[0]} is a device of a cluster's host: it takes --model, "
+                         "--sweep, --passes, --cv and --budget, not --quick, --refine, --dry-run "
+                         "or --only-overheads (its actor calls: autoplace cluster --measure-links)")
+    return profile_hosts(args, _models(args), hosted)
 
 
 def _check_torch(specs) -> None:
@@ -226,9 +247,12 @@ def register_cli(sub) -> None:
                             f"{f} ({what})" for f, what in FAMILY_HELP.items()) + " (repeatable)")
     p.add_argument("--device", action="append",
                    help="cpu:N, cuda:N, torch:cpu or torch:cuda:N (PyTorch's calls) or "
-                        "rpc:KEY@HOST:PORT "
+                        "rpc:KEY@HOST:PORT or HOST/cpu:N (a Ray cluster's host) "
                         "(repeatable; default cpu:0)")
     p.add_argument("--db", required=True, help="SQLite profile store (created if missing)")
+    p.add_argument("--address", default="auto",
+                   help="the Ray cluster of --device HOST/cpu:N devices, as ray.init takes it "
+                        "(default auto)")
     p.add_argument("--dry-run", action="store_true", help="only count what is still to measure")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--no-links", action="store_true", help="do not time copies between devices")

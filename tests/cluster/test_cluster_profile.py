@@ -70,3 +70,35 @@ def test_a_host_the_cluster_lacks_is_named_before_anything_runs(ray_cluster, tmp
         with pytest.raises(ValueError, match="'cpu0' is of no host"):
             profile_on_hosts(_chain(), store, [Device.cpu(0)], progress=False)
         assert store.devices() == [] and store.measurements() == []
+
+
+@pytest.mark.slow
+def test_cli_profiles_a_hosts_device_there(ray_cluster, tmp_path, capsys):
+    import json
+
+    from autoplace.cli import main
+
+    db = str(tmp_path / "prof.db")
+    quick = ["--cv", "0.5", "--budget", "0.2"]
+    assert main(["profile", "--model", "zoo:mlp", "--device", "beta/cpu:0", "--db", db,
+                 *quick]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # zoo:mlp has three workloads (matmul, add, relu), all timed on beta.
+    assert out[0].startswith("1 models,") and "3 distinct workloads" in out[0]
+    row = next(ln.split() for ln in out if ln.startswith("beta/cpu:0"))
+    assert row[2:6] == ["3", "3", "0", "0"]  # pending, measured, unsupported, skipped
+    # autoplace cluster --profile: every host's device by default; beta's is done already.
+    assert main(["cluster", "--profile", "--model", "zoo:mlp", "--db", db, "--json"]) == 0
+    got = {d["spec"]: (d["pending"], d["measured"], d["error"])
+           for d in json.loads(capsys.readouterr().out)["devices"]}
+    assert got["beta/cpu:0"] == (0, 0, None) and got["alpha/cpu:0"][1:] == (3, None)
+    with ProfileStore(db) as store:
+        assert {d.info["remote"] for d in store.devices()} == {"ray:alpha", "ray:beta"}
+    # A host the cluster lacks: one line naming it, nothing timed.
+    db2 = str(tmp_path / "other.db")
+    assert main(["profile", "--model", "zoo:mlp", "--device", "gamma/cpu:0", "--db", db2]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("autoplace profile: error: no host 'gamma' in the cluster (its hosts: "
+                   "alpha, beta)")
+    with ProfileStore(db2) as store:
+        assert store.devices() == []

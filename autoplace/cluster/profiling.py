@@ -105,7 +105,7 @@ class RayRunner:
         self.device, self.host = device, host
         self.spec = device.spec or device.name
         self.threads = max(1, threads if threads is not None else host.cpus)
-        self._actor = None
+        self._actor = self._info = None
 
     @property
     def name(self) -> str:
@@ -132,11 +132,18 @@ class RayRunner:
             raise DeviceUnavailable(f"{self.spec}: the profiling actor on host {self.host.name!r} "
                                     f"died ({type(e).__name__}): is the node alive?") from None
 
+    def start(self) -> RayRunner:
+        """Start the actor and ask what the device is, without waiting: runners started one
+        after another start side by side. Returns self."""
+        if self._info is None:
+            self._info = self._remote().info.remote(self.host.name)
+        return self
+
     def info(self) -> dict[str, Any]:
         """What makes this device's numbers comparable (:func:`autoplace.profile.fingerprint`),
         as the host says: its CPU, target, TVM; the threads timed with; ``remote`` naming the
         host."""
-        return self._get(self._remote().info.remote(self.host.name))
+        return self._get(self.start()._info)
 
     def check(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the host has the device and runs a trivial
@@ -170,7 +177,7 @@ class RayRunner:
             import ray
 
             ray.kill(self._actor)
-            self._actor = None
+            self._actor = self._info = None
 
 
 def profile_on_hosts(models, store: ProfileStore, devices: Iterable[Device | str] | None = None,
@@ -210,7 +217,7 @@ def profile_on_hosts(models, store: ProfileStore, devices: Iterable[Device | str
     if missing:
         raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
                            f"{', '.join(live) or 'none'})")
-    runners = [RayRunner(d, live[d.host], threads=threads) for d in devices]
+    runners = [RayRunner(d, live[d.host], threads=threads).start() for d in devices]
     try:
         return run_campaign(models, runners, store, policy=policy, links=False,
                             progress=progress, passes=passes)

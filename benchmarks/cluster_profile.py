@@ -1,4 +1,4 @@
-"""Each host's ops timed on that host: a two-node Ray cluster's MLP profiled per host, against a stage's compute.
+"""Each host's ops timed on that host (two-node Ray cluster): its profile against a stage's compute.
 
 On the cluster of ``cluster_pipeline`` (hosts alpha and beta on this machine, one CPU each), for
 each ``--widths`` MLP (``--layers`` x (matmul, tanh), batch 64):

@@ -102,3 +102,22 @@ def test_cli_profiles_a_hosts_device_there(ray_cluster, tmp_path, capsys):
                    "alpha, beta)")
     with ProfileStore(db2) as store:
         assert store.devices() == []
+
+
+@pytest.mark.slow
+def test_a_dead_profiling_actor_is_the_device_unavailable(ray_cluster):
+    import ray
+
+    from autoplace.cluster import RayRunner
+    from autoplace.profile import DeviceUnavailable
+
+    beta = next(h for h in hosts() if h.name == "beta")
+    with pytest.raises(ValueError, match="'alpha-cpu0' is on host 'alpha', not 'beta'"):
+        RayRunner(Device.cpu(0, host="alpha"), beta)
+    runner = RayRunner(BETA, beta)
+    assert runner.info()["remote"] == "ray:beta"
+    ray.kill(runner._actor)  # as when its node dies: the campaign reports the device, goes on
+    with pytest.raises(DeviceUnavailable, match=r"^beta/cpu:0: the profiling actor on host "
+                                                r"'beta' died"):
+        runner.measure(_chain(), FAST)
+    runner.close()

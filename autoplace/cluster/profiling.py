@@ -24,7 +24,7 @@ from autoplace.cluster._ray import ClusterError, connected_ray
 from autoplace.cluster.hosts import Host, cluster_devices, hosts
 from autoplace.devices import Device
 from autoplace.profile import (CampaignReport, DeviceProfile, DeviceUnavailable, OpFailed,
-                               ProfileStore, ProfileStoreError, TimingPolicy, run_campaign)
+                               ProfileStore, TimingPolicy, run_campaign)
 
 if TYPE_CHECKING:
     import tvm
@@ -227,24 +227,29 @@ def profile_on_hosts(models, store: ProfileStore, devices: Iterable[Device | str
 
 
 def host_profiles(devices: Sequence[Device], store: ProfileStore) -> dict[str, DeviceProfile]:
-    """The profile ``store`` holds of each host device of ``devices`` (the latest profiled
-    under its spec, :func:`profile_on_hosts`), by device name; a device of no host is left out.
+    """The profile ``store`` holds of each host device of ``devices`` (by device name; a device
+    of no host is left out): the latest profiled under its spec (:func:`profile_on_hosts`),
+    else the latest of a device of its kind on its host (``node2/cpu:1`` takes
+    ``node2/cpu:0``'s: one CPU, as this machine's CPU devices share one profile).
 
     Raises
     ------
     ClusterError
         A host device with no profile: the message says how to make one.
     """
+    records = store.devices()
     out = {}
     for d in devices:
         if d.host is None:
             continue
-        try:
-            out[d.name] = DeviceProfile.from_store(store, d.spec)
-        except ProfileStoreError:
+        found = ([r for r in records if r.name == d.spec] or
+                 [r for r in records if r.info.get("remote") == f"ray:{d.host}"
+                  and r.info.get("kind") == d.kind])
+        if not found:
             raise ClusterError(f"no profile of {d.spec} in {store.path}: 'autoplace cluster "
                                f"--profile --model MODEL --device {d.spec} --db {store.path}' "
-                               "times it on its host") from None
+                               "times it on its host")
+        out[d.name] = DeviceProfile.from_store(store, found[-1].fingerprint)
     return out
 
 

@@ -5,7 +5,8 @@ by optimize to that host's device."""
 import pytest
 
 import autoplace
-from autoplace.cluster import ClusterError, host_cost_model, hosts, profile_on_hosts
+from autoplace.cluster import (ClusterError, host_cost_model, host_profiles, hosts,
+                               profile_on_hosts)
 from autoplace.devices import Device
 from autoplace.profile import LocalRunner, ProfileStore, TimingPolicy, fingerprint
 
@@ -57,6 +58,9 @@ def test_a_hosts_ops_are_timed_there_and_charged(ray_cluster, tmp_path):
                                      f"(beta/cpu:0, {rec.fingerprint})",)
         g = autoplace.OpGraph.from_relax(_chain())
         assert list(model.predict(g, BETA)) == [timed[n.workload_key] for n in g.nodes]
+        # Another CPU device of beta is beta's CPU: the same profile.
+        other = Device.cpu(1, host="beta")
+        assert host_profiles([other], store)["beta-cpu1"].fingerprint == rec.fingerprint
         with pytest.raises(ClusterError, match=r"no profile of alpha/cpu:0 .*--device alpha/cpu:0"):
             host_cost_model([Device.cpu(0, host="alpha"), BETA], store)
 

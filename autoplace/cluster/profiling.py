@@ -228,9 +228,10 @@ def profile_on_hosts(models, store: ProfileStore, devices: Iterable[Device | str
 
 def host_profiles(devices: Sequence[Device], store: ProfileStore) -> dict[str, DeviceProfile]:
     """The profile ``store`` holds of each host device of ``devices`` (by device name; a device
-    of no host is left out): the latest profiled under its spec (:func:`profile_on_hosts`),
-    else the latest of a device of its kind on its host (``node2/cpu:1`` takes
-    ``node2/cpu:0``'s: one CPU, as this machine's CPU devices share one profile).
+    of no host is left out): the latest timed on its host under its spec
+    (:func:`profile_on_hosts`), else the latest of a device of its kind on its host
+    (``node2/cpu:1`` takes ``node2/cpu:0``'s: one CPU, as this machine's CPU devices share one
+    profile). A device recorded under a host's spec but timed on this machine is not taken.
 
     Raises
     ------
@@ -242,9 +243,9 @@ def host_profiles(devices: Sequence[Device], store: ProfileStore) -> dict[str, D
     for d in devices:
         if d.host is None:
             continue
-        found = ([r for r in records if r.name == d.spec] or
-                 [r for r in records if r.info.get("remote") == f"ray:{d.host}"
-                  and r.info.get("kind") == d.kind])
+        theirs = [r for r in records if r.info.get("remote") == f"ray:{d.host}"]
+        found = ([r for r in theirs if r.name == d.spec] or
+                 [r for r in theirs if r.info.get("kind") == d.kind])
         if not found:
             raise ClusterError(f"no profile of {d.spec} in {store.path}: 'autoplace cluster "
                                f"--profile --model MODEL --device {d.spec} --db {store.path}' "

@@ -58,9 +58,11 @@ def test_a_hosts_ops_are_timed_there_and_charged(ray_cluster, tmp_path):
                                      f"(beta/cpu:0, {rec.fingerprint})",)
         g = autoplace.OpGraph.from_relax(_chain())
         assert list(model.predict(g, BETA)) == [timed[n.workload_key] for n in g.nodes]
-        # Another CPU device of beta is beta's CPU: the same profile.
-        other = Device.cpu(1, host="beta")
-        assert host_profiles([other], store)["beta-cpu1"].fingerprint == rec.fingerprint
+        # Another CPU device of beta is beta's CPU: the same profile. A device recorded under
+        # beta's spec but timed on this machine (no remote) is not beta's.
+        store.add_device("0123456789abcdef", "beta/cpu:0", {"kind": "cpu", "remote": None})
+        got = host_profiles([BETA, Device.cpu(1, host="beta")], store)
+        assert {p.fingerprint for p in got.values()} == {rec.fingerprint}
         with pytest.raises(ClusterError, match=r"no profile of alpha/cpu:0 .*--device alpha/cpu:0"):
             host_cost_model([Device.cpu(0, host="alpha"), BETA], store)
 

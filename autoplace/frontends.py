@@ -115,17 +115,18 @@ def _torch_fallbacks(program, known: set[str]) -> dict:
                 continue
             torch_nodes.add(n)
     examples = _example_values(program) if dynamic & torch_nodes else {}
-    whys = {}
-    for node in torch_nodes:
-        whys[node] = (getattr(node.target, "why", "") if node in lacking and isinstance(
-                          node.target, _Group)
-                      else f"the importer lacks aten.{node.target.__name__.split('.')[0]}"
-                      if node in lacking
-                      else "its output's shape depends on the data" if node in dynamic
-                      and not any(a in dynamic for a in node.all_input_nodes)
-                      else "it reads a tensor whose shape depends on the data")
+
+    def why(node) -> str:
+        if isinstance(node.target, _Group):
+            return node.target.why
+        if node in lacking:
+            return f"the importer lacks aten.{node.target.__name__.split('.')[0]}"
+        if node in dynamic and not any(a in dynamic for a in node.all_input_nodes):
+            return "its output's shape depends on the data"
+        return "it reads a tensor whose shape depends on the data"
+
     return dict.fromkeys(names, _importer_or_torch(
-        {n: (n in dynamic, examples.get(n.name), whys[n]) for n in torch_nodes}))
+        {n: (n in dynamic, examples.get(n.name), why(n)) for n in torch_nodes}))
 
 
 def _importer_or_torch(torch_nodes: dict):
@@ -194,14 +195,15 @@ def _fuse_complex(program) -> int:
     if not inside:
         return 0
     groups = _components(inside)
-    for group in groups:  # whatever lies on a path between two of its nodes joins it
-        while True:
+    while True:  # whatever lies on a path between two nodes of a group joins it
+        for group in groups:
             below = _reach(group, lambda n: n.users)
             above = _reach(group, lambda n: n.all_input_nodes)
-            between = (below & above) - group
-            if not between:
-                break
-            group |= between
+            group |= below & above
+        merged = _merged(groups)  # groups grown into one another are one group
+        if len(merged) == len(groups):
+            break
+        groups = merged
     order = {n: i for i, n in enumerate(graph.nodes)}
     ops = [[n.target.__name__.split(".")[0] for n in sorted(g, key=order.get)] for g in groups]
     gm = program.graph_module
@@ -230,6 +232,17 @@ def _components(nodes: set) -> list[set]:
                     stack.append(m)
         groups.append(group)
     return groups
+
+
+def _merged(groups: list[set]) -> list[set]:
+    """``groups`` with those that share a node made one."""
+    out: list[set] = []
+    for g in groups:
+        for other in [o for o in out if o & g]:
+            out.remove(other)
+            g = g | other
+        out.append(g)
+    return out
 
 
 def _reach(nodes: set, step) -> set:

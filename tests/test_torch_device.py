@@ -1083,3 +1083,19 @@ def test_the_ops_of_complex_numbers_are_one_pytorch_call_per_connected_group():
                              calibrate=False, db=None).compile(trial=False)
     y = torch.randn(4, 8)
     np.testing.assert_allclose(run(y.numpy())[0], TwoMixings()(y).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_complex_groups_joined_through_a_real_op_are_one_call():
+    class Joined(torch.nn.Module):
+        def forward(self, x):
+            a = torch.fft.fft(x)
+            r = torch.relu(a.real)  # real, between the two FFTs: a path out of a group and back
+            return torch.view_as_real(torch.fft.fft(r) * a).sum(-1) + r
+
+    mod = autoplace.from_torch(Joined(), [torch.randn(4, 8)])
+    [call] = [n for n in OpGraph.from_relax(mod).nodes if n.is_torch]
+    assert "relu" in call.op_type
+    run = autoplace.optimize(mod, [Device.cpu(0)], cost_model=RooflineCostModel(),
+                             calibrate=False, db=None).compile(trial=False)
+    y = torch.randn(4, 8)
+    np.testing.assert_allclose(run(y.numpy())[0], Joined()(y).numpy(), rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from autoplace.cluster._ray import ClusterError, connected_ray
-from autoplace.cluster.hosts import Host, hosts
+from autoplace.cluster.hosts import Host, named_hosts
 from autoplace.cluster.links import _Endpoint, host_fingerprint
 from autoplace.devices import Device
 from autoplace.profile import OverheadFit, ProfileStore
@@ -94,12 +94,8 @@ def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[st
     ClusterError
         A name the cluster lacks.
     """
-    live = {h.name: h for h in hosts()}
-    names = sorted(live) if names is None else list(names)
-    missing = [n for n in names if n not in live]
-    if missing:
-        raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
-                           f"{', '.join(live) or 'none'})")
+    live = named_hosts(names)
+    names = list(live)
     out = []
     for name in names:
         fp = host_fingerprint(name)

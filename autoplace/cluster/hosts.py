@@ -67,6 +67,23 @@ def cluster_devices() -> tuple[Device, ...]:
     return tuple(d for h in hosts() for d in h.devices())
 
 
+def named_hosts(names: Iterable[str] | None = None) -> dict[str, Host]:
+    """The live hosts of the cluster by name: those of ``names`` (every one where None).
+
+    Raises
+    ------
+    ClusterError
+        Naming the first of ``names`` the cluster lacks, and the hosts it has.
+    """
+    live = {h.name: h for h in hosts()}
+    names = sorted(live) if names is None else list(names)
+    missing = [n for n in names if n not in live]
+    if missing:
+        raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
+                           f"{', '.join(live) or 'none'})")
+    return {n: live[n] for n in names}
+
+
 def host_nodes(devices: Iterable[Device]) -> dict[str | None, Host]:
     """The host of each of ``devices``' hosts (``None``: the driver's own node).
 

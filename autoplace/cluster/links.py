@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from autoplace.cluster._ray import ClusterError, connected_ray
-from autoplace.cluster.hosts import Host, hosts
+from autoplace.cluster._ray import connected_ray
+from autoplace.cluster.hosts import Host, named_hosts
 from autoplace.devices import Device, Link
 from autoplace.profile import LinkFit, ProfileStore, fit_link
 
@@ -100,12 +100,8 @@ def measure_host_links(store: ProfileStore | None = None, names: Iterable[str] |
     ClusterError
         A name the cluster lacks.
     """
-    live = {h.name: h for h in hosts()}
-    names = sorted(live) if names is None else list(names)
-    missing = [n for n in names if n not in live]
-    if missing:
-        raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
-                           f"{', '.join(live) or 'none'})")
+    live = named_hosts(names)
+    names = list(live)
     done = set() if store is None or again else {(f.src, f.dst) for f in store.links()}
     fits = []
     for s in names:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.cluster._ray import ClusterError, connected_ray
-from autoplace.cluster.hosts import Host, cluster_devices, hosts
+from autoplace.cluster.hosts import Host, cluster_devices, named_hosts
 from autoplace.devices import Device
 from autoplace.profile import (CampaignReport, DeviceProfile, DeviceUnavailable, OpFailed,
                                ProfileStore, TimingPolicy, run_campaign)
@@ -212,11 +212,7 @@ def profile_on_hosts(models, store: ProfileStore, devices: Iterable[Device | str
     if local:
         raise ValueError(f"device {local[0]!r} is of no host: it is this process's, which "
                          "'autoplace profile' (autoplace.profile.run_campaign) times here")
-    live = {h.name: h for h in hosts()}
-    missing = [d.host for d in devices if d.host not in live]
-    if missing:
-        raise ClusterError(f"no host {missing[0]!r} in the cluster (its hosts: "
-                           f"{', '.join(live) or 'none'})")
+    live = named_hosts(dict.fromkeys(d.host for d in devices))
     runners = [RayRunner(d, live[d.host], threads=threads).start() for d in devices]
     try:
         return run_campaign(models, runners, store, policy=policy, links=False,

@@ -12,6 +12,7 @@ from autoplace.devices import Device
 from autoplace.profile import OverheadFit, ProfileStore
 from autoplace.solve import simulate_throughput, solve
 from autoplace.solve.build import build_problem
+from cluster_models import chain  # noqa: E402
 
 HOSTS = [Device.cpu(0, host="alpha"), Device.cpu(0, host="beta")]
 
@@ -20,20 +21,6 @@ def _fits(host, actor_s, driver_s):
     fp = host_fingerprint(host)
     return [OverheadFit(fp, "", "call", actor_s, {"how": HOW}),
             OverheadFit(fp, "", "stage", driver_s, {"how": HOW})]
-
-
-def _chain():
-    """relu -> exp on a (16, 16) float32 tensor: 1 KiB crosses between the two ops."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            out = bb.emit_output(relax.op.exp(a))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def test_host_overheads_match_devices_by_host():
@@ -62,7 +49,7 @@ def test_the_calls_keep_small_stages_on_one_host(op_s, split):
     # 0.4 ms. Split over the hosts: each host op_s + 0.5 + 0.4 ms (the call and the hand-off),
     # the driver 0.8 ms. On one host: one stage, 2 op_s + 0.5 ms (its call; no hand-off).
     # 0.2 ms ops: 1.1 ms split against 0.9 ms on one host; 10 ms ops: 10.9 against 20.5 ms.
-    g = autoplace.OpGraph.from_relax(_chain())
+    g = autoplace.OpGraph.from_relax(chain())
     got = host_overheads(HOSTS, _fits("alpha", 5e-4, 4e-4) + _fits("beta", 5e-4, 4e-4))
     p = build_problem(g, HOSTS, np.full((2, 2), op_s), {}, call_s=got["call_overhead_s"],
                       stage_overhead_s=got["stage_overhead_s"])
@@ -78,7 +65,7 @@ def test_the_calls_keep_small_stages_on_one_host(op_s, split):
 
 def test_optimize_charges_the_given_calls():
     fits = _fits("alpha", 5e-4, 4e-4) + _fits("beta", 6e-4, 3e-4)
-    res = autoplace.optimize(_chain(), HOSTS, objective="throughput", cost_model=None,
+    res = autoplace.optimize(chain(), HOSTS, objective="throughput", cost_model=None,
                              check_devices=False, calibrate=False, db=None,
                              **host_overheads(HOSTS, fits))
     assert list(res.problem.call_s) == [5e-4, 6e-4]
@@ -88,7 +75,7 @@ def test_optimize_charges_the_given_calls():
     # Roofline costs of two tiny ops are far below a call: one host, one stage, its call paid.
     assert len(set(res.plan.assignment)) == 1
     with pytest.raises(ValueError, match="call_overhead_s.*objective='throughput'"):
-        autoplace.optimize(_chain(), HOSTS, call_overhead_s=1e-3, check_devices=False,
+        autoplace.optimize(chain(), HOSTS, call_overhead_s=1e-3, check_devices=False,
                            calibrate=False, cost_model=None, db=None)
 
 

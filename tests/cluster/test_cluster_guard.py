@@ -10,6 +10,7 @@ from autoplace.devices import Device
 from autoplace.report.baselines import guard, host_baselines, predict_baselines
 from autoplace.solve import Problem, simulate_throughput
 from autoplace.solve.problem import Solution
+from cluster_models import chain  # noqa: E402
 
 NAMES = ["a0", "a1", "b0"]
 
@@ -81,27 +82,13 @@ class _Costs:
         return np.full(len(graph.nodes), 10e-3)
 
 
-def _chain():
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            b = bb.emit(relax.op.exp(a))
-            out = bb.emit_output(relax.op.tanh(b))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def test_optimize_over_hosts_names_the_hosts_of_its_baselines():
     # alpha has two CPU devices, beta one. Every op 10 ms anywhere: the replicas of the whole
     # model on the three devices (30 ms each, 10 ms per input) are the plan; the baselines say
     # which host each runs on, host alpha's best plan is among them, and no all-threads
     # baseline adds up CPUs of different hosts.
     devs = [Device.cpu(0, host="alpha"), Device.cpu(1, host="alpha"), Device.cpu(0, host="beta")]
-    res = autoplace.optimize(_chain(), devs, objective="throughput", cost_model=_Costs(),
+    res = autoplace.optimize(chain(ops=("relu", "exp", "tanh")), devs, objective="throughput", cost_model=_Costs(),
                              check_devices=False, calibrate=False, db=None,
                              stage_overhead_s=0.0)
     assert res.baseline_notes["only beta-cpu0"] == "host beta"

@@ -10,20 +10,7 @@ from autoplace.devices import Device, Link
 from autoplace.profile import LinkFit, ProfileStore
 from autoplace.solve import solve
 from autoplace.solve.build import build_problem
-
-
-def _chain():
-    """relu -> exp on a (1024, 1024) float32 tensor: 4 MiB crosses between the two ops."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1024, 1024), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            out = bb.emit_output(relax.op.exp(a))
-        bb.emit_func_output(out)
-    return bb.get()
+from cluster_models import chain  # noqa: E402
 
 
 def _fit(src, dst, alpha, beta):
@@ -44,7 +31,7 @@ def test_solver_charges_the_host_link(beta, split):
     # Two ops of 10 ms on either host. Split over the hosts, each host runs one (10 ms per
     # input) but 4 MiB crosses the link: 0.1 + 21 ms at 0.2 GB/s (worse than one host's
     # 20 ms), 0.1 ms at 1 TB/s (better).
-    g = autoplace.OpGraph.from_relax(_chain())
+    g = autoplace.OpGraph.from_relax(chain((1024, 1024)))
     devs = [Device.cpu(0, host="alpha"), Device.cpu(0, host="beta")]
     links = host_links(devs, [_fit("alpha", "beta", 1e-4, beta), _fit("beta", "alpha", 1e-4, beta)])
     p = build_problem(g, devs, np.full((2, 2), 10e-3), links)

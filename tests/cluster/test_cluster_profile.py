@@ -9,30 +9,17 @@ from autoplace.cluster import (ClusterError, host_cost_model, host_profiles, hos
                                profile_on_hosts)
 from autoplace.devices import Device
 from autoplace.profile import LocalRunner, ProfileStore, TimingPolicy, fingerprint
+from cluster_models import chain  # noqa: E402
 
 BETA = Device.cpu(0, host="beta")
 FAST = TimingPolicy(min_repeat_ms=1.0, min_repeats=3, max_repeats=5, round_size=3, budget_s=0.5)
-
-
-def _chain():
-    """relu -> exp on a (16, 16) float32 tensor: two workloads."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            out = bb.emit_output(relax.op.exp(a))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 @pytest.mark.slow
 def test_a_hosts_ops_are_timed_there_and_charged(ray_cluster, tmp_path):
     path = tmp_path / "prof.db"
     with ProfileStore(path) as store:
-        report = profile_on_hosts(_chain(), store, ["beta/cpu:0"], policy=FAST, progress=False)
+        report = profile_on_hosts(chain(), store, ["beta/cpu:0"], policy=FAST, progress=False)
         (dev,) = report.devices
         assert (dev.spec, dev.error, dev.measured, dev.unsupported) == ("beta/cpu:0", None, 2, 0)
         rec = store.device("beta/cpu:0")
@@ -46,17 +33,17 @@ def test_a_hosts_ops_are_timed_there_and_charged(ray_cluster, tmp_path):
         timed = {m.workload: m.latency_s for m in store.measurements(rec.fingerprint)}
         assert len(timed) == 2 and all(0 < s < 0.1 for s in timed.values())
         # Resumed: what the store holds is not timed again.
-        again = profile_on_hosts(_chain(), store, [BETA], policy=FAST, progress=False)
+        again = profile_on_hosts(chain(), store, [BETA], policy=FAST, progress=False)
         assert (again.devices[0].pending, again.devices[0].measured) == (0, 0)
 
     with ProfileStore(path) as store:
         model = host_cost_model([BETA], store)
-        res = autoplace.optimize(_chain(), [BETA], cost_model=model, calibrate=False, db=None)
+        res = autoplace.optimize(chain(), [BETA], cost_model=model, calibrate=False, db=None)
         assert res.plan.cost_sources == ("measured", "measured")
         # Its profile is beta's, not one of this machine's measured on other settings.
         assert res.profiles_note == (f"profile: beta-cpu0 <- {rec.info['hardware']} "
                                      f"(beta/cpu:0, {rec.fingerprint})",)
-        g = autoplace.OpGraph.from_relax(_chain())
+        g = autoplace.OpGraph.from_relax(chain())
         assert list(model.predict(g, BETA)) == [timed[n.workload_key] for n in g.nodes]
         # Another CPU device of beta is beta's CPU: the same profile. A device recorded under
         # beta's spec but timed on this machine (no remote) is not beta's.
@@ -72,9 +59,9 @@ def test_a_host_the_cluster_lacks_is_named_before_anything_runs(ray_cluster, tmp
     with ProfileStore(tmp_path / "prof.db") as store:
         with pytest.raises(ClusterError, match=r"^no host 'gamma' in the cluster \(its hosts: "
                                                r"alpha, beta\)$"):
-            profile_on_hosts(_chain(), store, ["beta/cpu:0", "gamma/cpu:0"], progress=False)
+            profile_on_hosts(chain(), store, ["beta/cpu:0", "gamma/cpu:0"], progress=False)
         with pytest.raises(ValueError, match="'cpu0' is of no host"):
-            profile_on_hosts(_chain(), store, [Device.cpu(0)], progress=False)
+            profile_on_hosts(chain(), store, [Device.cpu(0)], progress=False)
         assert store.devices() == [] and store.measurements() == []
 
 
@@ -125,5 +112,5 @@ def test_a_dead_profiling_actor_is_the_device_unavailable(ray_cluster):
     ray.kill(runner._actor)  # as when its node dies: the campaign reports the device, goes on
     with pytest.raises(DeviceUnavailable, match=r"^beta/cpu:0: the profiling actor on host "
                                                 r"'beta' died"):
-        runner.measure(_chain(), FAST)
+        runner.measure(chain(), FAST)
     runner.close()

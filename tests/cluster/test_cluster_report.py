@@ -6,6 +6,7 @@ import pytest
 import autoplace
 from autoplace.devices import Device
 from autoplace.report import explain, plot_gantt, plot_graph, plot_stage_loads
+from cluster_models import chain  # noqa: E402
 
 pytest.importorskip("matplotlib")
 
@@ -17,26 +18,12 @@ class _Costs:
         return np.array([10e-3, 10e-3, 30e-3])
 
 
-def _chain():
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.nn.relu(x))
-            b = bb.emit(relax.op.exp(a))
-            out = bb.emit_output(relax.op.tanh(b))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 @pytest.fixture(scope="module")
 def res():
     # alpha's device is named after its host; beta's is not ("fast"). A pipeline: relu, exp on
     # one host (20 ms), tanh on the other (30 ms); no replicas, so that it has stages.
     devs = [Device.cpu(0, host="alpha"), Device.cpu(1, host="beta", name="fast")]
-    return autoplace.optimize(_chain(), devs, objective="throughput", cost_model=_Costs(),
+    return autoplace.optimize(chain(ops=("relu", "exp", "tanh")), devs, objective="throughput", cost_model=_Costs(),
                               check_devices=False, calibrate=False, db=None, replicate=False,
                               baseline_guard=False, stage_overhead_s=1e-3)
 
@@ -55,7 +42,7 @@ def test_explain_shows_each_devices_host(res):
 
 
 def test_a_plan_of_this_host_shows_no_hosts():
-    res = autoplace.optimize(_chain(), [Device.cpu(0)], cost_model=_Costs(),
+    res = autoplace.optimize(chain(ops=("relu", "exp", "tanh")), [Device.cpu(0)], cost_model=_Costs(),
                              check_devices=False, calibrate=False, db=None)
     ex = explain(res)
     assert ex.hosts == {} and not any(ln.startswith("hosts:") for ln in ex.summary().splitlines())

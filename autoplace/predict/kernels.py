@@ -76,9 +76,17 @@ class KernelAnalysis:
     def code_counts(self, key: str, target: str | None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(code features, executed counts, cache misses per load) of the key on ``target`` (a
-        target string or its JSON); ``nan`` where there is no LLVM target or no PrimFunc."""
+        target string or its JSON); ``nan`` where there is no LLVM target or no PrimFunc. What
+        a CPU target compiles to is also kept on disk (:func:`counts_dir`), so that another
+        process, or another model with the same workloads, compiles nothing again."""
         if (key, target) not in self._code:
-            self._code[key, target] = self._compile_and_count(key, target)
+            path = _counts_path(key, target)
+            found = _read_counts(path) if path is not None else None
+            if found is None:
+                found = self._compile_and_count(key, target)
+                if path is not None:
+                    _write_counts(path, found)
+            self._code[key, target] = found
         return self._code[key, target]
 
     def loop_misses(self, key: str) -> dict[str, float] | None:
@@ -181,3 +189,49 @@ def _legalized(key: str, target: str | None) -> dict | None:
         return None
     return {gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in mod.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def counts_dir():
+    """Where the code counts of workloads are kept between processes: a folder per TVM version
+    under :func:`autoplace.profile.calibration_cache.cache_dir`."""
+    import tvm
+
+    from autoplace.profile.calibration_cache import cache_dir
+
+    return cache_dir() / f"code-counts-tvm{tvm.__version__}"
+
+
+def _counts_path(key: str, target: str | None):
+    """The file of ``key``'s counts on ``target``, or None where there is nothing to keep (no
+    target)."""
+    import hashlib
+
+    if target is None:
+        return None
+    digest = hashlib.sha1(f"{target}\n{key}".encode()).hexdigest()[:24]
+    return counts_dir() / f"{digest}.json"
+
+
+def _read_counts(path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The counts kept at ``path``, or None where there are none or they cannot be read."""
+    try:
+        parts = json.loads(path.read_text())["counts"]
+        return tuple(np.array([np.nan if v is None else v for v in p], dtype=float)
+                     for p in parts)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_counts(path, counts) -> None:
+    """Keep ``counts`` at ``path`` (written whole, then renamed); a folder that cannot be
+    written keeps nothing."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"counts": [[None if np.isnan(v) else float(v) for v in p]
+                                              for p in counts]}))
+        tmp.replace(path)
+    except OSError:
+        pass

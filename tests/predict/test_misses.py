@@ -84,3 +84,30 @@ def test_extrapolated_footprints_follow_the_enumerated_ones(monkeypatch):
     assert exact_misses["l1_misses"] > 0
     for name, value in exact_misses.items():
         assert guessed[name] == pytest.approx(value, rel=0.1, abs=1)
+
+
+def test_code_counts_are_kept_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    import numpy as np
+
+    from autoplace import Device
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    target = str(Device.cpu(0).tvm_target())
+    key = '["relax.nn.relu",[[[1,64],"float32"]],{},[]]'
+    first = KernelAnalysis().code_counts(key, target)
+    assert np.isfinite(first[0]).all()
+
+    def compiled(*args):
+        raise AssertionError("compiled again although the counts are on disk")
+
+    monkeypatch.setattr(KernelAnalysis, "_compile_and_count", compiled)
+    again = KernelAnalysis().code_counts(key, target)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    # a damaged file is compiled again, not trusted
+    for f in tmp_path.rglob("*.json"):
+        f.write_text("{not json")
+    monkeypatch.undo()
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    for a, b in zip(first, KernelAnalysis().code_counts(key, target)):
+        np.testing.assert_array_equal(a, b)

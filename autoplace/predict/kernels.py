@@ -198,7 +198,7 @@ def counts_dir():
 
     from autoplace.profile.calibration_cache import cache_dir
 
-    return cache_dir() / f"code-counts-tvm{tvm.__version__}"
+    return cache_dir() / f"code_counts_tvm{tvm.__version__}"
 
 
 def _counts_path(key: str, target: str | None):

@@ -191,7 +191,8 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                     k = dev_of_node[span.nodes[0]]
                     args = [placed(v, k, out) for v in span.inputs]
                     types = [with_vdevice(v.ty, k) for v in span.outputs]
-                    call = _ort_call(mod, span, func_name, args, types, ort_threads)
+                    call = _ort_call(mod, span, func_name, args, types, ort_threads,
+                                     dict(plan.ort_levels).get(plan.assignment[span.nodes[0]]))
                     if len(types) == 1:
                         nv = fresh(span.outputs[0], types[0])
                         out.append(relax.VarBinding(nv, call))
@@ -305,14 +306,16 @@ def _ort_spans(func, plan: Plan) -> dict:
     return {p: span for span in cut(func, on) for p in range(span.first, span.stop)}
 
 
-def _ort_call(mod, span, func_name: str, args, types, threads: int = 1):
-    """The call of ``span`` as a registered ORT session on ``threads`` intra-op threads, at the
-    graph optimization level that ran it fastest here."""
+def _ort_call(mod, span, func_name: str, args, types, threads: int = 1,
+              level: str | None = None):
+    """The call of ``span`` as a registered ORT session on ``threads`` intra-op threads, at
+    graph optimization ``level`` (None: the level that runs it fastest here)."""
     from autoplace.backend.ort_segments import fastest_level, register, relax_call
     from autoplace.graph.segments import export
 
     segment = export(mod, span, func_name)
-    level, _ = fastest_level(segment, threads, runs=5)
+    if level is None:
+        level, _ = fastest_level(segment, threads, runs=5)
     return relax_call(register(segment, threads, level), args, types)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+from autoplace.backend.ort_segments import LEVELS as ORT_LEVELS
 from autoplace.devices import Device
 from autoplace.solve.problem import OBJECTIVES
 
@@ -45,7 +46,10 @@ class Plan:
     ``groups``: node indices a runtime device runs as one call where the plan puts them all
     on it (a conv or linear with its bias add and activation, on PyTorch): the colocation
     groups the plan was solved with; :func:`autoplace.annotate.annotate` makes one call of each
-    group placed whole on a runtime device.
+    group placed whole on a runtime device. ``ort_levels``: ``(device name, level)`` per ONNX
+    Runtime device, the graph optimization level (``"all"``, ``"extended"``, ...) its segments
+    were priced at, which a build gives their sessions; a device missing here is measured at
+    build (the level that runs its segment fastest).
     """
 
     nodes: tuple[str, ...]
@@ -59,6 +63,7 @@ class Plan:
     replicas: tuple[str, ...] = ()
     threads: int | None = None
     groups: tuple[tuple[int, ...], ...] = ()
+    ort_levels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         names = [d.name for d in self.devices]
@@ -92,6 +97,11 @@ class Plan:
         if len(set(grouped)) != len(grouped) or any(
                 not isinstance(i, int) or not 0 <= i < len(self.nodes) for i in grouped):
             raise PlanError("groups must be disjoint tuples of node indices of the plan")
+        for name, level in self.ort_levels:
+            if name not in names or self.device(name).runtime != "ort" \
+                    or level not in ORT_LEVELS:
+                raise PlanError(f"ort_levels: ({name!r}, {level!r}) is not an ONNX Runtime "
+                                f"device of the plan with a level of {ORT_LEVELS}")
 
     def _check_replicas(self, names: list[str]) -> None:
         reps = tuple(self.replicas)
@@ -201,6 +211,8 @@ class Plan:
             extra["threads"] = self.threads
         if self.groups:
             extra["groups"] = [list(g) for g in self.groups]
+        if self.ort_levels:
+            extra["ort_levels"] = dict(self.ort_levels)
         return json.dumps({
             "format_version": 2 if extra else 1,
             "objective": self.objective,
@@ -238,6 +250,7 @@ class Plan:
                 replicas=tuple(d.get("replicas") or ()),
                 threads=d.get("threads"),
                 groups=tuple(tuple(g) for g in d.get("groups") or ()),
+                ort_levels=tuple((d.get("ort_levels") or {}).items()),
             )
         except (KeyError, TypeError) as e:
             raise PlanError(f"not a plan: missing or malformed field {e}") from None

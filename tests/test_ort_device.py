@@ -134,6 +134,31 @@ def test_optimize_over_three_runtimes_puts_a_segment_on_ort_and_matches_eager(br
         next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")] == "cpu0"
     assert "ONNX Runtime segment" in res.summary()
     np.testing.assert_allclose(_run(mod, res.plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+    # the level the segments were priced at travels with the plan, through its JSON too
+    level = res.predictor.models["ort"].timings.level
+    assert res.plan.ort_levels == (("ort", level),)
+    assert Plan.from_json(res.plan.to_json()).ort_levels == res.plan.ort_levels
+
+
+def test_a_build_gives_ort_segments_the_plans_level_and_measures_one_it_lacks(branchy,
+                                                                              monkeypatch):
+    model, x, mod, graph = branchy
+    plan = Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
+                                ort_levels=(("ort", "basic"),))
+    measured, registered = [], []
+    real_level, real_register = ort_segments.fastest_level, ort_segments.register
+    monkeypatch.setattr(ort_segments, "fastest_level",
+                        lambda *a, **k: measured.append(1) or real_level(*a, **k))
+    monkeypatch.setattr(ort_segments, "register",
+                        lambda seg, threads, level: registered.append(level)
+                        or real_register(seg, threads, level))
+    np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+    assert registered == ["basic"] and not measured
+    autoplace.annotate(mod, Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes)))
+    assert measured and registered[-1] in ort_segments.LEVELS
+    with pytest.raises(autoplace.plan.PlanError, match="ort_levels"):
+        Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
+                             ort_levels=(("cpu0", "all"),))
 
 
 def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branchy):

@@ -188,11 +188,14 @@ def delivery_of(problem: Problem, solution: Solution, overhead: Mapping[str, flo
     one VM whatever is faster (a plan with PyTorch calls, which segments do not run yet);
     ``ray``: its segments as Ray actor calls on their hosts (a plan on a cluster's hosts), one
     device too."""
-    from autoplace.solve.segments import concurrent_latency, segments, serial_latency
+    from autoplace.solve.segments import (concurrent_latency, machine_latency, segments,
+                                          serial_latency)
 
     a = solution.assignment
     per_device = [overhead.get(name, 0.0) for name in problem.device_names]
     conc = concurrent_latency(problem, a, per_device, solution.order).makespan
+    if ray:  # hosts that share a machine run side by side only as far as its cores allow
+        conc = max(conc, machine_latency(problem, a, solution.order))
     serial = serial_latency(problem, a)
     count = int(segments(problem, a, solution.order).max(initial=-1)) + 1
     runner = ("ray" if ray else
@@ -244,5 +247,14 @@ def plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective:
         stages=None if sol.stages is None else tuple(int(s) for s in sol.stages),
         objective=objective, predicted_s=float(sol.value), cost_sources=prices.sources,
         solver=sol.solver, threads=threads, groups=prices.groups,
-        replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas))
+        replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas),
+        ort_levels=ort_levels(prices, {devices[k].name for k in sol.assignment}))
+
+
+def ort_levels(prices: Prices, used) -> tuple[tuple[str, str], ...]:
+    """``(device name, level)`` of each ONNX Runtime device of ``used`` (names) that
+    ``prices`` priced at a graph optimization level."""
+    models = getattr(prices.model, "models", {})
+    return tuple((name, m.timings.level) for name, m in models.items()
+                 if name in used and getattr(getattr(m, "timings", None), "level", None))
 

@@ -22,6 +22,7 @@ from autoplace.pricing import (Prices, competes, fused_runtime_calls, price, pro
 from autoplace.report.choose import Choice, choose
 from autoplace.report.result import OptimizeResult
 from autoplace.solve import SOLVERS, solve
+from autoplace.solve.build import SharedMachines
 from autoplace.solve.problem import OBJECTIVES, check_time_limit
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def optimize(
     max_stages: int | None = None,
     call_overhead_s: float | Mapping[str, float] | None = None,
     segment_overhead_s: float | Mapping[str, float] | None = None,
+    machines: SharedMachines | None = None,
     func_name: str = "main",
     db="auto",
     check_devices: bool = True,
@@ -118,6 +120,11 @@ def optimize(
         Default, per device: the segment figure its profile measured (``autoplace profile``),
         else :data:`autoplace.solve.problem.SEGMENT_OVERHEAD_S` of its kind;
         ``result.overhead_sources`` says which. ``0`` ignores it.
+    machines : SharedMachines, optional
+        Devices whose hosts share one machine's cores, and the CPU seconds a call costs there
+        (:class:`autoplace.solve.build.SharedMachines`; :func:`autoplace.cluster.host_overheads`
+        gives a cluster's): a plan delivers no more inputs per second than such a machine's
+        cores over the CPU seconds per input spent on it. ``None``: each device has its own.
     db : str or Path or None
         A profile store whose tuning records (``autoplace tune``, :func:`autoplace.tune`) the
         builds of the plan apply (default ``"auto"``: the records shipped for this machine, if
@@ -201,7 +208,7 @@ def optimize(
     with clock("costs of " + ", ".join(d.name for d in tvm_devices)):
         prices = price(mod, graph, tvm_devices, objective, cost_model, db, func_name,
                        check_devices, overhead, calibrate, mixed=competes(devices),
-                       calibration_skip=skip)
+                       calibration_skip=skip, kernels=None if models is None else rough.kernels)
     with clock("costs of " + ", ".join(d.name for d in runtimes)):
         prices = with_runtime_costs(graph, prices, tvm_devices, runtimes, prices.store, chains,
                                     mod, func_name, models)
@@ -209,7 +216,8 @@ def optimize(
     if calls:
         prices = _with_calls(prices, calls)
     with clock("solver"):
-        found = problems(graph, devices, prices, objective, links, pinned, max_stages)
+        found = problems(graph, devices, prices, objective, links, pinned, max_stages,
+                         machines)
         options = {"contiguous": True} if objective == "throughput" and contiguous else {}
         if objective == "throughput":
             options["replicate"] = replicate

@@ -325,3 +325,21 @@ def test_a_calibration_need_not_time_the_ops_a_runtime_device_wins_by_far(branch
     assert tvm_loses(graph, rough, [ort], {ort.name: model}) == by_far
     # TVM's costs a margin off would still lose to a tenth of them, not to a half
     assert tvm_loses(graph, rough, [ort], {ort.name: model}, margin=20.0) == frozenset()
+
+
+def test_the_ort_call_figure_is_kept_per_host_and_working_set(monkeypatch, tmp_path):
+    from autoplace.profile import ort_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(ort_timings, "measure_call",
+                        lambda threads, between_bytes: calls.append(between_bytes) or 9e-6)
+    assert ort_timings.host_call(1, 3 << 20) == 9e-6 and calls == [3 << 20]
+    assert ort_timings.host_call(1, 3 << 20) == 9e-6 and len(calls) == 1  # read back
+    ort_timings.host_call(1, 1 << 24)  # a working set 5x larger: measured again
+    ort_timings.host_call(2, 3 << 20)  # another thread count too
+    assert len(calls) == 3
+    for f in tmp_path.rglob("ort_call-*.json"):
+        f.write_text("{")  # damaged: measured again, with a warning
+    ort_timings.host_call(1, 3 << 20)
+    assert len(calls) == 4

@@ -84,12 +84,14 @@ def auto_cost_model(devices: Sequence[Device], mod=None, *, calibrate: bool = Tr
 
 def _calibration_overheads(store, spec: str) -> None:
     """Measure into ``store`` the overheads of running a plan on device ``spec`` (a stage, a
-    segment, a call, a kernel's least) that it lacks, in fewer rounds than ``autoplace
-    profile`` takes: a calibration's share of a few seconds."""
+    segment, a call, a kernel's least) that it lacks, in fewer rounds and over shorter chains
+    (up to 4 stages or segments: three points of each fit) than ``autoplace profile`` takes: a
+    calibration's share of a few seconds."""
     from autoplace.profile.overheads import record_overheads
     from autoplace.run.overhead import measure_overheads
 
-    report = record_overheads([spec], store, functools.partial(measure_overheads, rounds=5))
+    report = record_overheads([spec], store, functools.partial(
+        measure_overheads, rounds=5, max_stages=4, max_segments=4))
     if report.error:
         log.warning("calibration: overheads of %s not measured: %s", spec, report.error)
 

@@ -89,11 +89,15 @@ class Prices:
     threads_all: int | None = None
     outside: Mapping[str, tuple[int, ...]] = None
     groups: tuple[tuple[int, ...], ...] = ()
+    #: The kernels of each kind of device's build (:func:`groups_by_kind`), for a second
+    #: pricing of the same module and devices.
+    kernels: Any = None
 
 
 def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_model, db,
           func_name: str, here: bool, given_overhead, calibrate: bool = False,
-          mixed: bool = False, calibration_skip: frozenset[str] = frozenset()) -> Prices:
+          mixed: bool = False, calibration_skip: frozenset[str] = frozenset(),
+          kernels=None) -> Prices:
     """Every node's cost on every TVM device of ``devices`` (the cost model's, fused kernels
     charged once, tuned kernels' timed times, the measured kernel floor), their spread, the
     overheads and which records the build applies.
@@ -103,6 +107,7 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
     runtime device competes for the model's ops, so a calibration times more of them; none of
     ``calibration_skip``, workload keys).
     ``given_overhead``: the caller's stage (throughput) or segment (latency) overhead, or None.
+    ``kernels``: ``Prices.kernels`` of an earlier pricing of the same module and devices.
     """
     if isinstance(cost_model, str) and cost_model == "auto":
         from autoplace.pricing.calibrate import MIXED_CALIBRATION_WORKLOADS
@@ -123,7 +128,8 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
     cost, sources = node_costs(graph, devices, cost_model)
     check_runnable(graph, devices, cost, cost_model, runtimes_follow=True)
     # The kernels of each kind of device's build, once for every charge that needs them.
-    groups = groups_by_kind(mod, devices, func_name) if graph.nodes else None
+    groups = kernels if kernels is not None or not graph.nodes else groups_by_kind(
+        mod, devices, func_name)
     cost = fused_costs(mod, graph, devices, cost, func_name, groups)
     db, records, records_note = (None, None, ()) if db is None else _tuning_records(db, devices)
     tuned = None
@@ -152,7 +158,7 @@ def price(mod, graph: OpGraph, devices: Sequence[Device], objective: str, cost_m
         records=records, store=db,
         tuned=None if not records else TunedKernels(mod, db, records, func_name,
                                                     (groups or {}).get(False), cost),
-        threads_all=threads_all, outside=outside)
+        threads_all=threads_all, outside=outside, kernels=groups)
 
 
 def node_costs(graph: OpGraph, devices: Sequence[Device], cost_model=None):

@@ -200,6 +200,7 @@ def latency_rows(width: int, layers: int, devs, fits, calls, rng, calls_n: int =
                              **host_overheads(devs, calls, "latency"))
     print("   " + str(res.plan).replace("\n", "\n   "))
     print(f"   runs as: {res.delivery}")
+    _machine_notes(res)
     x = rng.standard_normal((64, width)).astype("float32")
     one = res.baseline_plans.get(f"only {devs[0].name}")
     n = len(res.plan.nodes)
@@ -285,24 +286,29 @@ def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> No
                              **host_overheads(devs, calls))
     plan, p = res.plan, res.problem
     print("   " + str(plan).replace("\n", "\n   "))
+    _machine_notes(res)
     n = len(plan.nodes)
     one = plan_of(mod, devs, [0] * n)
     reps = autoplace.Plan.from_assignment(
         autoplace.OpGraph.from_relax(mod), devs, [devs[0].name] * n, stages=(0,) * n,
         objective="throughput", replicas=tuple(d.name for d in devs))
-    rows = [("plan", plan, plan.predicted_s),
-            ("one host", one, simulate_throughput(p, [0] * n, [0] * n)),
-            ("replicas", reps, simulate_replicas(p, [0, 1]))]
+    apart = dataclasses.replace(p, machines=None)  # as if each host had its own machine
+    stages = np.asarray(res.solution.stages)
+    rows = [("plan", plan, plan.predicted_s,
+             simulate_throughput(apart, res.solution.assignment, stages)),
+            ("one host", one, simulate_throughput(p, [0] * n, [0] * n),
+             simulate_throughput(apart, [0] * n, [0] * n)),
+            ("replicas", reps, simulate_replicas(p, [0, 1]), simulate_replicas(apart, [0, 1]))]
     xs = [rng.standard_normal((64, width)).astype("float32") for _ in range(inputs)]
-    print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}{'busy/ops':>10}"
-          f"{'ours':>6}{'others':>8}")
+    print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}{'apart/s':>9}"
+          f"{'m/p':>6}{'busy/ops':>10}{'ours':>6}{'others':>8}")
     measured = {}
-    for name, pl, pred in rows:
+    for name, pl, pred, pred_apart in rows:
         with RayPipeline.from_plan(mod, pl) as pipe:
-            cpu0, t0 = cpu_s(), time.perf_counter()
+            cpu0, procs0, t0 = cpu_s(), process_cpu_s(), time.perf_counter()
             measured[name] = per_input(pipe, xs)
             wall = (time.perf_counter() - t0) * os.cpu_count()
-            cpu = [(b - a) / wall for a, b in zip(cpu0, cpu_s())]
+            cpu, procs = [(b - a) / wall for a, b in zip(cpu0, cpu_s())], process_cpu_s()
             stats = pipe.stats
         # The ops' predicted seconds per input on each worker, against the seconds its calls
         # were busy (the last run's): how much slower the compute ran than its costs.
@@ -310,11 +316,26 @@ def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> No
                else p.cost[:, [0, 1]].sum(axis=0).mean())
         busy = sum(stats.busy_s) / stats.inputs
         print(f"   {name:<10}{1 / measured[name]:>11.2f}{1 / pred:>12.2f}"
-              f"{pred / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}"
+              f"{pred / measured[name]:>6.2f}{1 / pred_apart:>9.2f}"
+              f"{pred_apart / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}"
               f"{cpu[0] - cpu[1]:>8.2f}"
               f"   ({stats})")
+        n_in = 8 + 3 * len(xs)  # per_input's warm-up and rounds
+        spent = sorted(((t - procs0.get(pid, (kind, 0.0))[1]) / n_in, kind)
+                       for pid, (kind, t) in procs.items())
+        print("      CPU ms per input: " + ", ".join(
+            f"{kind} {s * 1e3:.2f}" for s, kind in reversed(spent) if s >= 2e-5))
     print(f"   plan over one host: {measured['one host'] / measured['plan']:.2f}x measured, "
           f"{rows[1][2] / plan.predicted_s:.2f}x predicted")
+
+
+def _machine_notes(res) -> None:
+    """The lines ``res.explain()`` gives on the machines its hosts share."""
+    from autoplace.report.explain import machine_lines
+
+    for line in machine_lines(res.problem, res.solution,
+                              {d.name: d.host for d in res.plan.devices}):
+        print(f"   {line}")
 
 
 def _devices(plan, devs) -> list[int]:
@@ -359,6 +380,18 @@ def main():
             what = ("wall from submission to result, one at a time" if f.kind == "segment" else
                     f"CPU in the {f.detail['side']}")
             print(f"   call on {f.detail['host']}: {f.seconds * 1e6:.0f} us {what}")
+            if f.kind == "call":
+                print(f"   call on {f.detail['host']}: "
+                      f"{f.detail.get('daemons_cpu_s', float('nan')) * 1e6:.0f} us CPU in the "
+                      f"cluster's daemons on its machine ({f.detail['machine']}, "
+                      f"{f.detail['machine_cores']} cores, compute "
+                      f"{f.detail['machine_slowdown']:.3f}x as long with every core busy; "
+                      f"driver at {f.detail['driver_machine']})")
+            if f.kind == "segment":
+                print(f"   call on {f.detail['host']} one at a time, CPU: actor "
+                      f"{f.detail['actor_cpu_s'] * 1e6:.0f} us, driver "
+                      f"{f.detail['driver_cpu_s'] * 1e6:.0f} us, daemons "
+                      f"{f.detail.get('daemons_cpu_s', float('nan')) * 1e6:.0f} us")
 
         devs = [alpha, beta]
         if 4 in steps:

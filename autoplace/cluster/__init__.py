@@ -7,7 +7,7 @@ Ray is an optional dependency (``pip install 'autoplace[cluster]'``), imported w
 """
 
 from autoplace.cluster._ray import INSTALL, ClusterError
-from autoplace.cluster.calls import host_overheads, measure_call_overheads
+from autoplace.cluster.calls import host_overheads, measure_call_overheads, shared_machines
 from autoplace.cluster.hosts import HOST_LABEL, Host, cluster_devices, host_nodes, hosts
 from autoplace.cluster.links import host_fingerprint, host_links, measure_host_links
 from autoplace.cluster.pipeline import ClusterPipelineError, RayModel, RayPipeline
@@ -19,4 +19,4 @@ __all__ = ["HOST_LABEL", "INSTALL", "ClusterError", "ClusterPipelineError", "Hos
            "RayPipeline", "RayRunner", "cluster_devices", "host_cost_model", "host_fingerprint",
            "host_links", "host_nodes", "host_overheads", "host_profiles", "hosts",
            "measure_call_overheads", "measure_host_links", "profile_on_hosts",
-           "solve_over_hosts"]
+           "shared_machines", "solve_over_hosts"]

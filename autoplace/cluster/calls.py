@@ -16,6 +16,13 @@ and each replica pays its device's call per input, a plan of one stage too) and
 ``stage_overhead_s`` (each stage of a pipeline pays the hand-off, and the driver's load is their
 sum), so a plan that cuts a model into small stages over hosts is priced with the calls it makes;
 for a latency plan, as ``segment_overhead_s`` (each stage waits for its call).
+
+Where hosts share one machine (Ray's nodes at one address), their stages, the driver and the
+cluster's daemons compete for its cores. So each call's CPU seconds in the daemons on the host's
+machine (raylets, GCS, agents: the processes of the cluster's session there) are read too, with
+the machine's cores, its address and the driver's: :func:`shared_machines` gives them as
+``optimize``'s ``machines``, which bounds a plan's rate by the machine's cores over the CPU
+seconds per input spent there.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from autoplace.cluster.hosts import Host, named_hosts
 from autoplace.cluster.links import _Endpoint, host_fingerprint
 from autoplace.devices import Device
 from autoplace.profile import OverheadFit, ProfileStore
+from autoplace.solve.build import SharedMachines
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +52,13 @@ HOW = "ray_actor_call"
 def call_times(host: Host, *, calls: int = 200, in_flight: int = 8,
                size: int = CALL_BYTES) -> dict[str, float]:
     """CPU seconds per call of a pass-through actor on ``host`` called from this process,
-    ``in_flight`` calls at a time: the actor's (``"actor"``) and this process's (``"driver"``);
-    the wall seconds per call (``"wall"``), after a warm-up of ``calls // 4``; and the wall
-    seconds of a call made one at a time, submission to result (``"one"``, over ``calls // 2``
-    calls)."""
+    ``in_flight`` calls at a time: the actor's (``"actor"``), this process's (``"driver"``) and
+    the cluster's daemons' on the host's machine (``"daemons"``: :func:`daemons_cpu_s
+    <autoplace.cluster.links.daemons_cpu_s>`, nan without psutil there); the wall seconds per
+    call (``"wall"``), after a warm-up of ``calls // 4``; the wall seconds of a call made one
+    at a time, submission to result (``"one"``, over ``calls // 2`` calls), with the CPU
+    seconds per call of each side then (``"one_actor"``, ``"one_driver"``, ``"one_daemons"``);
+    and the cores of the host's machine (``"cores"``)."""
     ray = connected_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -66,18 +77,46 @@ def call_times(host: Host, *, calls: int = 200, in_flight: int = 8,
 
     try:
         stream(max(1, calls // 4))
-        actor_0 = ray.get(actor.cpu_s.remote())
+        actor_0, machine_0 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
         driver_0, wall_0 = time.process_time(), time.perf_counter()
         stream(calls)
         wall, driver = time.perf_counter() - wall_0, time.process_time() - driver_0
-        actor_s = ray.get(actor.cpu_s.remote()) - actor_0
+        actor_s, machine = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
+        actor_s -= actor_0
         ones = max(1, calls // 2)
-        one_0 = time.perf_counter()
+        actor_1, machine_1 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
+        driver_1, one_0 = time.process_time(), time.perf_counter()
         stream(ones, in_flight=1)
-        one = (time.perf_counter() - one_0) / ones
+        one, driver_1 = time.perf_counter() - one_0, time.process_time() - driver_1
+        actor_2, machine_2 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
     finally:
         ray.kill(actor)
-    return {"actor": actor_s / calls, "driver": driver / calls, "wall": wall / calls, "one": one}
+    daemons = (machine["daemons_cpu_s"] - machine_0["daemons_cpu_s"]) / calls
+    return {"actor": actor_s / calls, "driver": driver / calls, "wall": wall / calls,
+            "daemons": daemons, "cores": machine["cores"], "one": one / ones,
+            "one_actor": (actor_2 - actor_1) / ones, "one_driver": driver_1 / ones,
+            "one_daemons": (machine_2["daemons_cpu_s"] - machine_1["daemons_cpu_s"]) / ones}
+
+
+def machine_slowdown(hosts: Sequence[Host], cores: int, *, steps: int = 200) -> float:
+    """How much slower single-threaded compute runs on a machine whose cores are all busy than
+    alone: ``min(cores, 8)`` pass-through actors spread over ``hosts`` (all on the machine)
+    each time ``steps`` steps of :meth:`_Endpoint.compute`, first one at a time, then all at
+    once; the median time per step at once over the median alone."""
+    ray = connected_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(_Endpoint)
+    actors = [remote.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        hosts[i % len(hosts)].node_id, soft=False)).remote() for i in range(min(cores, 8))]
+    try:
+        ray.get([a.compute.remote(steps // 4) for a in actors])  # started, warm
+        alone = [ray.get(a.compute.remote(steps)) for a in actors]
+        together = ray.get([a.compute.remote(steps) for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a)
+    return max(1.0, float(np.median(together) / np.median(alone)))
 
 
 def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[str] | None = None,
@@ -96,21 +135,34 @@ def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[st
     """
     live = named_hosts(names)
     names = list(live)
+    here = connected_ray().util.get_node_ip_address()
+    slowdowns: dict[str, float] = {}  # machine address -> slowdown, once per machine
     out = []
     for name in names:
         fp = host_fingerprint(name)
         if store is not None and not again and _stored(store, fp):
             continue
         t = call_times(live[name], calls=calls)
+        address = live[name].address
+        sharing = [h for h in live.values() if h.address == address]
+        if len(sharing) > 1 and address not in slowdowns:
+            slowdowns[address] = machine_slowdown(sharing, t["cores"])
         detail = {"how": HOW, "host": name, "bytes": CALL_BYTES, "calls": calls,
-                  "in_flight": 8, "wall_s": t["wall"]}
-        fits = [OverheadFit(fp, "", "call", t["actor"], {**detail, "side": "actor"}),
+                  "in_flight": 8, "wall_s": t["wall"], "machine": live[name].address,
+                  "machine_cores": t["cores"], "cpus": live[name].cpus, "driver_machine": here,
+                  "machine_slowdown": slowdowns.get(address, 1.0)}
+        daemons = {} if t["daemons"] != t["daemons"] else {"daemons_cpu_s": t["daemons"]}
+        fits = [OverheadFit(fp, "", "call", t["actor"], {**detail, "side": "actor", **daemons}),
                 OverheadFit(fp, "", "stage", t["driver"], {**detail, "side": "driver"}),
                 OverheadFit(fp, "", "segment", t["one"],
-                            {**detail, "side": "round trip", "in_flight": 1})]
+                            {**detail, "side": "round trip", "in_flight": 1,
+                             "actor_cpu_s": t["one_actor"], "driver_cpu_s": t["one_driver"],
+                             **({} if t["one_daemons"] != t["one_daemons"]
+                                else {"daemons_cpu_s": t["one_daemons"]})})]
         log.info("actor call on host %s: %.0f us in the actor, %.0f us in the driver, "
-                 "%.0f us wall; one at a time %.0f us", name, t["actor"] * 1e6,
-                 t["driver"] * 1e6, t["wall"] * 1e6, t["one"] * 1e6)
+                 "%.0f us in the daemons on its machine (%s, %d cores), %.0f us wall; one at a "
+                 "time %.0f us", name, t["actor"] * 1e6, t["driver"] * 1e6, t["daemons"] * 1e6,
+                 live[name].address, t["cores"], t["wall"] * 1e6, t["one"] * 1e6)
         if store is not None:
             h = live[name]
             store.add_device(fp, f"host:{name}", {"kind": "host", "host": name, "cpus": h.cpus})
@@ -121,16 +173,17 @@ def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[st
 
 
 def _stored(store: ProfileStore, fp: str) -> bool:
-    kinds = {f.kind for f in store.overheads(fp) if f.detail.get("how") == HOW}
-    return {"call", "stage", "segment"} <= kinds
+    fits = {f.kind: f for f in store.overheads(fp) if f.detail.get("how") == HOW}
+    return {"call", "stage", "segment"} <= set(fits) and "machine" in fits["call"].detail
 
 
 def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | ProfileStore,
-                   objective: str = "throughput") -> dict[str, dict[str, float]]:
+                   objective: str = "throughput") -> dict:
     """The actor call of each of ``devices``' hosts, from ``fits`` (or a store's), as the
     keywords :func:`autoplace.optimize` takes for ``objective``: ``{"call_overhead_s": {device
     name: s}, "stage_overhead_s": {...}}`` for throughput, ``{"segment_overhead_s": {...}}``
-    (a call one at a time) for latency. A device of no host (this process's) gets none.
+    (a call one at a time) for latency; and ``"machines"``: the hosts that share a machine
+    (:func:`shared_machines`), or None. A device of no host (this process's) gets none.
 
     >>> res = autoplace.optimize(mod, devices, objective="throughput",      # doctest: +SKIP
     ...                          links=host_links(devices, store),
@@ -143,12 +196,13 @@ def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | Prof
     """
     if isinstance(fits, ProfileStore):
         fits = fits.overheads()
+    fits = [f for f in fits if f.detail.get("how") == HOW]
     kinds = {"throughput": {"call_overhead_s": "call", "stage_overhead_s": "stage"},
              "latency": {"segment_overhead_s": "segment"}}.get(objective)
     if kinds is None:
         raise ValueError(f"objective {objective!r} is not 'throughput' or 'latency'")
-    by_host = {(f.device, f.kind): f.seconds for f in fits if f.detail.get("how") == HOW}
-    out: dict[str, dict[str, float]] = {key: {} for key in kinds}
+    by_host = {(f.device, f.kind): f.seconds for f in fits}
+    out: dict = {key: {} for key in kinds}
     for d in devices:
         if d.host is None:
             continue
@@ -158,4 +212,61 @@ def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | Prof
                                "'autoplace cluster --measure-links --db PATH' times it")
         for key, kind in kinds.items():
             out[key][d.name] = by_host[(fp, kind)]
+    out["machines"] = shared_machines(devices, fits, objective)
     return out
+
+
+def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | ProfileStore,
+                    objective: str = "throughput") -> SharedMachines | None:
+    """The machines two or more of ``devices``' hosts share, by the address each host's
+    measured call (``fits``, or a store's) recorded: each one's cores and slowdown
+    (:func:`machine_slowdown`), each device's threads (its host's CPUs over the host's devices
+    here, as :class:`RayPipeline` runs its stages), and the CPU seconds a call of it costs its
+    actor, the cluster's daemons on its machine and the driver (charged to the driver's machine
+    where it is one of these): calls eight in flight for ``"throughput"``, one at a time for
+    ``"latency"``. None where no two hosts share a machine, or a host's figures predate the
+    machine's (measure them ``again``).
+    """
+    if isinstance(fits, ProfileStore):
+        fits = fits.overheads()
+    by_host = {(f.device, f.kind): f for f in fits if f.detail.get("how") == HOW}
+    figures = {}  # host -> (call fit, its machine's record, actor, daemons, driver CPU s)
+    for d in devices:
+        if d.host is None or d.host in figures:
+            continue
+        fp = host_fingerprint(d.host)
+        call, stage, one = (by_host.get((fp, k)) for k in ("call", "stage", "segment"))
+        if call is None or "machine" not in call.detail or stage is None:
+            return None
+        if objective == "latency":
+            if one is None or "actor_cpu_s" not in one.detail:
+                return None
+            cpu = (one.detail["actor_cpu_s"], one.detail.get("daemons_cpu_s", 0.0),
+                   one.detail["driver_cpu_s"])
+        else:
+            cpu = (call.seconds, call.detail.get("daemons_cpu_s", 0.0), stage.seconds)
+        figures[d.host] = (call.detail, *cpu)
+    hosts_on: dict[str, set[str]] = {}
+    for host, (detail, *_) in figures.items():
+        hosts_on.setdefault(detail["machine"], set()).add(host)
+    shared = {m for m, hs in hosts_on.items() if len(hs) > 1}
+    if not shared:
+        return None
+    per_host = {h: sum(d.host == h for d in devices) for h in figures}
+    machine, threads, actor, daemons, driver = {}, {}, {}, {}, {}
+    for d in devices:
+        if d.host is None:
+            continue
+        detail, actor[d.name], daemons[d.name], driver[d.name] = figures[d.host]
+        if detail["machine"] in shared:
+            machine[d.name] = detail["machine"]
+        threads[d.name] = max(1, detail.get("cpus", 1) // per_host[d.host])
+    details = [f[0] for f in figures.values()]
+    cores = {m: float(min(x["machine_cores"] for x in details if x["machine"] == m))
+             for m in shared}
+    slowdown = {m: float(max(x.get("machine_slowdown", 1.0) for x in details
+                             if x["machine"] == m)) for m in shared}
+    drivers = {x.get("driver_machine") for x in details}
+    here = next(iter(drivers)) if len(drivers) == 1 else None
+    return SharedMachines(machine, cores, slowdown, threads, actor, daemons, driver,
+                          here if here in shared else None)

@@ -50,12 +50,86 @@ class _Endpoint:
         """CPU seconds this actor's process has spent (every thread, Ray's own included)."""
         return time.process_time()
 
+    def compute(self, n: int) -> float:
+        """Seconds per step of ``n`` steps of single-threaded compute (a tanh and a multiply
+        of 256 x 256 floats, in cache): what it takes here alone and beside other work."""
+        a = np.linspace(-1, 1, 256 * 256, dtype=np.float32).reshape(256, 256)
+        b = np.empty_like(a)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            np.tanh(a, out=b)
+            np.multiply(b, a, out=b)
+        return (time.perf_counter() - t0) / n
+
+    def machine(self) -> dict:
+        """This machine's cores (those this process may run on) and the CPU seconds its
+        cluster's daemons have spent so far (:func:`daemons_cpu_s`)."""
+        import os
+
+        return {"cores": len(os.sched_getaffinity(0)), "daemons_cpu_s": daemons_cpu_s()}
+
     def pull(self, boxed: list) -> float:
         import ray
 
         t0 = time.perf_counter()
         ray.get(boxed[0])
         return time.perf_counter() - t0
+
+
+def daemons_cpu_s() -> float:
+    """CPU seconds spent so far by the processes of this process's Ray cluster on this machine
+    but this one: its node's raylet (this actor's parent) and every process that names the
+    raylet's session (GCS, other raylets, agents), with their workers; nan without psutil.
+    The driver, which names no session, is not counted."""
+    import re
+
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    me = psutil.Process()
+    raylet = me.parent()
+    found = re.search(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+",
+                      " ".join(raylet.cmdline()) if raylet is not None else "")
+    if found is None:
+        return float("nan")
+    ours: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        try:
+            if found.group() in " ".join(proc.cmdline()):
+                ours[proc.pid] = proc
+                for child in proc.children(recursive=True):
+                    ours[child.pid] = child
+        except psutil.Error:
+            continue
+    total = 0.0
+    for pid, proc in ours.items():
+        if pid == me.pid:
+            continue
+        try:
+            total += _process_cpu_s(proc)
+        except (psutil.Error, OSError):
+            continue
+    return total
+
+
+def _process_cpu_s(proc) -> float:
+    """CPU seconds of a process: its live threads' run time in nanoseconds where Linux gives it
+    (``/proc/PID/task/*/schedstat``), else its user and system time in clock ticks."""
+    import glob
+
+    threads = glob.glob(f"/proc/{proc.pid}/task/*/schedstat")
+    if threads:
+        total = 0
+        for path in threads:
+            try:
+                with open(path) as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended
+        return total * 1e-9
+    t = proc.cpu_times()
+    return t.user + t.system
 
 
 def transfer_times(src: Host, dst: Host, sizes: Sequence[int] = HOST_SIZES, *,

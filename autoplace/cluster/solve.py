@@ -46,7 +46,8 @@ def restricted(problem: Problem, devices: Sequence[int]) -> Problem:
         groups=problem.groups, stage_overhead_s=problem.stage_overhead_s[idx],
         call_s=problem.call_s[idx], max_stages=problem.max_stages,
         node_names=problem.node_names,
-        device_names=[problem.device_names[k] for k in idx] if problem.device_names else ())
+        device_names=[problem.device_names[k] for k in idx] if problem.device_names else (),
+        machines=None if problem.machines is None else problem.machines.take(idx))
 
 
 def solve_over_hosts(problem: Problem, host_of: Sequence[int], *, solver: str = "auto",

@@ -12,7 +12,7 @@ from autoplace.manual import rule_assignment
 from autoplace.predict.protocol import ProfiledCostModel
 from autoplace.pricing.prices import Prices
 from autoplace.solve import Problem
-from autoplace.solve.build import build_problem
+from autoplace.solve.build import SharedMachines, build_problem
 
 
 class Problems(NamedTuple):
@@ -38,10 +38,12 @@ def resolve_pins(graph: OpGraph, devices: Sequence[Device], pins) -> dict[int, s
 
 
 def problems(graph: OpGraph, devices: Sequence[Device], prices: Prices, objective: str, links,
-             pinned: Mapping[int, str], max_stages: int | None) -> Problems:
+             pinned: Mapping[int, str], max_stages: int | None,
+             machines: SharedMachines | None = None) -> Problems:
     """The solver's problem (links: the given ones, else the profiles' measured ones;
-    ``serial`` where a torch device runs its PyTorch calls inside the one VM) and, for a
-    latency plan, the plain one (:class:`Problems`)."""
+    ``serial`` where a torch device runs its PyTorch calls inside the one VM; ``machines``:
+    devices whose hosts share a machine's cores) and, for a latency plan, the plain one
+    (:class:`Problems`)."""
     if links is None and (isinstance(prices.model, ProfiledCostModel)
                           or any(d.runtime == "ort" for d in devices)):
         links = prices.model.links(devices)  # (a runtime device's model knows its links)
@@ -54,7 +56,8 @@ def problems(graph: OpGraph, devices: Sequence[Device], prices: Prices, objectiv
                             max_stages=max_stages,
                             segment_overhead_s=None if rate or serial else overhead,
                             call_s=prices.overheads.calls if rate else None, serial=serial,
-                            groups=prices.groups)
+                            groups=prices.groups, machines=machines)
     plain = None if rate else build_problem(graph, devices, prices.cost, links, pinned,
-                                            serial=serial, groups=prices.groups)
+                                            serial=serial, groups=prices.groups,
+                                            machines=machines)
     return Problems(problem, plain)

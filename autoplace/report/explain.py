@@ -288,8 +288,57 @@ def explain(result: PlacementResult) -> Explanation:
         cost_model=result.cost_model, plan=str(plan),
         runs=str(result.delivery or ""),
         baseline_notes=dict(getattr(result, "baseline_notes", None) or {}),
-        guard=_guard_text(result), overheads=tuple(getattr(result, "overheads_note", ())),
+        guard=_guard_text(result),
+        overheads=tuple(getattr(result, "overheads_note", ())) + machine_lines(
+            problem, sol, host_of),
         hosts={name: h for name, h in host_of.items() if h is not None})
+
+
+def machine_lines(problem, sol, host_of: Mapping[str, str | None]) -> tuple[str, ...]:
+    """One line per machine that hosts of ``problem``'s devices share (``problem.machines``):
+    its hosts and cores, and the CPU seconds ``sol`` spends there per input (by what) over its
+    cores, the least time per input (throughput) or per input alone (latency) it allows."""
+    from autoplace.solve.segments import segments
+    from autoplace.solve.simulate import machine_cpu, replica_machine_s, stage_counts
+
+    mach = problem.machines
+    if mach is None:
+        return ()
+    a = np.asarray(sol.assignment, dtype=np.int64)
+    if sol.replicas is not None:
+        shares = replica_machine_s(problem, sol.replicas)
+        cpu = None
+    else:
+        if sol.objective == "latency":
+            seg = segments(problem, a, sol.order)
+            _, first = np.unique(seg, return_index=True)
+            calls = np.bincount(a[first], minlength=problem.num_devices)
+        else:
+            calls = stage_counts(problem, a, sol.stages)
+        cpu = machine_cpu(problem, a, calls=calls)
+        shares = cpu.sum(axis=1) / mach.cores
+    lines = []
+    for m in range(mach.cores.size):
+        hosts = sorted({str(host_of.get(problem.device_names[k]) or problem.device_names[k])
+                        for k in np.flatnonzero(mach.of == m)})
+        if not hosts:
+            continue
+        driver = " and the driving process" if mach.driver == m else ""
+        slow = (f", its ops {mach.slowdown[m]:.2f}x as long with every core busy"
+                if mach.slowdown[m] > 1 else "")
+        line = (f"hosts {', '.join(hosts)}{driver} share one machine of {mach.cores[m]:g} "
+                f"cores{slow}: ")
+        if cpu is not None:
+            ops, actors, daemons, drv = cpu[m]
+            line += (f"{_fmt_s(cpu[m].sum())} of CPU per input there (ops {_fmt_s(ops)}, "
+                     f"calls in their processes {_fmt_s(actors)}, in the cluster's daemons "
+                     f"{_fmt_s(daemons)}, in the driving process {_fmt_s(drv)}), ")
+        what = "one input alone" if sol.objective == "latency" else "a time per input"
+        line += f"so {what} of at least {_fmt_s(shares[m])}"
+        if sol.objective == "throughput" and shares[m] > 0:
+            line += f" ({1 / shares[m]:.1f} inputs/s at most)"
+        lines.append(line)
+    return tuple(lines)
 
 
 class _Named(NamedTuple):

@@ -3,15 +3,54 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from autoplace.devices import Device, Link
-from autoplace.solve.problem import Problem
+from autoplace.solve.problem import Machines, Problem
 
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
+
+
+class SharedMachines(NamedTuple):
+    """Devices whose hosts share a machine's cores, by name: :class:`Machines
+    <autoplace.solve.problem.Machines>` before the devices are numbered.
+    :func:`autoplace.cluster.host_overheads` makes it from a cluster's measured calls.
+
+    ``machine``: device name -> its machine's name (a device it leaves out has a machine of its
+    own); ``cores``: machine name -> cores; ``slowdown``: machine name -> how much longer ops
+    take there with its cores all busy (1 where left out); ``threads``, ``call_cpu_s``, ``daemon_cpu_s``,
+    ``driver_cpu_s``: device name -> figure (0 where left out; ``threads`` 1); ``driver``: the
+    machine the driving process runs on, if one of them.
+    """
+
+    machine: Mapping[str, str]
+    cores: Mapping[str, float]
+    slowdown: Mapping[str, float]
+    threads: Mapping[str, float]
+    call_cpu_s: Mapping[str, float]
+    daemon_cpu_s: Mapping[str, float]
+    driver_cpu_s: Mapping[str, float]
+    driver: str | None = None
+
+    def arrays(self, device_names: Sequence[str]) -> Machines:
+        """The arrays over ``device_names``, machines numbered by name."""
+        unknown = sorted(set(self.machine.values()) - set(self.cores))
+        if unknown:
+            raise ValueError(f"machine(s) {unknown} have no cores")
+        names = sorted(self.cores)
+        pos = {m: i for i, m in enumerate(names)}
+        return Machines.build(
+            [pos[self.machine[n]] if n in self.machine else -1 for n in device_names],
+            [self.cores[m] for m in names],
+            slowdown=[self.slowdown.get(m, 1.0) for m in names],
+            threads=[self.threads.get(n, 1.0) for n in device_names],
+            call_cpu_s=[self.call_cpu_s.get(n, 0.0) for n in device_names],
+            daemon_cpu_s=[self.daemon_cpu_s.get(n, 0.0) for n in device_names],
+            driver_cpu_s=[self.driver_cpu_s.get(n, 0.0) for n in device_names],
+            driver=pos.get(self.driver, -1) if self.driver is not None else -1)
 
 
 def build_problem(
@@ -26,6 +65,7 @@ def build_problem(
     call_s: Mapping[str, float] | None = None,
     serial: bool = False,
     groups: Sequence[Sequence[int]] = (),
+    machines: SharedMachines | None = None,
 ) -> Problem:
     """The array-only problem the solvers see: costs, tensors on edges, links, memory, pins, and
     the seconds a pipeline stage costs per input (one figure, or one per device name).
@@ -37,6 +77,8 @@ def build_problem(
     another (:attr:`Problem.serial <autoplace.solve.Problem.serial>`).
 
     ``groups``: node indices that must share a device, one sequence per group.
+
+    ``machines``: devices whose hosts share a machine's cores (:class:`SharedMachines`).
 
     ``segment_overhead_s`` (latency plans, which run as segments on one worker per device):
     every copy also costs the figures of both its devices: the result ends its segment on the
@@ -79,6 +121,7 @@ def build_problem(
         groups=_group_ids(len(graph.nodes), groups),
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
+        machines=None if machines is None else machines.arrays([dev.name for dev in devices]),
     )
 
 

@@ -248,4 +248,4 @@ def coarse_problem(problem: Problem, rep: np.ndarray) -> Problem:
         stage_overhead_s=problem.stage_overhead_s, call_s=problem.call_s,
         max_stages=problem.max_stages,
         node_names=[problem.node_names[i] for i in first], device_names=problem.device_names,
-        serial=problem.serial)
+        serial=problem.serial, machines=problem.machines)

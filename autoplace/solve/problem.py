@@ -7,6 +7,7 @@ alpha/beta, memory. Only the edges of the system (``autoplace.api``) know TVM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,6 +24,90 @@ def check_time_limit(time_limit) -> None:
         ok = False
     if not ok:
         raise ValueError(f"time_limit must be positive seconds, got {time_limit!r}")
+
+
+class Machines(NamedTuple):
+    """Devices whose hosts share a machine's cores (the hosts of a Ray cluster on one machine),
+    and the CPU seconds a plan's calls cost there beyond its ops.
+
+    Where devices share a machine, their stages, the process that drives the plan and the
+    cluster's daemons compete for its cores: a throughput plan delivers at most ``cores`` over
+    the CPU seconds per input spent there (:func:`~autoplace.solve.simulate.machine_cpu`), and
+    one input of a latency plan takes at least its CPU seconds there over ``cores``.
+
+    Attributes
+    ----------
+    of : (d,) int array
+        Machine of each device; ``-1``: a machine of its own, priced as without ``Machines``.
+    cores : (m,) float array
+        Cores of each machine.
+    slowdown : (m,) float array
+        How much longer the ops take on each machine with its cores all busy than alone
+        (their CPU seconds there are their seconds times their threads times this).
+    threads : (d,) float array
+        Cores a device's compute keeps busy (its ops' seconds times this are CPU seconds).
+    call_cpu_s : (d,) float array
+        CPU seconds each call of a stage (or segment, or replica) on the device costs the
+        process that runs it (a Ray actor), on the device's machine.
+    daemon_cpu_s : (d,) float array
+        CPU seconds each such call costs the cluster's daemons on the device's machine.
+    driver_cpu_s : (d,) float array
+        CPU seconds each such call costs the process that drives the plan.
+    driver : int
+        Machine of that process; ``-1``: none of these.
+    """
+
+    of: np.ndarray
+    cores: np.ndarray
+    slowdown: np.ndarray
+    threads: np.ndarray
+    call_cpu_s: np.ndarray
+    daemon_cpu_s: np.ndarray
+    driver_cpu_s: np.ndarray
+    driver: int = -1
+
+    @classmethod
+    def build(cls, of, cores, *, slowdown=1.0, threads=1.0, call_cpu_s=0.0, daemon_cpu_s=0.0,
+              driver_cpu_s=0.0, driver: int = -1) -> Machines:
+        """Arrays from ``of`` (a machine per device) and ``cores`` (per machine); ``slowdown``
+        one figure or one per machine, the rest one figure or one per device."""
+        of = np.asarray(of, dtype=np.int64).reshape(-1)
+        d = of.size
+        cores = np.asarray(cores, dtype=float).reshape(-1)
+
+        def per_device(x):
+            return np.broadcast_to(np.asarray(x, dtype=float), (d,)).copy()
+
+        return cls(of, cores, np.broadcast_to(np.asarray(slowdown, dtype=float),
+                                              cores.shape).copy(), per_device(threads),
+                   per_device(call_cpu_s), per_device(daemon_cpu_s), per_device(driver_cpu_s),
+                   int(driver))
+
+    def take(self, devices) -> Machines:
+        """The same machines for ``devices`` (indices) only."""
+        idx = np.asarray(devices, dtype=np.int64)
+        return self._replace(of=self.of[idx], threads=self.threads[idx],
+                             call_cpu_s=self.call_cpu_s[idx], daemon_cpu_s=self.daemon_cpu_s[idx],
+                             driver_cpu_s=self.driver_cpu_s[idx])
+
+    def validate(self, d: int) -> None:
+        """Raise ``ValueError`` naming the first inconsistency for ``d`` devices."""
+        m = self.cores.size
+        for name in ("of", "threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s"):
+            if getattr(self, name).shape != (d,):
+                raise ValueError(f"machines.{name} has shape {getattr(self, name).shape}, "
+                                 f"expected ({d},)")
+        if ((self.of < -1) | (self.of >= m)).any() or not -1 <= self.driver < m:
+            raise ValueError(f"machines name a machine outside -1..{m - 1}")
+        if not (np.isfinite(self.cores) & (self.cores > 0)).all():
+            raise ValueError("machines.cores must be positive")
+        if self.slowdown.shape != (m,) or not (np.isfinite(self.slowdown)
+                                               & (self.slowdown > 0)).all():
+            raise ValueError(f"machines.slowdown must be ({m},) positive factors")
+        for name in ("threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s"):
+            x = getattr(self, name)
+            if not (np.isfinite(x) & (x >= 0)).all():
+                raise ValueError(f"machines.{name} must be finite and non-negative")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +153,9 @@ class Problem:
         Latency only: one thread runs every device's nodes and copies, one after another (one
         Relax VM calling PyTorch beside TVM's kernels), so a plan's latency is their sum and
         devices never overlap; ``False`` (the default): each device runs side by side.
+    machines : Machines or None
+        Devices that share a machine's cores, and what a call costs there (:class:`Machines`);
+        ``None`` (the default): each device has its own.
     """
 
     cost: np.ndarray
@@ -85,6 +173,7 @@ class Problem:
     device_names: tuple[str, ...] = field(default=())
     max_stages: int | None = None
     serial: bool = False
+    machines: Machines | None = None
 
     @classmethod
     def build(
@@ -105,6 +194,7 @@ class Problem:
         node_names=(),
         device_names=(),
         serial=False,
+        machines=None,
     ) -> Problem:
         """Build a problem with defaults for everything but ``cost``, and validate it."""
         cost = np.asarray(cost, dtype=float)
@@ -133,6 +223,7 @@ class Problem:
             device_names=tuple(device_names) or tuple(f"d{k}" for k in range(d)),
             max_stages=None if max_stages is None else int(max_stages),
             serial=bool(serial),
+            machines=machines,
         )
         p.validate()
         return p
@@ -194,6 +285,8 @@ class Problem:
             raise ValueError("call_s must be finite and non-negative seconds")
         if self.max_stages is not None and self.max_stages < 1:
             raise ValueError(f"max_stages must be at least 1 (or None), got {self.max_stages}")
+        if self.machines is not None:
+            self.machines.validate(d)
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from .problem import Problem
-from .simulate import Schedule, copies_needed, simulate_latency
+from .simulate import Schedule, copies_needed, machine_loads, simulate_latency
 
 
 def segments(problem: Problem, assignment, order: Sequence[int] | None = None) -> np.ndarray:
@@ -107,3 +107,29 @@ def serial_latency(problem: Problem, assignment) -> float:
     compute = float(problem.cost[np.arange(a.size), a].sum())
     return compute + sum(problem.transfer_time(u, int(a[u]), k)
                          for u, k in copies_needed(problem, a))
+
+
+def machine_latency(problem: Problem, assignment, order: Sequence[int] | None = None) -> float:
+    """The least seconds one input of the plan run as :func:`segments` takes on the machines
+    that devices share (``problem.machines``; 0 without): the CPU seconds spent there, a call
+    per segment (:func:`~autoplace.solve.simulate.machine_cpu`), over its cores. Segments of
+    devices on one machine run side by side only as far as its cores allow.
+
+    Examples
+    --------
+    Two branches of 2 s on devices 0 and 1 and their join (1 s on device 0), both devices on
+    one machine of one core: 5 s, though side by side they would take 3 s.
+
+    >>> from autoplace.solve.problem import Machines
+    >>> p = Problem.build([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0]], [(0, 2), (1, 2)],
+    ...                   machines=Machines.build([0, 0], [1.0]))
+    >>> machine_latency(p, [0, 1, 0])
+    5.0
+    """
+    if problem.machines is None:
+        return 0.0
+    a = np.asarray(assignment, dtype=np.int64)
+    seg = segments(problem, a, order)
+    _, first = np.unique(seg, return_index=True)
+    calls = np.bincount(a[first], minlength=problem.num_devices)
+    return float(machine_loads(problem, a, calls=calls).max(initial=0.0))

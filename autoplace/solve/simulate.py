@@ -23,6 +23,10 @@ Throughput model (:func:`simulate_throughput`)
     runs without a pipeline, called directly (:class:`autoplace.run.Pipeline` does so). Every
     stage, a plan of one stage too, also costs its device ``call_s`` (the call itself), which
     the host does not wait for. The stages are given, or :func:`stages_of` the assignment.
+    Where devices share a machine (``problem.machines``), that machine is one more resource:
+    its CPU seconds per input (:func:`machine_cpu`: the ops' seconds times their threads, each
+    stage's call in its process and in the cluster's daemons, and, where the driving process
+    runs there, its part of every call) over its cores.
 
 Replicas model (:func:`simulate_replicas`)
     Data parallelism: each of several devices runs the whole model, taking the next input
@@ -32,6 +36,8 @@ Replicas model (:func:`simulate_replicas`)
     the inverse of the summed rates, or the host's load if that is more: ``o_k + c_k`` per input
     device ``k`` takes. A replica's call counts there too, unlike a pipeline stage's: it copies
     the input in and the output out, which run in Python, under one lock for every replica.
+    Where replicas share a machine, its CPU seconds per input (each replica's share of the
+    inputs times its seconds per input, as in :func:`machine_cpu`) over its cores, if more.
 """
 
 from __future__ import annotations
@@ -323,6 +329,53 @@ def replica_host_s(problem: Problem, devices) -> float:
     return float((rate / rate.sum() * (problem.stage_overhead_s[ks] + problem.call_s[ks])).sum())
 
 
+def machine_cpu(problem: Problem, assignment, stages=None, calls=None) -> np.ndarray:
+    """(m, 4) CPU seconds per input of a plan on each machine of ``problem.machines`` (no rows
+    without): the ops' seconds times their device's threads and the machine's slowdown, the
+    calls in the processes that run them, in the cluster's daemons, and in the driving process
+    (on its machine only).
+
+    A device makes ``calls[k]`` calls per input: by default, its number of pipeline stages
+    (``stages``, default :func:`stages_of`), a plan of one stage too (a call per stage per
+    input, whether or not it is a pipeline).
+
+    Examples
+    --------
+    Two nodes of 1 s, a device each, both devices on one machine: 2 s of CPU per input there,
+    plus 0.1 s a call in each stage's process and 0.2 s in the driver's, on the machine too:
+
+    >>> from autoplace.solve.problem import Machines
+    >>> p = Problem.build(np.ones((2, 2)), [(0, 1)], machines=Machines.build(
+    ...     [0, 0], [2.0], call_cpu_s=0.1, driver_cpu_s=0.2, driver=0))
+    >>> machine_cpu(p, [0, 1]).tolist()
+    [[2.0, 0.2, 0.0, 0.4]]
+    """
+    mach = problem.machines
+    if mach is None:
+        return np.zeros((0, 4))
+    a = _assignment(problem, assignment)
+    n_calls = (stage_counts(problem, a, stages) if calls is None
+               else np.asarray(calls, dtype=float))
+    slow = np.where(mach.of >= 0, mach.slowdown[np.maximum(mach.of, 0)], 1.0)
+    per_device = np.stack([device_loads(problem, a) * mach.threads * slow,
+                           n_calls * mach.call_cpu_s,
+                           n_calls * mach.daemon_cpu_s, np.zeros(problem.num_devices)], axis=1)
+    out = np.zeros((mach.cores.size, 4))
+    on = mach.of >= 0
+    np.add.at(out, mach.of[on], per_device[on])
+    if mach.driver >= 0:
+        out[mach.driver, 3] += float((n_calls * mach.driver_cpu_s).sum())
+    return out
+
+
+def machine_loads(problem: Problem, assignment, stages=None, calls=None) -> np.ndarray:
+    """(m,) seconds per input each shared machine needs for a plan: its CPU seconds per input
+    (:func:`machine_cpu`) over its cores."""
+    if problem.machines is None:
+        return np.zeros(0)
+    return machine_cpu(problem, assignment, stages, calls).sum(axis=1) / problem.machines.cores
+
+
 def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     """Time per input of the pipeline: the busiest device, directed link, or the host.
 
@@ -355,7 +408,8 @@ def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
     if stages is not None or problem.staged:
         counts = stage_counts(problem, a, stages)
         loads, host = loads + stage_overhead(problem, counts), hand_offs(problem, counts).sum()
-    return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host))
+    return float(max(loads.max(initial=0.0), link_loads(problem, a).max(initial=0.0), host,
+                     machine_loads(problem, a, stages).max(initial=0.0)))
 
 
 def simulate_replicas(problem: Problem, devices) -> float:
@@ -382,7 +436,29 @@ def simulate_replicas(problem: Problem, devices) -> float:
         raise InfeasibleError("a replica's device cannot run every node")
     if (period <= 0).any():
         return 0.0
-    return float(max(1.0 / (1.0 / period).sum(), replica_host_s(problem, ks)))
+    return float(max(1.0 / (1.0 / period).sum(), replica_host_s(problem, ks),
+                     replica_machine_s(problem, ks).max(initial=0.0)))
+
+
+def replica_machine_s(problem: Problem, devices) -> np.ndarray:
+    """(m,) seconds per input each shared machine needs for replicas of ``devices`` (periods
+    finite and positive): each replica's ops (times its threads) and calls, on the share of the
+    inputs it takes, over the machine's cores."""
+    mach = problem.machines
+    if mach is None:
+        return np.zeros(0)
+    ks = np.asarray(devices, dtype=np.int64)
+    rate = 1.0 / replica_periods(problem, ks)
+    share = rate / rate.sum()
+    slow = np.where(mach.of[ks] >= 0, mach.slowdown[np.maximum(mach.of[ks], 0)], 1.0)
+    cpu = share * (problem.cost[:, ks].sum(axis=0) * mach.threads[ks] * slow
+                   + mach.call_cpu_s[ks] + mach.daemon_cpu_s[ks])
+    out = np.zeros(mach.cores.size)
+    on = mach.of[ks] >= 0
+    np.add.at(out, mach.of[ks][on], cpu[on])
+    if mach.driver >= 0:
+        out[mach.driver] += float((share * mach.driver_cpu_s[ks]).sum())
+    return out / mach.cores
 
 
 def check_feasible(problem: Problem, assignment, stages=None) -> None:

@@ -1,6 +1,8 @@
 """The actor call of a stage on a host: timed per host, stored by host name, and charged per stage
 (one alone too) by the solver, so small stages over hosts are priced with their calls."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -32,7 +34,8 @@ def test_host_overheads_match_devices_by_host():
     # measured some other way is not read.
     assert got == {"call_overhead_s": {"alpha-cpu0": 5e-4, "beta-cpu0": 6e-4, "alpha-cpu1": 5e-4},
                    "stage_overhead_s": {"alpha-cpu0": 4e-4, "beta-cpu0": 3e-4,
-                                        "alpha-cpu1": 4e-4}}
+                                        "alpha-cpu1": 4e-4},
+                   "machines": None}  # no machine recorded: test_cluster_machines
     with pytest.raises(ClusterError, match="no actor call measured for host 'beta'.*"
                                            "--measure-links"):
         host_overheads(devs, _fits("alpha", 5e-4, 4e-4))
@@ -40,7 +43,8 @@ def test_host_overheads_match_devices_by_host():
     fits.append(OverheadFit(host_fingerprint("alpha"), "", "segment", 1e-3, {"how": HOW}))
     fits.append(OverheadFit(host_fingerprint("beta"), "", "segment", 2e-3, {"how": HOW}))
     assert host_overheads(devs, fits, "latency") == {
-        "segment_overhead_s": {"alpha-cpu0": 1e-3, "beta-cpu0": 2e-3, "alpha-cpu1": 1e-3}}
+        "segment_overhead_s": {"alpha-cpu0": 1e-3, "beta-cpu0": 2e-3, "alpha-cpu1": 1e-3},
+        "machines": None}
 
 
 @pytest.mark.parametrize("op_s, split", [(0.2e-3, False), (10e-3, True)])
@@ -94,6 +98,12 @@ def test_measured_calls_are_stored_by_host(ray_cluster, tmp_path):
     with ProfileStore(path) as store:
         got = host_overheads(HOSTS, store)
         assert set(got["call_overhead_s"]) == {"alpha-cpu0", "beta-cpu0"}
+        # Both nodes, and this driver, are this machine: its cores are shared.
+        m = got["machines"]
+        assert set(m.machine) == {"alpha-cpu0", "beta-cpu0"} and len(set(m.machine.values())) == 1
+        assert m.driver == m.machine["alpha-cpu0"]
+        assert m.cores == {m.driver: float(len(os.sched_getaffinity(0)))}
+        assert m.slowdown[m.driver] >= 1 and all(s >= 0 for s in m.daemon_cpu_s.values())
         assert set(host_overheads(HOSTS, store, "latency")["segment_overhead_s"]) == {
             "alpha-cpu0", "beta-cpu0"}
     with pytest.raises(ClusterError, match="no host 'gamma'"):

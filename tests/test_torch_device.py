@@ -284,9 +284,12 @@ def test_a_plan_with_pytorch_calls_is_solved_as_one_thread_runs_it(convnet):
     assert res.predicted_latency_s == pytest.approx(res.delivery.serial_s, rel=1e-9)
 
 
-def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkeypatch):
+def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkeypatch,
+                                                                  tmp_path):
     # A model without importer fallbacks: its torch-device costs are all equivalent Relax ops.
     import autoplace.backend as backend
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))  # nothing kept by other tests
 
     waits = []
     monkeypatch.setattr(backend, "settle", lambda **kw: waits.append(kw) or 0.0)
@@ -948,8 +951,10 @@ def test_a_chain_whose_bias_has_its_outputs_shape_is_timed():
 
 
 def test_a_chain_that_cannot_be_timed_as_one_call_is_charged_as_its_ops(chains, monkeypatch,
-                                                                          caplog):
+                                                                          caplog, tmp_path):
     from autoplace.profile import torch_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))  # no chain kept by other tests
 
     def fails(*_args, **_kwargs):
         raise RuntimeError("refused")
@@ -965,6 +970,51 @@ def test_a_chain_that_cannot_be_timed_as_one_call_is_charged_as_its_ops(chains, 
     assert "could not time the chain nn.conv2d[1, 3, 8, 8]+add" in caplog.text
     assert "RuntimeError('refused')" in caplog.text
     assert "chain(s) of a conv or linear" not in res.summary()
+
+
+def test_calls_and_chains_timed_for_one_model_are_kept_for_the_next(chains, monkeypatch,
+                                                                   tmp_path):
+    from autoplace.profile import torch_runner, torch_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    _, _, mod = chains
+    g = OpGraph.from_relax(mod)
+    whole = fused_chains(g)
+    first = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole)
+    assert not first.kept and first.chains
+    timed = []
+    for name in ("time_torch_call", "time_fused_chain"):
+        monkeypatch.setattr(torch_timings, name, lambda *a, **k: timed.append(a) or 1 / 0)
+    again = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole)
+    assert not timed and again.calls == first.calls and again.chains == first.chains
+    assert "timed on this host for an earlier model" in TorchCostModel(again).describe(g)
+    for f in torch_timings.kept_dir().glob("*.json"):
+        f.write_text("[")  # damaged: timed again
+    monkeypatch.setattr(torch_timings, "time_fused_chain", torch_runner.time_fused_chain)
+    monkeypatch.setattr(torch_timings, "time_torch_call", torch_runner.time_torch_call)
+    assert not time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole).kept
+
+
+def test_a_chain_whose_anchor_alone_loses_to_another_device_is_not_timed_whole(chains,
+                                                                              monkeypatch,
+                                                                              tmp_path):
+    from autoplace.profile import torch_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    _, _, mod = chains
+    g = OpGraph.from_relax(mod)
+    whole = fused_chains(g)
+    timed = []
+    real = torch_timings.time_fused_chain
+    monkeypatch.setattr(torch_timings, "time_fused_chain",
+                        lambda nodes, *a, **k: timed.append(nodes) or real(nodes, *a, **k))
+    others = np.full(len(g.nodes), 1e-9)  # another device takes next to nothing for every op
+    out = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole, others=others)
+    assert not timed and not out.chains and out.unscreened == len(whole)
+    assert f"{len(whole)} chain(s) not timed as one call" in TorchCostModel(out).describe(g)
+    out = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole,
+                            others=np.full(len(g.nodes), 1.0))  # a second a node: timed
+    assert len(timed) == len(whole) and out.unscreened == 0
 
 
 def test_pins_that_split_a_chain_leave_its_ops_calls_of_their_own(chains):

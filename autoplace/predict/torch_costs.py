@@ -79,13 +79,17 @@ class TorchCostModel:
         """Where ``graph``'s PyTorch costs came from, in words."""
         t = self.timings
         keys = set(graph.workloads()) & set(t.calls)
-        stored, here = len(keys & t.stored), len(keys - t.stored)
+        stored, kept = len(keys & t.stored), len(keys & t.kept)
+        here = len(keys) - stored - kept
         prof = t.profile
         return (f"{stored} PyTorch call(s) measured by profile {prof.name} ({prof.fingerprint}), "
                 if prof is not None else "") + (
+            f"{kept} timed on this host for an earlier model, " if kept else "") + (
             f"{here} timed here, each + {t.handoff_s * 1e6:.1f} us hand-off from the VM "
             f"({t.handoff_from}) + {t.in_sequence_s * 1e6:.1f} us in the model's sequence (its "
-            "calls timed one after another, against alone)")
+            "calls timed one after another, against alone)") + (
+            f"; {t.unscreened} chain(s) not timed as one call: the anchor alone costs more than "
+            "another device takes for the whole chain" if t.unscreened else "")
 
 
 class WithTorch:

@@ -163,7 +163,8 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
     from autoplace.profile.torch_timings import time_torch_device, torch_profile
 
     models = {}
-    for d in torch_devices:
+    # ONNX Runtime's devices first: what they charge tells which chains PyTorch would lose.
+    for d in sorted(torch_devices, key=lambda d: d.runtime != "ort"):
         check_present(d)  # timed here, whatever check_devices says
         if d.runtime == "ort":
             from autoplace.predict.ort_costs import OrtCostModel
@@ -178,9 +179,22 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
             continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
         timings = time_torch_device(graph, d, callers=callers, chains=chains,
-                                    profile=torch_profile(d, db=db, cost_model=costs.model))
+                                    profile=torch_profile(d, db=db, cost_model=costs.model),
+                                    others=_least_other(graph, costs, torch_devices, models))
         models[d.name] = TorchCostModel(timings)
-    return models
+    return {d.name: models[d.name] for d in torch_devices}
+
+
+def _least_other(graph: OpGraph, costs: Prices, devices: Sequence[Device],
+                 models: Mapping) -> np.ndarray | None:
+    """Per node, the least an ONNX Runtime device of ``devices`` priced already (``models``:
+    measured in context) is charged; None where there is none. TVM's costs before calibration
+    are no bound: they may be several times too low."""
+    from autoplace.predict.torch_costs import WithTorch
+
+    model = WithTorch(costs.model, dict(models))
+    cols = [model.predict(graph, d) for d in devices if d.runtime == "ort" and d.name in models]
+    return np.min(np.column_stack(cols), axis=1) if cols else None
 
 
 #: How far off TVM's costs before calibration are taken to be, at most, where they are screened

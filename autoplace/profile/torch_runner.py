@@ -200,10 +200,11 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     last = [(out, anchor.outputs[0].dtype)]
     op = torch_op_for(anchor)
     calls, chosen = [], None
+    x0, w0 = random_torch_inputs(anchor, rng)
+    b0 = rng.random(bias.shape).astype(bias.dtype)
     with one_thread(), torch.no_grad():
         for _ in range(_copies(sum(t.nbytes for t in (*anchor.inputs, bias)), place)):
-            x, w = random_torch_inputs(anchor, rng)
-            w, b = w.numpy(), rng.random(bias.shape).astype(bias.dtype)
+            x, w, b = x0.clone(), w0.numpy().copy(), b0.copy()  # a copy of its own, in memory
             if norm:  # gamma, beta, mean, variance: folded as a build folds them
                 w, b = fold_batch_norm(w, None, b, b, b, b + 0.5, 1e-5)
             call = with_fused_tail(op, anchor.op_type, w, b, act, x.shape, last, place)

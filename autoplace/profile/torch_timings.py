@@ -47,7 +47,10 @@ class TorchTimings:
     ``handoff_from`` where it came from (``"from the profile"``, ``"measured here"``,
     ``"given"``);
     ``in_sequence_s``: what each call costs beyond its time alone where the model's calls run
-    one after another (0 where it could not be measured)."""
+    one after another (0 where it could not be measured); ``kept``: the keys read from this
+    host's cache (:func:`kept_dir`), timed here by an earlier model; ``unscreened``: how many
+    chains were not timed as one call, their anchor alone costing more than another device
+    takes for the whole chain."""
 
     place: str
     calls: Mapping[str, float]
@@ -57,6 +60,8 @@ class TorchTimings:
     chains: Mapping[tuple[str, ...], float] = field(default_factory=dict)
     stored: frozenset[str] = frozenset()
     profile: DeviceProfile | None = None
+    kept: frozenset[str] = frozenset()
+    unscreened: int = 0
 
     def chain_s(self, graph: OpGraph, chain: Sequence[int]) -> float:
         """Seconds of ``chain`` (node indices of ``graph``) as one call; ``inf`` where it was
@@ -69,15 +74,24 @@ def chain_key(graph: OpGraph, chain: Sequence[int]) -> tuple[str, ...]:
     return tuple(graph.nodes[i].workload_key for i in chain)
 
 
+#: A chain is timed as one call unless its anchor's call alone already costs this many times
+#: what another device is charged for the whole chain (``others`` of :func:`time_torch_device`):
+#: the chain's call runs the anchor's work and more, so it would lose there too.
+CHAIN_SCREEN = 1.2
+
+
 def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile | None = None,
                       callers: Sequence[str] = (), chains: Sequence[Sequence[int]] = (),
-                      handoff_s: float | None = None,
+                      handoff_s: float | None = None, others: Sequence[float] | None = None,
                       policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
     """The :class:`TorchTimings` of ``graph``'s calls on torch ``device``: the calls and the
     hand-off ``profile`` measured (its hand-off from the VM of the first of ``callers``, TVM
-    device fingerprints, it was measured with, else from any), the rest timed here; each of
-    ``chains`` (node indices) that the device runs whole, timed as one call; the excess of the
-    calls in sequence. ``handoff_s`` given: that hand-off, nothing measured for it.
+    device fingerprints, it was measured with, else from any), those this host timed for an
+    earlier model (:func:`kept_dir`), the rest timed here (and kept); each of ``chains`` (node
+    indices) that the device runs whole, timed as one call, but where ``others`` (per node, the
+    least another device is charged for it) says it would lose (:data:`CHAIN_SCREEN`); the
+    excess of the calls in sequence. ``handoff_s`` given: that hand-off, nothing measured for
+    it.
 
     Timing waits once for TVM's idle workers to stop spinning (they slow PyTorch down).
     """
@@ -85,32 +99,106 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
 
     place = device.torch_place
     known = dict(profile.latency_s) if profile is not None else {}
+    folder = kept_dir(place)
     runs = {key: idx for key, idx in graph.workloads().items()
             if device.can_run(graph.nodes[idx[0]].op_type)}
     whole = [tuple(c) for c in chains if all(device.can_run(graph.nodes[i].op_type) for i in c)]
-    if any(key not in known for key in runs) or whole:
-        settle(max_s=1.0)
-    calls = {}
-    for key, idx in runs.items():
+    calls, kept = {}, set()
+    for key in runs:
         if key in known:
             calls[key] = known[key]
-        else:
+        elif (found := _read_kept(folder, key)) is not None:
+            calls[key] = found
+            kept.add(key)
+    if any(key not in calls for key in runs) or whole:
+        settle(max_s=1.0)
+    for key, idx in runs.items():
+        if key not in calls:
             node = graph.nodes[idx[0]]
             op = torch_op_for(node)
             calls[key] = np.inf if op is None else time_torch_node(node, op, policy, place)
+            if np.isfinite(calls[key]) and calls[key] != DEFAULT_HANDOFF_S:
+                _keep(folder, key, calls[key])
     handoff_from = "given"
     if handoff_s is None:
         handoff_s, handoff_from = _stored_handoff(profile, callers), "from the profile"
     if handoff_s is None:
         handoff_s, handoff_from = measure_handoff(place=place), "measured here"
-    timed_chains = {}
+    timed_chains, unscreened = {}, set()
     for chain in whole:
         key = chain_key(graph, chain)
-        if key not in timed_chains:
+        if key in timed_chains:
+            continue
+        name = "chain:" + "|".join(key)
+        if (found := _read_kept(folder, name)) is not None:
+            timed_chains[key] = found
+            kept.add(name)
+        elif others is not None and calls.get(key[0], 0.0) > CHAIN_SCREEN * sum(
+                others[i] for i in chain):
+            unscreened.add(key)
+        else:
             timed_chains[key] = _chain_seconds(graph, chain, device, policy)
+            if np.isfinite(timed_chains[key]):
+                _keep(folder, name, timed_chains[key])
     return TorchTimings(place, calls, handoff_s, handoff_from,
                         _in_sequence(graph, device, calls), timed_chains,
-                        frozenset(known) & frozenset(runs), profile)
+                        frozenset(known) & frozenset(runs), profile, frozenset(kept),
+                        len(unscreened))
+
+
+def kept_dir(place: str = "cpu"):
+    """Where this host keeps the PyTorch calls and chains it timed (seconds by workload key),
+    so that another model with the same workloads times none of them: a folder of the
+    calibration cache entry of this host's CPU
+    (:func:`~autoplace.profile.calibration_cache.cache_entry`), per PyTorch version and
+    :data:`~autoplace.backend.torch_bridge.CALLS`; None for a GPU's calls (not kept)."""
+    if place != "cpu":
+        return None
+    import torch
+
+    from autoplace.backend.torch_bridge import CALLS
+    from autoplace.devices import Device
+    from autoplace.profile.calibration_cache import cache_entry
+
+    _, entry = cache_entry(Device.cpu(0))
+    return entry / f"torch_calls-{torch.__version__}-c{CALLS}"
+
+
+def _kept_path(folder, key: str):
+    import hashlib
+
+    return folder / (hashlib.sha1(key.encode()).hexdigest() + ".json")
+
+
+def _read_kept(folder, key: str) -> float | None:
+    """The seconds kept for ``key`` in ``folder``, or None (nothing kept, or a file that cannot
+    be read or is not this key's: timed again)."""
+    import json
+
+    if folder is None:
+        return None
+    try:
+        data = json.loads(_kept_path(folder, key).read_text())
+        seconds = data["seconds"] if data.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return float(seconds) if isinstance(seconds, float) and 0 < seconds < np.inf else None
+
+
+def _keep(folder, key: str, seconds: float) -> None:
+    import json
+    import os
+
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = _kept_path(folder, key)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "seconds": float(seconds)}))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep a PyTorch call's timing in %s: %s", folder, e)
 
 
 def _stored_handoff(profile: DeviceProfile | None, callers: Sequence[str]) -> float | None:

@@ -3,13 +3,13 @@
 A :class:`~autoplace.cluster.RayPipeline` calls every stage's actor once per input, a plan of one
 stage too. Each call costs CPU time twice: in the actor on the stage's host (receiving the call,
 reading its arguments, returning its results) and in the process that drives the pipeline
-(submitting the call, holding its small results). Both are timed per host, once, by streaming
-calls of a small array from this process to a pass-through actor on the host and reading the
-CPU time each process spent (``time.process_time``: every thread of the process, Ray's own
-included). They are stored in the profile store under the host's name, beside its links, as the
-host's ``call`` (the actor's) and ``stage`` (the driver's) overheads. A call made one at a time
-is timed too, from its submission to its result: the host's ``segment`` overhead, what each
-stage of a latency plan waits for.
+(submitting the call, collecting its results). Both are timed per host, once, by running a
+``RayPipeline`` of one stage that computes next to nothing (a relu of 4 KiB) on the host from
+this process and reading the CPU time each process spent (``time.process_time``: every thread
+of the process, Ray's own included; the actor's compute left out). They are stored in the
+profile store under the host's name, beside its links, as the host's ``call`` (the actor's) and
+``stage`` (the driver's) overheads. Inputs run one at a time are timed too, from submission to
+result: the host's ``segment`` overhead, what each stage of a latency plan waits for.
 
 :func:`host_overheads` gives them as :func:`autoplace.optimize`'s ``call_overhead_s`` (each stage
 and each replica pays its device's call per input, a plan of one stage too) and
@@ -20,7 +20,8 @@ for a latency plan, as ``segment_overhead_s`` (each stage waits for its call).
 Where hosts share one machine (Ray's nodes at one address), their stages, the driver and the
 cluster's daemons compete for its cores. So each call's CPU seconds in the daemons on the host's
 machine (raylets, GCS, agents: the processes of the cluster's session there) are read too, with
-the machine's cores, its address and the driver's: :func:`shared_machines` gives them as
+the machine's cores, its address, the driver's, and how much more CPU time compute takes there
+with every core busy (:func:`machine_slowdown`): :func:`shared_machines` gives them as
 ``optimize``'s ``machines``, which bounds a plan's rate by the machine's cores over the CPU
 seconds per input spent there.
 """
@@ -46,63 +47,93 @@ log = logging.getLogger(__name__)
 CALL_BYTES = 4096
 
 #: How the stored figures were measured (their ``detail["how"]``).
-HOW = "ray_actor_call"
+HOW = "ray_stage_call"
 
 
-def call_times(host: Host, *, calls: int = 200, in_flight: int = 8,
-               size: int = CALL_BYTES) -> dict[str, float]:
-    """CPU seconds per call of a pass-through actor on ``host`` called from this process,
-    ``in_flight`` calls at a time: the actor's (``"actor"``), this process's (``"driver"``) and
-    the cluster's daemons' on the host's machine (``"daemons"``: :func:`daemons_cpu_s
+def call_times(host: Host, *, calls: int = 200, in_flight: int = 8) -> dict[str, float]:
+    """What a stage's call costs on ``host``, timed through a :class:`RayPipeline` of one stage
+    there that computes next to nothing (a relu of :data:`CALL_BYTES`), driven from this
+    process ``in_flight`` inputs at a time: CPU seconds per input in the stage's actor beyond
+    its compute (``"actor"``), in this process (``"driver"``) and in the cluster's daemons on
+    the host's machine (``"daemons"``: :func:`daemons_cpu_s
     <autoplace.cluster.links.daemons_cpu_s>`, nan without psutil there); the wall seconds per
-    call (``"wall"``), after a warm-up of ``calls // 4``; the wall seconds of a call made one
-    at a time, submission to result (``"one"``, over ``calls // 2`` calls), with the CPU
-    seconds per call of each side then (``"one_actor"``, ``"one_driver"``, ``"one_daemons"``);
-    and the cores of the host's machine (``"cores"``)."""
+    input (``"wall"``), after a warm-up of ``calls // 4``; the wall seconds of an input run one
+    at a time, submission to result (``"one"``, over ``calls // 2`` inputs), with each side's
+    CPU seconds then (``"one_actor"``, ``"one_driver"``, ``"one_daemons"``); and the cores of
+    the host's machine (``"cores"``)."""
     ray = connected_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor = ray.remote(_Endpoint).options(
+    from autoplace.cluster.pipeline import RayPipeline
+    from autoplace.graph import OpGraph
+    from autoplace.plan import Plan
+
+    mod = _relu_module((CALL_BYTES // 256, 64))
+    device = Device.cpu(0, host=host.name)
+    graph = OpGraph.from_relax(mod)
+    n = len(graph.nodes)
+    plan = Plan.from_assignment(graph, [device], [device.name] * n, stages=(0,) * n,
+                                objective="throughput")
+    probe = ray.remote(_Endpoint).options(
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False)
     ).remote()
-    x = np.zeros(size, dtype=np.uint8)
+    x = np.ones((CALL_BYTES // 256, 64), dtype=np.float32)
 
-    def stream(n: int, in_flight: int = in_flight) -> None:
-        pending = []
-        for _ in range(n):
-            pending.append(actor.echo.remote(x))
-            if len(pending) >= in_flight:
-                ray.get(pending.pop(0))
-        ray.get(pending)
+    def sides(pipe) -> tuple[float, float, float, float]:
+        """CPU seconds so far of the stage's actor, this process and the daemons; the seconds
+        the actor computed since the last call."""
+        worker = pipe._actors[0]
+        actor, machine, busy = ray.get([worker.cpu_s.remote(), probe.machine.remote(),
+                                        worker.busy.remote()])
+        return actor, time.process_time(), machine["daemons_cpu_s"], busy
+
+    def per_input(before, after, count) -> tuple[float, float, float]:
+        return ((after[0] - before[0] - after[3]) / count, (after[1] - before[1]) / count,
+                (after[2] - before[2]) / count)
 
     try:
-        stream(max(1, calls // 4))
-        actor_0, machine_0 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
-        driver_0, wall_0 = time.process_time(), time.perf_counter()
-        stream(calls)
-        wall, driver = time.perf_counter() - wall_0, time.process_time() - driver_0
-        actor_s, machine = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
-        actor_s -= actor_0
-        ones = max(1, calls // 2)
-        actor_1, machine_1 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
-        driver_1, one_0 = time.process_time(), time.perf_counter()
-        stream(ones, in_flight=1)
-        one, driver_1 = time.perf_counter() - one_0, time.process_time() - driver_1
-        actor_2, machine_2 = ray.get([actor.cpu_s.remote(), actor.machine.remote()])
+        with RayPipeline.from_plan(mod, plan, max_in_flight=in_flight) as pipe:
+            pipe.run([x] for _ in range(max(1, calls // 4)))
+            before, wall_0 = sides(pipe), time.perf_counter()
+            pipe.run([x] for _ in range(calls))
+            wall = (time.perf_counter() - wall_0) / calls
+            after = sides(pipe)
+            actor, driver, daemons = per_input(before, after, calls)
+            pipe.max_in_flight = 1
+            ones = max(1, calls // 2)
+            before, one_0 = sides(pipe), time.perf_counter()
+            pipe.run([x] for _ in range(ones))
+            one = (time.perf_counter() - one_0) / ones
+            one_actor, one_driver, one_daemons = per_input(before, sides(pipe), ones)
+            cores = ray.get(probe.machine.remote())["cores"]
     finally:
-        ray.kill(actor)
-    daemons = (machine["daemons_cpu_s"] - machine_0["daemons_cpu_s"]) / calls
-    return {"actor": actor_s / calls, "driver": driver / calls, "wall": wall / calls,
-            "daemons": daemons, "cores": machine["cores"], "one": one / ones,
-            "one_actor": (actor_2 - actor_1) / ones, "one_driver": driver_1 / ones,
-            "one_daemons": (machine_2["daemons_cpu_s"] - machine_1["daemons_cpu_s"]) / ones}
+        ray.kill(probe)
+    return {"actor": max(0.0, actor), "driver": driver, "wall": wall, "daemons": daemons,
+            "cores": cores, "one": one, "one_actor": max(0.0, one_actor),
+            "one_driver": one_driver, "one_daemons": one_daemons}
 
 
-def machine_slowdown(hosts: Sequence[Host], cores: int, *, steps: int = 200) -> float:
-    """How much slower single-threaded compute runs on a machine whose cores are all busy than
-    alone: ``min(cores, 8)`` pass-through actors spread over ``hosts`` (all on the machine)
-    each time ``steps`` steps of :meth:`_Endpoint.compute`, first one at a time, then all at
-    once; the median time per step at once over the median alone."""
+def _relu_module(shape):
+    """A Relax module of one relu of a float32 input of ``shape``."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def machine_slowdown(hosts: Sequence[Host], cores: int, *, seconds: float = 0.2,
+                     rounds: int = 3) -> float:
+    """How much more CPU time single-threaded compute takes on a machine whose cores are all
+    busy than alone (cores that share a physical core or a cache; not the time other processes
+    hold them): ``min(cores, 8)`` pass-through actors spread over ``hosts`` (all on the
+    machine) step :meth:`_Endpoint.compute` for ``seconds``, one at a time, then all at once,
+    ``rounds`` times; the median CPU seconds per step at once over the median alone (1 at
+    least)."""
     ray = connected_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -110,9 +141,11 @@ def machine_slowdown(hosts: Sequence[Host], cores: int, *, steps: int = 200) -> 
     actors = [remote.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
         hosts[i % len(hosts)].node_id, soft=False)).remote() for i in range(min(cores, 8))]
     try:
-        ray.get([a.compute.remote(steps // 4) for a in actors])  # started, warm
-        alone = [ray.get(a.compute.remote(steps)) for a in actors]
-        together = ray.get([a.compute.remote(steps) for a in actors])
+        ray.get([a.compute.remote(seconds / 4) for a in actors])  # started, warm
+        alone, together = [], []
+        for _ in range(rounds):
+            alone += [ray.get(a.compute.remote(seconds)) for a in actors]
+            together += ray.get([a.compute.remote(seconds) for a in actors])
     finally:
         for a in actors:
             ray.kill(a)

@@ -50,16 +50,18 @@ class _Endpoint:
         """CPU seconds this actor's process has spent (every thread, Ray's own included)."""
         return time.process_time()
 
-    def compute(self, n: int) -> float:
-        """Seconds per step of ``n`` steps of single-threaded compute (a tanh and a multiply
-        of 256 x 256 floats, in cache): what it takes here alone and beside other work."""
+    def compute(self, seconds: float) -> float:
+        """CPU seconds per step of single-threaded compute (a tanh and a multiply of 256 x 256
+        floats, in cache), stepping for ``seconds``: what a step takes here alone and beside
+        other work (CPU time, so not the time other processes hold the core)."""
         a = np.linspace(-1, 1, 256 * 256, dtype=np.float32).reshape(256, 256)
         b = np.empty_like(a)
-        t0 = time.perf_counter()
-        for _ in range(n):
+        steps, t0, cpu0 = 0, time.perf_counter(), time.thread_time()
+        while time.perf_counter() - t0 < seconds:
             np.tanh(a, out=b)
             np.multiply(b, a, out=b)
-        return (time.perf_counter() - t0) / n
+            steps += 1
+        return (time.thread_time() - cpu0) / steps
 
     def machine(self) -> dict:
         """This machine's cores (those this process may run on) and the CPU seconds its

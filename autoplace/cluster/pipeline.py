@@ -124,6 +124,10 @@ class _StageWorker:
 
         return ray.get_runtime_context().get_node_id()
 
+    def cpu_s(self) -> float:
+        """CPU seconds this actor's process has spent (every thread, Ray's own included)."""
+        return time.process_time()
+
     def busy(self) -> float:
         """Seconds spent in calls since the last ``busy()``."""
         busy, self._busy = self._busy, 0.0

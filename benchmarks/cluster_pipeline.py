@@ -14,27 +14,33 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
 2. A tiny model (relu then exp of a 16x64 array; no compute to speak of) as one stage and as two,
    per input: ``RayPipeline`` (stages on alpha, then beta) and the in-process ``Pipeline`` (two
    CPU devices, one thread each), micro-batches of 1 and of 8.
-3. The host links, timed and fitted (``measure_host_links``), and the call of an actor on each
-   host (``measure_call_overheads``: CPU seconds per call in the actor and in this driver).
+3. The host links, timed and fitted (``measure_host_links``), and the call of a stage on each
+   host (``measure_call_overheads``: CPU seconds per call in the actor, in this driver and in
+   the cluster's daemons on the host's machine, eight in flight and one at a time; the
+   machine's address, cores and compute slowdown with every core busy).
 4. Per ``--widths`` entry, an MLP (``--layers`` matmul+tanh of that width, batch 64):
    ``autoplace.optimize`` over ``alpha/cpu:0`` and ``beta/cpu:1`` (objective throughput, the
    host links and the hosts' calls of 3., ``host_overheads``; replicas and the guard off, to
    see the solver's pipeline), run by ``RayPipeline`` over ``--inputs`` inputs: measured and
-   predicted inputs/s; the same for the one-host plan (every op on alpha, one stage, one
-   actor) and for replicas of the whole model on both hosts. Beside each: the actors' busy
-   seconds (their calls' compute) against the ops' predicted seconds, and the share of the
+   predicted inputs/s, and the prediction as if each host had a machine of its own (``apart``:
+   the problem without its ``machines``); the same for the one-host plan (every op on alpha,
+   one stage, one actor) and for replicas of the whole model on both hosts; the plan's line on
+   the machine the hosts share, as ``explain()`` gives it. Beside each: the actors' busy
+   seconds (their calls' compute) against the ops' predicted seconds, the share of the
    machine's cores used while it ran by this process and the cluster it started (the driver,
-   the actors, Ray's own: ``ours``) and by every other process (``others``).
+   the actors, Ray's own: ``ours``) and by every other process (``others``), and the CPU
+   milliseconds per input of each process of the cluster.
 5. Latency: two branches of ``--layers`` matmul+tanh of the first width from one input, summed:
    ``autoplace.optimize`` (objective latency, the host links, the hosts' calls one at a time as
-   ``segment_overhead_s``), run one input at a time by ``res.compile()`` (a ``RayModel``), and
-   the one-host plan likewise: the median of 30 calls against the prediction, the shares of
-   the cores as in 4., and the CPU milliseconds per call of each process of the cluster (the
-   driver, each stage's actor, Ray's daemons).
+   ``segment_overhead_s``, the shared machine), run one input at a time by ``res.compile()``
+   (a ``RayModel``), and the one-host plan likewise: the median of 30 calls against the
+   prediction, the shares of the cores as in 4., and the CPU milliseconds per call of each
+   process of the cluster (the driver, each stage's actor, Ray's daemons).
 
 Both nodes share this machine's cores: with two cores, the driver, two actors and Ray's own
-processes contend, as they would not on two machines; the last two columns show how much of
-the machine the benchmark had.
+processes contend, as they would not on two machines. The prediction bounds each plan by the
+machine's cores over the CPU seconds per input spent there; the ``ours`` and ``others`` columns
+show how much of the machine the benchmark had.
 """
 
 from __future__ import annotations

@@ -100,6 +100,14 @@ def test_an_exported_segment_computes_its_ops_and_knows_their_onnx_nodes(branchy
         assert all(ort_segments.op_of(o, seg.ops) == name for o in seg.onnx_nodes[name])
 
 
+def test_a_segment_of_one_module_is_exported_once(branchy):
+    model, x, mod, graph = branchy
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    assert export(mod, span) is export(mod, span)  # a build annotating twice exports once
+    other = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    assert export(other, span) is not export(mod, span)
+
+
 def test_profile_splits_the_segment_among_its_ops(branchy):
     _, _, mod, graph = branchy
     span, = cut(mod["main"], [True] * len(graph.nodes))

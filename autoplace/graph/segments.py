@@ -10,6 +10,7 @@ and ORT rewrites the segment as a whole.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,10 +102,30 @@ def _with_interface(func, bindings, first: int, stop: int, nodes: tuple[int, ...
     return Span(first, stop, nodes, tuple(inputs), outputs)
 
 
+# module -> {(function name, first, stop): (the function, its segment)}: what :func:`export`
+# made of a module's segments, while the module lives (a plan's build annotates it more than
+# once: each would export its segments again).
+_EXPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def export(mod, span: Span, func_name: str = "main") -> OrtSegment:
     """Segment ``span`` of ``mod[func_name]`` (:func:`cut`) as an ONNX model; raises
     :class:`OrtSegmentError` naming the op where one has no PyTorch equivalent or the export
-    fails."""
+    fails. The same segment of the same module is exported once."""
+    func, key = mod[func_name], (func_name, span.first, span.stop)
+    try:
+        kept = _EXPORTED.setdefault(mod, {})
+    except TypeError:  # a module that cannot be referenced weakly: not kept
+        kept = {}
+    hit = kept.get(key)
+    if hit is not None and hit[0].same_as(func):
+        return hit[1]
+    segment = _export(mod, span, func_name)
+    kept[key] = (func, segment)
+    return segment
+
+
+def _export(mod, span: Span, func_name: str) -> OrtSegment:
     import torch
     from tvm import relax
 

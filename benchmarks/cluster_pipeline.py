@@ -393,11 +393,20 @@ def main():
                       f"{f.detail['machine_cores']} cores, compute "
                       f"{f.detail['machine_slowdown']:.3f}x as long with every core busy; "
                       f"driver at {f.detail['driver_machine']})")
+            if f.kind == "call":
+                sh, sp, by = f.detail["shares"], f.detail["spaced"], f.detail["beyond"]
+                print(f"   call on {f.detail['host']}, inputs {sp['wall'] * 1e3:.1f} ms apart: "
+                      f"CPU per call actor {sp['actor'] * 1e6:.0f} us, driver "
+                      f"{sp['driver'] * 1e6:.0f} us, daemons {sp['daemons'] * 1e6:.0f} us; "
+                      f"so while a plan runs they keep {sh['actor']:.3f}, {sh['driver']:.3f}, "
+                      f"{sh['daemons']:.3f} of a core busy, and a call costs beyond that "
+                      f"{by['actor'] * 1e6:.0f}, {by['driver'] * 1e6:.0f}, "
+                      f"{by['daemons'] * 1e6:.0f} us")
             if f.kind == "segment":
-                print(f"   call on {f.detail['host']} one at a time, CPU: actor "
+                print(f"   call on {f.detail['host']} one at a time, CPU beyond the shares: actor "
                       f"{f.detail['actor_cpu_s'] * 1e6:.0f} us, driver "
                       f"{f.detail['driver_cpu_s'] * 1e6:.0f} us, daemons "
-                      f"{f.detail.get('daemons_cpu_s', float('nan')) * 1e6:.0f} us")
+                      f"{f.detail['daemons_cpu_s'] * 1e6:.0f} us")
 
         devs = [alpha, beta]
         if 4 in steps:

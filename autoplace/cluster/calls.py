@@ -50,17 +50,21 @@ CALL_BYTES = 4096
 HOW = "ray_stage_call"
 
 
-def call_times(host: Host, *, calls: int = 200, in_flight: int = 8) -> dict[str, float]:
+def call_times(host: Host, *, calls: int = 200, in_flight: int = 8,
+               gap_s: float = 0.01) -> dict[str, float]:
     """What a stage's call costs on ``host``, timed through a :class:`RayPipeline` of one stage
     there that computes next to nothing (a relu of :data:`CALL_BYTES`), driven from this
-    process ``in_flight`` inputs at a time: CPU seconds per input in the stage's actor beyond
-    its compute (``"actor"``), in this process (``"driver"``) and in the cluster's daemons on
-    the host's machine (``"daemons"``: :func:`daemons_cpu_s
-    <autoplace.cluster.links.daemons_cpu_s>`, nan without psutil there); the wall seconds per
-    input (``"wall"``), after a warm-up of ``calls // 4``; the wall seconds of an input run one
-    at a time, submission to result (``"one"``, over ``calls // 2`` inputs), with each side's
-    CPU seconds then (``"one_actor"``, ``"one_driver"``, ``"one_daemons"``); and the cores of
-    the host's machine (``"cores"``)."""
+    process: CPU seconds per input in the stage's actor beyond its compute (``"actor"``), in
+    this process (``"driver"``) and in the cluster's daemons on the host's machine
+    (``"daemons"``: :func:`daemons_cpu_s <autoplace.cluster.links.daemons_cpu_s>`, nan without
+    psutil there), and the wall seconds per input (``"wall"``), for three streams:
+
+    - ``calls`` inputs ``in_flight`` at a time, after a warm-up of ``calls // 4`` (no prefix);
+    - ``calls // 2`` inputs one at a time, submission to result (prefix ``"one_"``);
+    - ``calls // 8`` inputs one every ``gap_s`` seconds (prefix ``"spaced_"``): Ray's processes
+      spend more CPU per call when the calls come apart.
+
+    And the cores of the host's machine (``"cores"``)."""
     ray = connected_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -78,39 +82,61 @@ def call_times(host: Host, *, calls: int = 200, in_flight: int = 8) -> dict[str,
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False)
     ).remote()
     x = np.ones((CALL_BYTES // 256, 64), dtype=np.float32)
+    out: dict[str, float] = {}
 
-    def sides(pipe) -> tuple[float, float, float, float]:
-        """CPU seconds so far of the stage's actor, this process and the daemons; the seconds
-        the actor computed since the last call."""
-        worker = pipe._actors[0]
-        actor, machine, busy = ray.get([worker.cpu_s.remote(), probe.machine.remote(),
-                                        worker.busy.remote()])
-        return actor, time.process_time(), machine["daemons_cpu_s"], busy
-
-    def per_input(before, after, count) -> tuple[float, float, float]:
-        return ((after[0] - before[0] - after[3]) / count, (after[1] - before[1]) / count,
-                (after[2] - before[2]) / count)
+    def spaced(count: int):
+        for _ in range(count):
+            time.sleep(gap_s)
+            yield [x]
 
     try:
         with RayPipeline.from_plan(mod, plan, max_in_flight=in_flight) as pipe:
+            worker = pipe._actors[0]
+            pid = ray.get(worker.pid.remote())
+
+            def sides() -> tuple[float, ...]:
+                """CPU seconds so far of the stage's actor, this process and the daemons, the
+                seconds the actor computed since the last call, and the time."""
+                actor, machine, busy = ray.get([worker.cpu_s.remote(),
+                                                probe.machine.remote([pid]),
+                                                worker.busy.remote()])
+                return (actor, time.process_time(), machine["daemons_cpu_s"], busy,
+                        time.perf_counter())
+
+            def timed(prefix: str, inputs, count: int) -> None:
+                before = sides()
+                pipe.run(inputs)
+                after = sides()
+                out.update({f"{prefix}actor": max(0.0, after[0] - before[0] - after[3]) / count,
+                            f"{prefix}driver": (after[1] - before[1]) / count,
+                            f"{prefix}daemons": (after[2] - before[2]) / count,
+                            f"{prefix}wall": (after[4] - before[4]) / count})
+
             pipe.run([x] for _ in range(max(1, calls // 4)))
-            before, wall_0 = sides(pipe), time.perf_counter()
-            pipe.run([x] for _ in range(calls))
-            wall = (time.perf_counter() - wall_0) / calls
-            after = sides(pipe)
-            actor, driver, daemons = per_input(before, after, calls)
+            timed("", ([x] for _ in range(calls)), calls)
             pipe.max_in_flight = 1
             ones = max(1, calls // 2)
-            before, one_0 = sides(pipe), time.perf_counter()
-            pipe.run([x] for _ in range(ones))
-            one = (time.perf_counter() - one_0) / ones
-            one_actor, one_driver, one_daemons = per_input(before, sides(pipe), ones)
-            cores = ray.get(probe.machine.remote())["cores"]
+            timed("one_", ([x] for _ in range(ones)), ones)
+            timed("spaced_", spaced(max(1, calls // 8)), max(1, calls // 8))
+            out["cores"] = ray.get(probe.machine.remote())["cores"]
     finally:
         ray.kill(probe)
-    return {"actor": max(0.0, actor), "driver": driver, "wall": wall, "daemons": daemons,
-            "cores": cores, "one": one, "one_actor": max(0.0, one_actor),
-            "one_driver": one_driver, "one_daemons": one_daemons}
+    out["one"] = out["one_wall"]
+    return out
+
+
+def background_shares(t: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """Per side of a call (``"actor"``, ``"driver"``, ``"daemons"``), from :func:`call_times`:
+    the share of a core its processes keep busy while a plan runs, and the CPU seconds of a
+    call beyond it, from the inputs close together and those apart (a straight line through
+    the two, CPU per input against seconds per input; neither below 0)."""
+    out = {}
+    span = t["spaced_wall"] - t["wall"]
+    for side in ("actor", "driver", "daemons"):
+        share = max(0.0, (t[f"spaced_{side}"] - t[side]) / span) if span > 0 else 0.0
+        share = share if share == share else 0.0  # nan: no daemons read
+        out[side] = (share, max(0.0, t[side] - share * t["wall"]))
+    return out
 
 
 def _relu_module(shape):
@@ -180,22 +206,28 @@ def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[st
         sharing = [h for h in live.values() if h.address == address]
         if len(sharing) > 1 and address not in slowdowns:
             slowdowns[address] = machine_slowdown(sharing, t["cores"])
+        shares = background_shares(t)
         detail = {"how": HOW, "host": name, "bytes": CALL_BYTES, "calls": calls,
                   "in_flight": 8, "wall_s": t["wall"], "machine": live[name].address,
                   "machine_cores": t["cores"], "cpus": live[name].cpus, "driver_machine": here,
-                  "machine_slowdown": slowdowns.get(address, 1.0)}
-        daemons = {} if t["daemons"] != t["daemons"] else {"daemons_cpu_s": t["daemons"]}
-        fits = [OverheadFit(fp, "", "call", t["actor"], {**detail, "side": "actor", **daemons}),
+                  "machine_slowdown": slowdowns.get(address, 1.0),
+                  "shares": {k: v[0] for k, v in shares.items()},
+                  "spaced": {k: t[f"spaced_{k}"] for k in ("actor", "driver", "daemons", "wall")}}
+        beyond = {k: v[1] for k, v in shares.items()}
+        one = {f"{k}_cpu_s": max(0.0, t[f"one_{k}"] - shares[k][0] * t["one_wall"])
+               for k in shares}
+        fits = [OverheadFit(fp, "", "call", t["actor"],
+                            {**detail, "side": "actor", "daemons_cpu_s": t["daemons"],
+                             "beyond": beyond}),
                 OverheadFit(fp, "", "stage", t["driver"], {**detail, "side": "driver"}),
                 OverheadFit(fp, "", "segment", t["one"],
-                            {**detail, "side": "round trip", "in_flight": 1,
-                             "actor_cpu_s": t["one_actor"], "driver_cpu_s": t["one_driver"],
-                             **({} if t["one_daemons"] != t["one_daemons"]
-                                else {"daemons_cpu_s": t["one_daemons"]})})]
-        log.info("actor call on host %s: %.0f us in the actor, %.0f us in the driver, "
+                            {**detail, "side": "round trip", "in_flight": 1, **one})]
+        log.info("a stage's call on host %s: %.0f us of CPU in the actor, %.0f us in the driver, "
                  "%.0f us in the daemons on its machine (%s, %d cores), %.0f us wall; one at a "
-                 "time %.0f us", name, t["actor"] * 1e6, t["driver"] * 1e6, t["daemons"] * 1e6,
-                 live[name].address, t["cores"], t["wall"] * 1e6, t["one"] * 1e6)
+                 "time %.0f us; while a plan runs they keep %.3f, %.3f, %.3f of a core busy",
+                 name, t["actor"] * 1e6, t["driver"] * 1e6, t["daemons"] * 1e6,
+                 live[name].address, t["cores"], t["wall"] * 1e6, t["one"] * 1e6,
+                 shares["actor"][0], shares["driver"][0], shares["daemons"][0])
         if store is not None:
             h = live[name]
             store.add_device(fp, f"host:{name}", {"kind": "host", "host": name, "cpus": h.cpus})
@@ -207,7 +239,7 @@ def measure_call_overheads(store: ProfileStore | None = None, names: Iterable[st
 
 def _stored(store: ProfileStore, fp: str) -> bool:
     fits = {f.kind: f for f in store.overheads(fp) if f.detail.get("how") == HOW}
-    return {"call", "stage", "segment"} <= set(fits) and "machine" in fits["call"].detail
+    return {"call", "stage", "segment"} <= set(fits) and "shares" in fits["call"].detail
 
 
 def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | ProfileStore,
@@ -254,31 +286,28 @@ def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | Pro
     """The machines two or more of ``devices``' hosts share, by the address each host's
     measured call (``fits``, or a store's) recorded: each one's cores and slowdown
     (:func:`machine_slowdown`), each device's threads (its host's CPUs over the host's devices
-    here, as :class:`RayPipeline` runs its stages), and the CPU seconds a call of it costs its
-    actor, the cluster's daemons on its machine and the driver (charged to the driver's machine
-    where it is one of these): calls eight in flight for ``"throughput"``, one at a time for
-    ``"latency"``. None where no two hosts share a machine, or a host's figures predate the
+    here, as :class:`RayPipeline` runs its stages), and what a call of it costs its actor, the
+    cluster's daemons on its machine and the driver (charged to the driver's machine where it
+    is one of these): the share of a core each keeps busy while a plan runs, and the CPU seconds
+    per call beyond it, for calls eight in flight (``"throughput"``) or one at a time
+    (``"latency"``). None where no two hosts share a machine, or a host's figures predate the
     machine's (measure them ``again``).
     """
     if isinstance(fits, ProfileStore):
         fits = fits.overheads()
     by_host = {(f.device, f.kind): f for f in fits if f.detail.get("how") == HOW}
-    figures = {}  # host -> (call fit, its machine's record, actor, daemons, driver CPU s)
+    figures = {}  # host -> (its call's detail, CPU s per call of the actor, daemons, driver)
     for d in devices:
         if d.host is None or d.host in figures:
             continue
         fp = host_fingerprint(d.host)
-        call, stage, one = (by_host.get((fp, k)) for k in ("call", "stage", "segment"))
-        if call is None or "machine" not in call.detail or stage is None:
+        call, one = by_host.get((fp, "call")), by_host.get((fp, "segment"))
+        if call is None or one is None or "shares" not in call.detail:
             return None
-        if objective == "latency":
-            if one is None or "actor_cpu_s" not in one.detail:
-                return None
-            cpu = (one.detail["actor_cpu_s"], one.detail.get("daemons_cpu_s", 0.0),
-                   one.detail["driver_cpu_s"])
-        else:
-            cpu = (call.seconds, call.detail.get("daemons_cpu_s", 0.0), stage.seconds)
-        figures[d.host] = (call.detail, *cpu)
+        per_call = one.detail if objective == "latency" else call.detail["beyond"]
+        figures[d.host] = (call.detail, *(per_call[k] for k in (
+            ("actor_cpu_s", "daemons_cpu_s", "driver_cpu_s") if objective == "latency"
+            else ("actor", "daemons", "driver"))))
     hosts_on: dict[str, set[str]] = {}
     for host, (detail, *_) in figures.items():
         hosts_on.setdefault(detail["machine"], set()).add(host)
@@ -286,14 +315,19 @@ def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | Pro
     if not shared:
         return None
     per_host = {h: sum(d.host == h for d in devices) for h in figures}
-    machine, threads, actor, daemons, driver = {}, {}, {}, {}, {}
+    machine, threads = {}, {}
+    cpu: dict[str, dict[str, float]] = {"actor": {}, "daemons": {}, "driver": {}}
+    share: dict[str, dict[str, float]] = {"actor": {}, "daemons": {}, "driver": {}}
     for d in devices:
         if d.host is None:
             continue
-        detail, actor[d.name], daemons[d.name], driver[d.name] = figures[d.host]
+        detail, *per_call = figures[d.host]
         if detail["machine"] in shared:
             machine[d.name] = detail["machine"]
         threads[d.name] = max(1, detail.get("cpus", 1) // per_host[d.host])
+        for side, s in zip(cpu, per_call):
+            cpu[side][d.name] = s
+            share[side][d.name] = detail["shares"][side]
     details = [f[0] for f in figures.values()]
     cores = {m: float(min(x["machine_cores"] for x in details if x["machine"] == m))
              for m in shared}
@@ -301,5 +335,6 @@ def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | Pro
                              if x["machine"] == m)) for m in shared}
     drivers = {x.get("driver_machine") for x in details}
     here = next(iter(drivers)) if len(drivers) == 1 else None
-    return SharedMachines(machine, cores, slowdown, threads, actor, daemons, driver,
-                          here if here in shared else None)
+    return SharedMachines(machine, cores, slowdown, threads, cpu["actor"], cpu["daemons"],
+                          cpu["driver"], here if here in shared else None, share["actor"],
+                          share["daemons"], share["driver"])

@@ -63,12 +63,13 @@ class _Endpoint:
             steps += 1
         return (time.thread_time() - cpu0) / steps
 
-    def machine(self) -> dict:
+    def machine(self, exclude: Sequence[int] = ()) -> dict:
         """This machine's cores (those this process may run on) and the CPU seconds its
-        cluster's daemons have spent so far (:func:`daemons_cpu_s`)."""
+        cluster's daemons have spent so far (:func:`daemons_cpu_s`; ``exclude``: pids of
+        actors whose CPU is counted apart)."""
         import os
 
-        return {"cores": len(os.sched_getaffinity(0)), "daemons_cpu_s": daemons_cpu_s()}
+        return {"cores": len(os.sched_getaffinity(0)), "daemons_cpu_s": daemons_cpu_s(exclude)}
 
     def pull(self, boxed: list) -> float:
         import ray
@@ -78,11 +79,11 @@ class _Endpoint:
         return time.perf_counter() - t0
 
 
-def daemons_cpu_s() -> float:
+def daemons_cpu_s(exclude: Sequence[int] = ()) -> float:
     """CPU seconds spent so far by the processes of this process's Ray cluster on this machine
-    but this one: its node's raylet (this actor's parent) and every process that names the
-    raylet's session (GCS, other raylets, agents), with their workers; nan without psutil.
-    The driver, which names no session, is not counted."""
+    but this one and ``exclude`` (pids): its node's raylet (this actor's parent) and every
+    process that names the raylet's session (GCS, other raylets, agents), with their workers;
+    nan without psutil. The driver, which names no session, is not counted."""
     import re
 
     try:
@@ -106,7 +107,7 @@ def daemons_cpu_s() -> float:
             continue
     total = 0.0
     for pid, proc in ours.items():
-        if pid == me.pid:
+        if pid == me.pid or pid in exclude:
             continue
         try:
             total += _process_cpu_s(proc)

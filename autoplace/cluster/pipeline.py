@@ -128,6 +128,9 @@ class _StageWorker:
         """CPU seconds this actor's process has spent (every thread, Ray's own included)."""
         return time.process_time()
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def busy(self) -> float:
         """Seconds spent in calls since the last ``busy()``."""
         busy, self._busy = self._busy, 0.0

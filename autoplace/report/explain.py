@@ -296,18 +296,21 @@ def explain(result: PlacementResult) -> Explanation:
 
 def machine_lines(problem, sol, host_of: Mapping[str, str | None]) -> tuple[str, ...]:
     """One line per machine that hosts of ``problem``'s devices share (``problem.machines``):
-    its hosts and cores, and the CPU seconds ``sol`` spends there per input (by what) over its
-    cores, the least time per input (throughput) or per input alone (latency) it allows."""
+    its hosts and cores, the CPU seconds ``sol`` spends there per input (by what) and the cores
+    its processes leave free between calls, and so the least time per input (throughput) or
+    per input alone (latency) it allows."""
     from autoplace.solve.segments import segments
-    from autoplace.solve.simulate import machine_cpu, replica_machine_s, stage_counts
+    from autoplace.solve.simulate import (machine_cpu, machine_loads, replica_machine_s,
+                                          stage_counts)
 
     mach = problem.machines
     if mach is None:
         return ()
     a = np.asarray(sol.assignment, dtype=np.int64)
     if sol.replicas is not None:
-        shares = replica_machine_s(problem, sol.replicas)
-        cpu = None
+        used = np.zeros(problem.num_devices, dtype=bool)
+        used[np.asarray(sol.replicas)] = True
+        least, cpu = replica_machine_s(problem, sol.replicas), None
     else:
         if sol.objective == "latency":
             seg = segments(problem, a, sol.order)
@@ -315,8 +318,10 @@ def machine_lines(problem, sol, host_of: Mapping[str, str | None]) -> tuple[str,
             calls = np.bincount(a[first], minlength=problem.num_devices)
         else:
             calls = stage_counts(problem, a, sol.stages)
+        used = calls > 0
         cpu = machine_cpu(problem, a, calls=calls)
-        shares = cpu.sum(axis=1) / mach.cores
+        least = machine_loads(problem, a, calls=calls)
+    busy = mach.background(used)
     lines = []
     for m in range(mach.cores.size):
         hosts = sorted({str(host_of.get(problem.device_names[k]) or problem.device_names[k])
@@ -332,11 +337,13 @@ def machine_lines(problem, sol, host_of: Mapping[str, str | None]) -> tuple[str,
             ops, actors, daemons, drv = cpu[m]
             line += (f"{_fmt_s(cpu[m].sum())} of CPU per input there (ops {_fmt_s(ops)}, "
                      f"calls in their processes {_fmt_s(actors)}, in the cluster's daemons "
-                     f"{_fmt_s(daemons)}, in the driving process {_fmt_s(drv)}), ")
+                     f"{_fmt_s(daemons)}, in the driving process {_fmt_s(drv)}) ")
+        line += (f"on the {mach.cores[m] - busy[m]:.2f} cores its processes leave free between "
+                 f"calls, ")
         what = "one input alone" if sol.objective == "latency" else "a time per input"
-        line += f"so {what} of at least {_fmt_s(shares[m])}"
-        if sol.objective == "throughput" and shares[m] > 0:
-            line += f" ({1 / shares[m]:.1f} inputs/s at most)"
+        line += f"so {what} of at least {_fmt_s(least[m])}"
+        if sol.objective == "throughput" and 0 < least[m] < np.inf:
+            line += f" ({1 / least[m]:.1f} inputs/s at most)"
         lines.append(line)
     return tuple(lines)
 

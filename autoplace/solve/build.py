@@ -21,9 +21,10 @@ class SharedMachines(NamedTuple):
 
     ``machine``: device name -> its machine's name (a device it leaves out has a machine of its
     own); ``cores``: machine name -> cores; ``slowdown``: machine name -> how much longer ops
-    take there with its cores all busy (1 where left out); ``threads``, ``call_cpu_s``, ``daemon_cpu_s``,
-    ``driver_cpu_s``: device name -> figure (0 where left out; ``threads`` 1); ``driver``: the
-    machine the driving process runs on, if one of them.
+    take there with its cores all busy (1 where left out); ``threads``, ``call_cpu_s``,
+    ``daemon_cpu_s``, ``driver_cpu_s``, ``actor_share``, ``daemon_share``, ``driver_share``:
+    device name -> figure (0 where left out; ``threads`` 1); ``driver``: the machine the
+    driving process runs on, if one of them.
     """
 
     machine: Mapping[str, str]
@@ -34,6 +35,9 @@ class SharedMachines(NamedTuple):
     daemon_cpu_s: Mapping[str, float]
     driver_cpu_s: Mapping[str, float]
     driver: str | None = None
+    actor_share: Mapping[str, float] = {}
+    daemon_share: Mapping[str, float] = {}
+    driver_share: Mapping[str, float] = {}
 
     def arrays(self, device_names: Sequence[str]) -> Machines:
         """The arrays over ``device_names``, machines numbered by name."""
@@ -50,6 +54,9 @@ class SharedMachines(NamedTuple):
             call_cpu_s=[self.call_cpu_s.get(n, 0.0) for n in device_names],
             daemon_cpu_s=[self.daemon_cpu_s.get(n, 0.0) for n in device_names],
             driver_cpu_s=[self.driver_cpu_s.get(n, 0.0) for n in device_names],
+            actor_share=[self.actor_share.get(n, 0.0) for n in device_names],
+            daemon_share=[self.daemon_share.get(n, 0.0) for n in device_names],
+            driver_share=[self.driver_share.get(n, 0.0) for n in device_names],
             driver=pos.get(self.driver, -1) if self.driver is not None else -1)
 
 

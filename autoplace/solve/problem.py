@@ -53,6 +53,13 @@ class Machines(NamedTuple):
         CPU seconds each such call costs the cluster's daemons on the device's machine.
     driver_cpu_s : (d,) float array
         CPU seconds each such call costs the process that drives the plan.
+    actor_share, daemon_share, driver_share : (d,) float arrays
+        The share of a core that the process running a stage on the device, the cluster's
+        daemons on its machine, and the driving process keep busy while a plan with a stage
+        on the device runs, beyond their CPU seconds per call (Ray's threads wait for the next
+        call busily). A machine's cores less its processes' shares are what its CPU seconds
+        per input are spread over: each used device's actor share, the largest daemon share
+        of its used devices, and, on the driver's machine, the largest driver share.
     driver : int
         Machine of that process; ``-1``: none of these.
     """
@@ -64,11 +71,15 @@ class Machines(NamedTuple):
     call_cpu_s: np.ndarray
     daemon_cpu_s: np.ndarray
     driver_cpu_s: np.ndarray
+    actor_share: np.ndarray
+    daemon_share: np.ndarray
+    driver_share: np.ndarray
     driver: int = -1
 
     @classmethod
     def build(cls, of, cores, *, slowdown=1.0, threads=1.0, call_cpu_s=0.0, daemon_cpu_s=0.0,
-              driver_cpu_s=0.0, driver: int = -1) -> Machines:
+              driver_cpu_s=0.0, actor_share=0.0, daemon_share=0.0, driver_share=0.0,
+              driver: int = -1) -> Machines:
         """Arrays from ``of`` (a machine per device) and ``cores`` (per machine); ``slowdown``
         one figure or one per machine, the rest one figure or one per device."""
         of = np.asarray(of, dtype=np.int64).reshape(-1)
@@ -81,19 +92,33 @@ class Machines(NamedTuple):
         return cls(of, cores, np.broadcast_to(np.asarray(slowdown, dtype=float),
                                               cores.shape).copy(), per_device(threads),
                    per_device(call_cpu_s), per_device(daemon_cpu_s), per_device(driver_cpu_s),
+                   per_device(actor_share), per_device(daemon_share), per_device(driver_share),
                    int(driver))
 
     def take(self, devices) -> Machines:
         """The same machines for ``devices`` (indices) only."""
         idx = np.asarray(devices, dtype=np.int64)
-        return self._replace(of=self.of[idx], threads=self.threads[idx],
-                             call_cpu_s=self.call_cpu_s[idx], daemon_cpu_s=self.daemon_cpu_s[idx],
-                             driver_cpu_s=self.driver_cpu_s[idx])
+        return self._replace(**{name: getattr(self, name)[idx] for name in self._PER_DEVICE})
+
+    _PER_DEVICE = ("of", "threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s", "actor_share",
+                   "daemon_share", "driver_share")
+
+    def background(self, used) -> np.ndarray:
+        """(m,) shares of a core each machine's processes keep busy while a plan runs on the
+        devices ``used`` (a bool per device)."""
+        used = np.asarray(used, dtype=bool) & (self.of >= 0)
+        out = np.zeros(self.cores.size)
+        np.add.at(out, self.of[used], self.actor_share[used])
+        for m in np.unique(self.of[used]):
+            out[m] += self.daemon_share[used & (self.of == m)].max()
+        if self.driver >= 0 and used.any():
+            out[self.driver] += self.driver_share[np.asarray(used)].max()
+        return out
 
     def validate(self, d: int) -> None:
         """Raise ``ValueError`` naming the first inconsistency for ``d`` devices."""
         m = self.cores.size
-        for name in ("of", "threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s"):
+        for name in self._PER_DEVICE:
             if getattr(self, name).shape != (d,):
                 raise ValueError(f"machines.{name} has shape {getattr(self, name).shape}, "
                                  f"expected ({d},)")
@@ -104,7 +129,7 @@ class Machines(NamedTuple):
         if self.slowdown.shape != (m,) or not (np.isfinite(self.slowdown)
                                                & (self.slowdown > 0)).all():
             raise ValueError(f"machines.slowdown must be ({m},) positive factors")
-        for name in ("threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s"):
+        for name in self._PER_DEVICE[1:]:
             x = getattr(self, name)
             if not (np.isfinite(x) & (x >= 0)).all():
                 raise ValueError(f"machines.{name} must be finite and non-negative")

@@ -26,7 +26,8 @@ Throughput model (:func:`simulate_throughput`)
     Where devices share a machine (``problem.machines``), that machine is one more resource:
     its CPU seconds per input (:func:`machine_cpu`: the ops' seconds times their threads, each
     stage's call in its process and in the cluster's daemons, and, where the driving process
-    runs there, its part of every call) over its cores.
+    runs there, its part of every call) over the cores its processes do not keep busy between
+    calls (:meth:`~autoplace.solve.problem.Machines.background`).
 
 Replicas model (:func:`simulate_replicas`)
     Data parallelism: each of several devices runs the whole model, taking the next input
@@ -37,7 +38,8 @@ Replicas model (:func:`simulate_replicas`)
     device ``k`` takes. A replica's call counts there too, unlike a pipeline stage's: it copies
     the input in and the output out, which run in Python, under one lock for every replica.
     Where replicas share a machine, its CPU seconds per input (each replica's share of the
-    inputs times its seconds per input, as in :func:`machine_cpu`) over its cores, if more.
+    inputs times its seconds per input, as in :func:`machine_cpu`) over the cores its processes
+    leave free, if more.
 """
 
 from __future__ import annotations
@@ -354,8 +356,7 @@ def machine_cpu(problem: Problem, assignment, stages=None, calls=None) -> np.nda
     if mach is None:
         return np.zeros((0, 4))
     a = _assignment(problem, assignment)
-    n_calls = (stage_counts(problem, a, stages) if calls is None
-               else np.asarray(calls, dtype=float))
+    n_calls = _calls(problem, a, stages, calls)
     slow = np.where(mach.of >= 0, mach.slowdown[np.maximum(mach.of, 0)], 1.0)
     per_device = np.stack([device_loads(problem, a) * mach.threads * slow,
                            n_calls * mach.call_cpu_s,
@@ -368,12 +369,30 @@ def machine_cpu(problem: Problem, assignment, stages=None, calls=None) -> np.nda
     return out
 
 
+def _calls(problem: Problem, a: np.ndarray, stages, calls) -> np.ndarray:
+    """(d,) calls per input of each device: ``calls``, else its stages."""
+    return (stage_counts(problem, a, stages).astype(float) if calls is None
+            else np.asarray(calls, dtype=float))
+
+
 def machine_loads(problem: Problem, assignment, stages=None, calls=None) -> np.ndarray:
     """(m,) seconds per input each shared machine needs for a plan: its CPU seconds per input
-    (:func:`machine_cpu`) over its cores."""
-    if problem.machines is None:
+    (:func:`machine_cpu`) over the cores its processes leave free while the plan runs
+    (:meth:`~autoplace.solve.problem.Machines.background`; none free: ``inf``)."""
+    mach = problem.machines
+    if mach is None:
         return np.zeros(0)
-    return machine_cpu(problem, assignment, stages, calls).sum(axis=1) / problem.machines.cores
+    a = _assignment(problem, assignment)
+    n_calls = _calls(problem, a, stages, calls)
+    return _spread(machine_cpu(problem, a, stages, n_calls).sum(axis=1),
+                   mach.cores - mach.background(n_calls > 0))
+
+
+def _spread(cpu: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """CPU seconds over free cores (``inf`` where none are free and some CPU is needed)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(free > 0, cpu / np.where(free > 0, free, 1.0),
+                        np.where(cpu > 0, np.inf, 0.0))
 
 
 def simulate_throughput(problem: Problem, assignment, stages=None) -> float:
@@ -458,7 +477,9 @@ def replica_machine_s(problem: Problem, devices) -> np.ndarray:
     np.add.at(out, mach.of[ks][on], cpu[on])
     if mach.driver >= 0:
         out[mach.driver] += float((share * mach.driver_cpu_s[ks]).sum())
-    return out / mach.cores
+    used = np.zeros(problem.num_devices, dtype=bool)
+    used[ks] = True
+    return _spread(out, mach.cores - mach.background(used))
 
 
 def check_feasible(problem: Problem, assignment, stages=None) -> None:

@@ -87,12 +87,15 @@ def test_devices_on_machines_of_their_own_are_priced_as_without_machines():
 
 
 def _fits(host, machine, *, cores=2, driver_machine="10.0.0.1", slowdown=1.1):
-    """A host's measured calls, as measure_call_overheads stores them: 0.5 ms in the actor,
-    0.1 ms in the daemons, 0.4 ms in the driver (one at a time: 0.6, 0.2, 1.0 ms)."""
+    """A host's measured calls, as measure_call_overheads stores them: beyond the shares of a
+    core they keep busy (actor 0.02, daemons 0.01, driver 0.03), 0.5 ms in the actor, 0.1 ms in
+    the daemons, 0.4 ms in the driver (one at a time: 0.6, 0.2, 1.0 ms)."""
     fp = host_fingerprint(host)
     detail = {"how": HOW, "host": host, "machine": machine, "machine_cores": cores, "cpus": 1,
-              "driver_machine": driver_machine, "machine_slowdown": slowdown}
-    return [OverheadFit(fp, "", "call", 5e-4, {**detail, "daemons_cpu_s": 1e-4}),
+              "driver_machine": driver_machine, "machine_slowdown": slowdown,
+              "shares": {"actor": 0.02, "daemons": 0.01, "driver": 0.03}}
+    return [OverheadFit(fp, "", "call", 5e-4, {**detail, "beyond": {
+                "actor": 5e-4, "daemons": 1e-4, "driver": 4e-4}}),
             OverheadFit(fp, "", "stage", 4e-4, detail),
             OverheadFit(fp, "", "segment", 9e-4, {**detail, "actor_cpu_s": 6e-4,
                                                   "daemons_cpu_s": 2e-4, "driver_cpu_s": 1e-3})]
@@ -101,20 +104,36 @@ def _fits(host, machine, *, cores=2, driver_machine="10.0.0.1", slowdown=1.1):
 def test_hosts_at_one_address_share_a_machine():
     fits = _fits("alpha", "10.0.0.1") + _fits("beta", "10.0.0.1")
     got = shared_machines(HOSTS, fits)
+    both = ("alpha-cpu0", "beta-cpu0")
     assert got == SharedMachines(
-        {"alpha-cpu0": "10.0.0.1", "beta-cpu0": "10.0.0.1"}, {"10.0.0.1": 2.0},
-        {"10.0.0.1": 1.1}, {"alpha-cpu0": 1, "beta-cpu0": 1},
-        {"alpha-cpu0": 5e-4, "beta-cpu0": 5e-4}, {"alpha-cpu0": 1e-4, "beta-cpu0": 1e-4},
-        {"alpha-cpu0": 4e-4, "beta-cpu0": 4e-4}, "10.0.0.1")
+        dict.fromkeys(both, "10.0.0.1"), {"10.0.0.1": 2.0}, {"10.0.0.1": 1.1},
+        dict.fromkeys(both, 1), dict.fromkeys(both, 5e-4), dict.fromkeys(both, 1e-4),
+        dict.fromkeys(both, 4e-4), "10.0.0.1", dict.fromkeys(both, 0.02),
+        dict.fromkeys(both, 0.01), dict.fromkeys(both, 0.03))
     assert host_overheads(HOSTS, fits)["machines"] == got
     # A latency plan's calls are made one at a time: their figures then.
     late = host_overheads(HOSTS, fits, "latency")["machines"]
-    assert late.call_cpu_s == {"alpha-cpu0": 6e-4, "beta-cpu0": 6e-4}
-    assert late.driver_cpu_s == {"alpha-cpu0": 1e-3, "beta-cpu0": 1e-3}
+    assert late.call_cpu_s == dict.fromkeys(both, 6e-4)
+    assert late.driver_cpu_s == dict.fromkeys(both, 1e-3)
     # Two addresses: machines of their own, no bound; nor from figures without machines.
     assert shared_machines(HOSTS, _fits("alpha", "10.0.0.1") + _fits("beta", "10.0.0.2")) is None
     old = [OverheadFit(f.device, "", f.kind, f.seconds, {"how": HOW}) for f in fits]
     assert shared_machines(HOSTS, old) is None
+
+
+def test_the_processes_busy_between_calls_leave_fewer_cores():
+    # As in the first test (10.5 s of CPU per input), but each stage's actor keeps 0.25 of a
+    # core busy between calls, the daemons 0.1, the driver 0.15: 1.25 of the two cores are
+    # left, 8.4 s per input. One host, one stage: 9.25 s of CPU on 1.5 cores is 6.17 s, under
+    # its 8 s of ops.
+    p = _two_ops(2.0, call_cpu_s=0.5, daemon_cpu_s=0.25, driver_cpu_s=0.5, driver=0,
+                 actor_share=0.25, daemon_share=0.1, driver_share=0.15)
+    assert simulate_throughput(p, [0, 1]) == pytest.approx(10.5 / 1.25)
+    assert simulate_throughput(p, [0, 0], [0, 0]) == pytest.approx(8.0)
+    assert p.machines.background([True, False]).tolist() == pytest.approx([0.5])
+    # Processes that keep every core busy leave none: no rate at all.
+    full = _two_ops(1.0, actor_share=0.5)
+    assert simulate_throughput(full, [0, 1]) == np.inf
 
 
 class _Ops:
@@ -132,23 +151,24 @@ def test_optimize_prices_the_shared_machine(cores, split):
     # Two ops of 10 ms, the calls of _fits. Over both hosts: each stage 10 + 0.5 + 0.4 ms
     # (10.9 ms: the prediction as if each host had its own machine); the machine spends
     # 20 ms of ops x 1.1, 2 x (0.5 + 0.1) ms in the calls, 0.8 ms in the driver: 24.0 ms of
-    # CPU per input, 12.0 ms on two cores, beating one host's 20.5 ms (ops and a call).
-    # On one core, 24.0 ms against one host's 20 x 1.1 + 0.5 + 0.1 + 0.4 = 23.0 ms of CPU:
-    # one host.
+    # CPU per input, on the cores less 2 x 0.02 + 0.01 + 0.03 = 0.08 kept busy between calls:
+    # 24.0 / 1.92 = 12.5 ms on two cores, beating one host's 20.5 ms (ops and a call).
+    # On one core, 24.0 / 0.92 = 26.1 ms against one host's (20 x 1.1 + 0.5 + 0.1 + 0.4) /
+    # (1 - 0.06) = 24.5 ms: one host.
     fits = _fits("alpha", "10.0.0.1", cores=cores) + _fits("beta", "10.0.0.1", cores=cores)
     res = autoplace.optimize(chain(), HOSTS, objective="throughput", cost_model=_Ops(10e-3),
                              check_devices=False, calibrate=False, db=None, replicate=False,
                              **host_overheads(HOSTS, fits))
     assert (len(set(res.plan.assignment)) == 2) == split
     if split:
-        assert res.plan.predicted_s == pytest.approx(12.0e-3)
+        assert res.plan.predicted_s == pytest.approx(24.0e-3 / 1.92)
         apart = autoplace.optimize(chain(), HOSTS, objective="throughput",
                                    cost_model=_Ops(10e-3), check_devices=False,
                                    calibrate=False, db=None, replicate=False,
                                    **{**host_overheads(HOSTS, fits), "machines": None})
         assert apart.plan.predicted_s == pytest.approx(10.9e-3)
     else:
-        assert res.plan.predicted_s == pytest.approx(23.0e-3)
+        assert res.plan.predicted_s == pytest.approx(23.0e-3 / 0.94)
     line = next(x for x in res.explain().overheads if x.startswith("hosts alpha, beta"))
     assert line.startswith(f"hosts alpha, beta and the driving process share one machine of "
                            f"{cores} cores, its ops 1.10x as long with every core busy: ")

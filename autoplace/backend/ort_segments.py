@@ -278,7 +278,8 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
         path = sess.end_profiling()
         with open(path) as f:
             events = json.load(f)
-    per_op, other, forward = _split(events, segment.ops, runs + 2, skip=2, owners=owners)
+    per_op, other, forward = _split(events, segment.ops, len(walls) + 2, skip=2,
+                                    owners=owners)
     per_op = _unfused(per_op, segment, weights or {}, forward)
     # The profiler slows every node down a little: its split, scaled to a call without it.
     whole = profile_whole(segment, threads, level, runs, feeds)
@@ -381,16 +382,21 @@ def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", run
     return float(np.median(_walls(segment.session(threads, level), feeds, runs)))
 
 
+#: Seconds a segment's timing may take beyond its warm-up calls, once it has three calls:
+#: a long segment's median settles in fewer calls than a short one's.
+WALLS_BUDGET_S = 0.5
+
+
 def _walls(sess, feeds: Sequence[np.ndarray], runs: int) -> list[float]:
-    """Seconds of each of ``runs`` calls of ORT session ``sess`` on ``feeds``, after two
-    warm-up calls."""
+    """Seconds of each of up to ``runs`` calls of ORT session ``sess`` on ``feeds``, after two
+    warm-up calls: fewer (three at least) where they pass :data:`WALLS_BUDGET_S`."""
     import time
 
     feed = dict(zip([i.name for i in sess.get_inputs()], feeds))
     for _ in range(2):
         sess.run(None, feed)
     walls = []
-    for _ in range(runs):
+    while len(walls) < runs and (len(walls) < 3 or sum(walls) < WALLS_BUDGET_S):
         t = time.perf_counter()
         sess.run(None, feed)
         walls.append(time.perf_counter() - t)

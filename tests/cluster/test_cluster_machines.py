@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import autoplace
-from autoplace.cluster.calls import HOW, host_overheads, shared_machines
+from autoplace.cluster.calls import HOW, background_shares, host_overheads, shared_machines
 from autoplace.cluster.links import host_fingerprint
 from autoplace.devices import Device
 from autoplace.profile import OverheadFit
@@ -173,3 +173,16 @@ def test_optimize_prices_the_shared_machine(cores, split):
     assert line.startswith(f"hosts alpha, beta and the driving process share one machine of "
                            f"{cores} cores, its ops 1.10x as long with every core busy: ")
     assert machine_lines(res.problem, res.solution, {}) != ()
+
+
+def test_the_shares_come_from_calls_close_together_and_apart():
+    # 1 ms per input close together: the actor 0.5 ms of CPU a call; 11 ms apart: 1.5 ms. A
+    # line through the two: 0.1 of a core kept busy, 0.4 ms a call beyond it. The driver spent
+    # less apart (noise): no share, its close figure. No daemons read (nan): nothing.
+    t = {"wall": 1e-3, "actor": 0.5e-3, "driver": 0.4e-3, "daemons": float("nan"),
+         "spaced_wall": 11e-3, "spaced_actor": 1.5e-3, "spaced_driver": 0.3e-3,
+         "spaced_daemons": float("nan")}
+    got = background_shares(t)
+    assert got["actor"] == pytest.approx((0.1, 0.4e-3))
+    assert got["driver"] == pytest.approx((0.0, 0.4e-3))
+    assert got["daemons"] == (0.0, 0.0)

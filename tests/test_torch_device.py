@@ -1149,3 +1149,28 @@ def test_complex_groups_joined_through_a_real_op_are_one_call():
                              calibrate=False, db=None).compile(trial=False)
     y = torch.randn(4, 8)
     np.testing.assert_allclose(run(y.numpy())[0], Joined()(y).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_hand_off_is_charged_as_a_model_makes_it_and_kept_for_the_host(convnet,
+                                                                          monkeypatch, tmp_path):
+    # A call after the model's other ops have written `between` bytes finds PyTorch's code and
+    # state out of the caches: the hand-off is measured so, once per host and working set.
+    from autoplace.profile import torch_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(torch_timings, "measure_handoff",
+                        lambda strict, place, between_bytes: measured.append(between_bytes)
+                        or 4e-5)
+    g = OpGraph.from_relax(convnet[2])
+    first = time_torch_device(g, Device.torch(), between=3 << 20)
+    assert first.handoff_s == 4e-5 and measured == [3 << 20]
+    assert "3.0 MB written between calls" in first.handoff_from
+    again = time_torch_device(g, Device.torch(), between=3 << 20)
+    assert again.handoff_s == 4e-5 and len(measured) == 1  # kept for the host
+    # a profile's hand-off (measured back to back) counts where it is the larger
+    prof = _profile_of(first)
+    monkeypatch.setattr(torch_timings, "_stored_handoff", lambda p, c: 9e-5)
+    assert time_torch_device(g, Device.torch(), between=3 << 20, profile=prof).handoff_s == 9e-5
+    monkeypatch.setattr(torch_timings, "_stored_handoff", lambda p, c: 1e-6)
+    assert time_torch_device(g, Device.torch(), between=3 << 20, profile=prof).handoff_s == 4e-5

@@ -141,3 +141,23 @@ def cache_entry(device: Device) -> tuple[CalibrationCache, Path]:
     cache = CalibrationCache(fingerprint(LocalRunner(device).info()), speed_probe(device))
     return cache, cache.entry()
 
+
+def kept_figure(name: str, measure) -> float:
+    """A figure of this host (seconds) kept in the calibration cache entry of its CPU
+    (:func:`cache_entry`) as file ``name``: read where kept, else ``measure()`` (which returns
+    the seconds and whether they were measured, not a fallback to keep) and kept. A file that
+    cannot be read is measured again."""
+    from autoplace.devices import Device
+
+    _, entry = cache_entry(Device.cpu(0))
+    kept = CalibrationCache.read(entry, name) or {}
+    if isinstance(kept, dict) and isinstance(kept.get("seconds"), float) and kept["seconds"] >= 0:
+        return kept["seconds"]
+    seconds, measured = measure()
+    if measured:
+        try:
+            (entry / name).write_text(json.dumps({"seconds": seconds}))
+        except OSError as e:
+            log.warning("could not keep %s in %s: %s", name, entry, e)
+    return seconds
+

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplace.profile.torch_runner import between_bytes
+
 if TYPE_CHECKING:
     from autoplace.devices import Device
     from autoplace.graph import OpGraph
@@ -216,44 +218,25 @@ def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
                       between_bytes=touched)
 
 
-def between_bytes(graph: OpGraph) -> int:
-    """The bytes a call's state may have been pushed out of the caches by, in ``graph``: what
-    its ops read as weights and write in one inference, at most twice this host's last-level
-    cache."""
-    from autoplace.profile.torch_runner import cache_bytes
-
-    touched = sum(n.param_bytes + n.bytes_written for n in graph.nodes)
-    return int(min(touched, 2 * cache_bytes()))
-
-
 def _nbytes(shape, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def host_call(threads: int, between: int) -> float:
     """:func:`measure_call` of this host at ``threads``, ``between`` bytes written between
-    calls, kept in the calibration cache entry of this host's CPU
-    (:func:`~autoplace.profile.calibration_cache.cache_entry`) per ONNX Runtime version and
-    thread count, for working sets within 2x of each other: another model measures nothing."""
-    import json
-
+    calls, kept for the host (:func:`~autoplace.profile.calibration_cache.kept_figure`) per
+    ONNX Runtime version and thread count, for working sets within 2x of each other: another
+    model measures nothing."""
     import onnxruntime
 
-    from autoplace.devices import Device
-    from autoplace.profile.calibration_cache import CalibrationCache, cache_entry
+    from autoplace.profile.calibration_cache import kept_figure
 
-    _, entry = cache_entry(Device.cpu(0))
-    name = f"ort_call-{onnxruntime.__version__}-t{threads}-b{int(between).bit_length()}.json"
-    kept = CalibrationCache.read(entry, name) or {}
-    if isinstance(kept.get("seconds"), float) and kept["seconds"] >= 0:
-        return kept["seconds"]
-    seconds = measure_call(threads, between_bytes=between)
-    if seconds != DEFAULT_CALL_S:  # measured, not the fallback
-        try:
-            (entry / name).write_text(json.dumps({"seconds": seconds, "between_bytes": between}))
-        except OSError as e:
-            log.warning("could not keep the ONNX Runtime call's figure in %s: %s", entry, e)
-    return seconds
+    def measure():
+        seconds = measure_call(threads, between_bytes=between)
+        return seconds, seconds != DEFAULT_CALL_S  # not the fallback
+
+    return kept_figure(f"ort_call-{onnxruntime.__version__}-t{threads}-"
+                       f"b{int(between).bit_length()}.json", measure)
 
 
 def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),

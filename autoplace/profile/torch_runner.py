@@ -114,6 +114,14 @@ def cache_bytes(place: str = "cpu") -> int:
     return max(sizes, default=32 << 20)
 
 
+def between_bytes(graph) -> int:
+    """The bytes a runtime's call may have been pushed out of the caches by, in op graph
+    ``graph``: what its ops read as weights and write in one inference, at most twice this
+    host's last-level cache (:func:`cache_bytes`)."""
+    touched = sum(n.param_bytes + n.bytes_written for n in graph.nodes)
+    return int(min(touched, 2 * cache_bytes()))
+
+
 def _copies(nbytes: int, place: str) -> int:
     """How many copies of a call's ``nbytes`` of inputs fill twice the last-level cache of
     ``place`` (:func:`cache_bytes`), at most 64: each timed call then reads a copy the cache

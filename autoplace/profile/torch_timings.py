@@ -83,7 +83,7 @@ CHAIN_SCREEN = 1.2
 def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile | None = None,
                       callers: Sequence[str] = (), chains: Sequence[Sequence[int]] = (),
                       handoff_s: float | None = None, others: Sequence[float] | None = None,
-                      policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
+                      between: int = 0, policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
     """The :class:`TorchTimings` of ``graph``'s calls on torch ``device``: the calls and the
     hand-off ``profile`` measured (its hand-off from the VM of the first of ``callers``, TVM
     device fingerprints, it was measured with, else from any), those this host timed for an
@@ -91,7 +91,9 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
     indices) that the device runs whole, timed as one call, but where ``others`` (per node, the
     least another device is charged for it) says it would lose (:data:`CHAIN_SCREEN`); the
     excess of the calls in sequence. ``handoff_s`` given: that hand-off, nothing measured for
-    it.
+    it; else, with ``between`` (the bytes the model's other ops touch between two calls,
+    :func:`~autoplace.profile.torch_runner.between_bytes`), the hand-off in that context
+    (:func:`host_handoff`) where it exceeds the profile's.
 
     Timing waits once for TVM's idle workers to stop spinning (they slow PyTorch down).
     """
@@ -122,6 +124,12 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
     handoff_from = "given"
     if handoff_s is None:
         handoff_s, handoff_from = _stored_handoff(profile, callers), "from the profile"
+        if between:
+            cold = host_handoff(place, between)
+            if handoff_s is None or cold > handoff_s:
+                handoff_s = cold
+                handoff_from = (f"measured on this host with {between / 2**20:.1f} MB written "
+                                "between calls, as the model's other ops do")
     if handoff_s is None:
         handoff_s, handoff_from = measure_handoff(place=place), "measured here"
     timed_chains, unscreened = {}, set()
@@ -287,40 +295,80 @@ def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY,
         return DEFAULT_HANDOFF_S
 
 
+def host_handoff(place: str, between: int) -> float:
+    """:func:`measure_handoff` on PyTorch device ``place`` with ``between`` bytes written between
+    calls; on the CPU kept for the host
+    (:func:`~autoplace.profile.calibration_cache.kept_figure`) per PyTorch version, for working
+    sets within 2x of each other."""
+    import torch
+
+    from autoplace.profile.calibration_cache import kept_figure
+
+    def measure():
+        try:
+            return measure_handoff(strict=True, place=place, between_bytes=between), True
+        except Exception as e:  # noqa: BLE001 - a default rather than no plan
+            log.warning("could not measure the PyTorch hand-off in a model's context (%s): "
+                        "charged %.1f us", e, DEFAULT_HANDOFF_S * 1e6)
+            return DEFAULT_HANDOFF_S, False
+
+    if place != "cpu":
+        return measure()[0]
+    return kept_figure(f"torch_handoff-{torch.__version__}-b{int(between).bit_length()}.json",
+                       measure)
+
+
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
-                    strict: bool = False, place: str = "cpu") -> float:
+                    strict: bool = False, place: str = "cpu", between_bytes: int = 0) -> float:
     """Seconds one VM -> PyTorch call costs beyond the op itself: a built chain of ``calls``
     calls into ``torch.relu`` against the same ops called from Python, per
     call (at least 0), on tensors of PyTorch device ``place`` (``"cpu"``, ``"cuda:N"``: the
-    VM's tensors on that GPU). Where it cannot be measured: :data:`DEFAULT_HANDOFF_S` with a
-    warning, or, ``strict`` (a figure to be stored as measured), the error raised."""
+    VM's tensors on that GPU). With ``between_bytes`` (what a model's other ops touch between
+    two of its calls, which takes PyTorch's code and state out of the caches), each call is
+    followed in the chain by a TVM kernel that writes that many bytes, against the same chain
+    without the calls, per call, less the op called from Python. Where it cannot be measured:
+    :data:`DEFAULT_HANDOFF_S` with a warning, or, ``strict`` (a figure to be stored as
+    measured), the error raised."""
     import torch
     import tvm
     from tvm import relax
 
     from autoplace.backend.torch_bridge import Slot, TorchOp, one_thread, register, relax_call
 
+    if between_bytes:
+        calls = min(calls, 8)  # each writes the bytes: a few do
     try:
         op = TorchOp(torch.ops.aten.relu.default, "aten.relu.default", (Slot(0),), (),
                      ((tuple(shape), "float32"),), False, "handoff_probe")
         name = register(op)
         gpu = place != "cpu"
         dev = tvm.cuda(int(place.split(":")[1])) if gpu else tvm.cpu()
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType(list(shape), "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                v = x
-                for _ in range(calls):
-                    v = bb.emit(relax_call(name, [v], relax.TensorType(list(shape), "float32")))
-                out = bb.emit_output(v)
-            bb.emit_func_output(out)
-        target = tvm.target.Target("cuda", host="llvm") if gpu else "llvm"
-        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target),
-                                  [dev, tvm.cpu()] if gpu else dev)
-        data = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
-                                  .astype("float32"), dev)
-        t = torch.from_numpy(data.numpy()).to(place)
+        ty = relax.TensorType(list(shape), "float32")
+        big = relax.TensorType([max(1, between_bytes // 4)], "float32")
+
+        def built(with_calls: bool):
+            bb = relax.BlockBuilder()
+            x, w = relax.Var("x", ty), relax.Var("w", big)
+            with bb.function("main", [x, w] if between_bytes else [x]):
+                with bb.dataflow():
+                    v = x
+                    for _ in range(calls):
+                        if with_calls:
+                            v = bb.emit(relax_call(name, [v], ty))
+                        if between_bytes:
+                            w = bb.emit(relax.op.add(w, relax.const(0.5, "float32")))
+                    out = bb.emit_output(relax.Tuple([v, w]) if between_bytes else v)
+                bb.emit_func_output(out)
+            target = tvm.target.Target("cuda", host="llvm") if gpu else "llvm"
+            vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target),
+                                      [dev, tvm.cpu()] if gpu else dev)
+            return vm["main"]
+
+        data = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
+                                   .astype("float32"), dev)]
+        if between_bytes:
+            data.append(tvm.runtime.tensor(np.zeros(big.shape.values[0].value, "float32"), dev))
+        t = torch.from_numpy(data[0].numpy()).to(place)
         policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
 
         def eager():
@@ -329,8 +377,23 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                 v = torch.relu(v)
 
         with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
-            vm_s = call_timing(lambda: vm["main"](data), policy, place).median_s
+            with_calls = built(True)
             eager_s = call_timing(eager, policy, place).median_s
+            if not between_bytes:
+                vm_s = call_timing(lambda: with_calls(*data), policy, place).median_s
+            else:  # less the kernels between the calls, timed turn by turn with them
+                import time
+
+                without = built(False)
+                walls = ([], [])
+                for run in (with_calls, without):
+                    run(*data)
+                for _ in range(25):
+                    for run, kept in zip((with_calls, without), walls):
+                        t0 = time.perf_counter()
+                        run(*data)
+                        kept.append(time.perf_counter() - t0)
+                vm_s = float(np.median(walls[0]) - np.median(walls[1]))
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         if strict:
@@ -338,4 +401,3 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
         log.warning("could not measure the PyTorch hand-off (%s): charged %.1f us", e,
                     DEFAULT_HANDOFF_S * 1e6)
         return DEFAULT_HANDOFF_S
-

@@ -97,6 +97,11 @@ class ClusterPipelineError(PipelineError):
         self.host, self.results, self.unprocessed = host, results, unprocessed
 
 
+#: Bytes up to which Ray passes an argument inside the call itself, not through the object
+#: store (its ``max_direct_call_object_size``, 100 KiB by default).
+INLINE_BYTES = 100 * 1024
+
+
 class _StageWorker:
     """A stage on its host: its module built there, called on each input's arrays."""
 
@@ -339,8 +344,11 @@ class RayPipeline:
         first ref."""
         ray = connected_ray()
         values: dict[str, Any] = {}
-        for name, a in zip(self.staged.inputs, arrays):  # put once what several stages read
-            values[name] = ray.put(a) if self._readers[name] > 1 else a
+        for name, a in zip(self.staged.inputs, arrays):  # put once what several stages read,
+            # unless Ray would pass it inline with each call anyway (a put goes through the
+            # object store: its daemons' CPU, and a fetch from each reader's node)
+            values[name] = (ray.put(a) if self._readers[name] > 1 and a.nbytes > INLINE_BYTES
+                            else a)
         firsts = []
         if self._replicas:
             workers = [min(range(len(self._actors)), key=self._inflight.__getitem__)]

@@ -31,9 +31,10 @@ class Machines(NamedTuple):
     and the CPU seconds a plan's calls cost there beyond its ops.
 
     Where devices share a machine, their stages, the process that drives the plan and the
-    cluster's daemons compete for its cores: a throughput plan delivers at most ``cores`` over
-    the CPU seconds per input spent there (:func:`~autoplace.solve.simulate.machine_cpu`), and
-    one input of a latency plan takes at least its CPU seconds there over ``cores``.
+    cluster's daemons compete for its cores: a throughput plan delivers at most the cores they
+    leave free between calls (:meth:`background`) over the CPU seconds per input spent there
+    (:func:`~autoplace.solve.simulate.machine_cpu`), and one input of a latency plan takes at
+    least its CPU seconds there over those cores.
 
     Attributes
     ----------
@@ -106,13 +107,14 @@ class Machines(NamedTuple):
     def background(self, used) -> np.ndarray:
         """(m,) shares of a core each machine's processes keep busy while a plan runs on the
         devices ``used`` (a bool per device)."""
-        used = np.asarray(used, dtype=bool) & (self.of >= 0)
+        called = np.asarray(used, dtype=bool)
+        used = called & (self.of >= 0)
         out = np.zeros(self.cores.size)
         np.add.at(out, self.of[used], self.actor_share[used])
         for m in np.unique(self.of[used]):
             out[m] += self.daemon_share[used & (self.of == m)].max()
-        if self.driver >= 0 and used.any():
-            out[self.driver] += self.driver_share[np.asarray(used)].max()
+        if self.driver >= 0 and called.any():
+            out[self.driver] += self.driver_share[called].max()
         return out
 
     def validate(self, d: int) -> None:

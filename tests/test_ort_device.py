@@ -119,6 +119,30 @@ def test_profile_splits_the_segment_among_its_ops(branchy):
     assert all(times.ops[c] > 0 for c in convs)  # fused with their tails, shared back to them
 
 
+def test_nodes_ort_fuses_under_names_of_their_own_and_its_executor_are_charged_to_ops():
+    # ORT fuses a GELU into a "Gelu" node and a residual add with its layer norm into a
+    # "SkipLayerNormalization" named after no op; each is the op's whose output it gives, and
+    # the call's time beyond its nodes is shared among the ops: the ops add up to the call.
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.ln = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            return self.ln(torch.nn.functional.gelu(self.fc(x)) + x)
+
+    torch.manual_seed(0)
+    mod = autoplace.from_torch(Block().eval(), (torch.randn(1, 8, 32),))
+    graph = OpGraph.from_relax(mod)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    times = ort_segments.profile(export(mod, span), level="all", runs=5)
+    assert sum(times.ops.values()) == pytest.approx(times.whole_s) and times.other_s > 0
+    assert times.added_s == 0.0  # no node left without an op
+    norm = next(n.name for n in graph.nodes if n.op_type == "nn.layer_norm")
+    gelu = next(n.name for n in graph.nodes if n.op_type == "nn.gelu")
+    assert times.ops[norm] > 0 and times.ops[gelu] > 0
+
+
 def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
     model, x, mod, graph = branchy
     pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")

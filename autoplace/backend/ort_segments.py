@@ -245,8 +245,10 @@ def _aligned(shape, dtype) -> np.ndarray:
 @dataclass(frozen=True)
 class SegmentTimes:
     """A segment run by ORT alone: the median call (``whole_s``), and per op (by node name) the
-    seconds its nodes of the optimized graph took, per call (``ops``); ``added_s``: the nodes
-    ORT added (layout reorders at the edges), per call; ``other_s``: the rest of the call."""
+    seconds its nodes of the optimized graph took, per call, with their share of the rest of
+    the call (``ops``); ``added_s``: the nodes ORT added (layout reorders at the edges), per
+    call; ``other_s``: the rest of the call (ORT's executor between the nodes), which ``ops``
+    share by their nodes."""
 
     whole_s: float
     ops: Mapping[str, float]
@@ -268,63 +270,81 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
     Its time is shared among that op and the ops before it (after it, for ``"fused ..."``) in
     the segment that kept no node of their own, in proportion to ``weights`` (by op name, e.g.
     their FLOPs; equal shares without). A node ORT added inside the segment (a layout reorder)
-    is charged to the op whose output it reads."""
+    is charged to the op whose output it reads. What the call takes beyond its nodes (ORT's
+    executor between them, which grows with their number) is shared among the ops by their
+    nodes (``other_s`` says how much)."""
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
     with tempfile.TemporaryDirectory() as tmp:
         optimized = os.path.join(tmp, "optimized.onnx")
         sess = session(segment.onnx, threads, level, os.path.join(tmp, "ort"), optimized)
-        owners = _owners(optimized, segment.ops)
+        owners = _owners(optimized, segment.ops, segment.onnx)
         walls = _walls(sess, feeds, runs)
         path = sess.end_profiling()
         with open(path) as f:
             events = json.load(f)
-    per_op, other, forward = _split(events, segment.ops, len(walls) + 2, skip=2,
-                                    owners=owners)
-    per_op = _unfused(per_op, segment, weights or {}, forward)
+    per_op, other, forward, nodes = _split(events, segment.ops, len(walls) + 2, skip=2,
+                                           owners=owners)
     # The profiler slows every node down a little: its split, scaled to a call without it.
     whole = profile_whole(segment, threads, level, runs, feeds)
     scale = min(1.0, whole / max(float(np.median(walls)), 1e-12))
     per_op = {k: v * scale for k, v in per_op.items()}
     other *= scale
-    nodes_s = sum(per_op.values())
-    return SegmentTimes(whole, per_op, max(0.0, whole - nodes_s - other), level, threads, other)
+    rest = max(0.0, whole - sum(per_op.values()) - other)
+    counted = sum(nodes.values())
+    if counted:
+        per_op = {k: v + rest * nodes.get(k, 0) / counted for k, v in per_op.items()}
+    per_op = _unfused(per_op, segment, weights or {}, forward)
+    return SegmentTimes(whole, per_op, rest, level, threads, other)
 
 
-def _owners(optimized: str, ops: Sequence[str]) -> dict[str, str]:
-    """Of the nodes ORT added to the optimized graph (saved at path ``optimized``), those inside
-    the segment, by name -> the op whose output they read (a layout reorder after a conv whose
-    consumer takes another layout); a node that reads the segment's inputs or gives its outputs
-    is at an edge and has no owner. Empty where the graph cannot be read."""
+def _owners(optimized: str, ops: Sequence[str], exported: bytes = b"") -> dict[str, str]:
+    """Of the nodes of ORT's optimized graph (saved at path ``optimized``) not named after an op,
+    by name -> the op they compute for: a node ORT fused under a name of its own (a
+    ``SkipLayerNormalization``, a ``Gelu``) the op whose output it gives (its output keeps that
+    tensor's name: in the graph as ``exported``, an op's node gave it), else the op whose
+    output it reads (a layout reorder after a conv whose consumer takes another layout). A
+    layout reorder that reads the segment's inputs or gives its outputs is at an edge and has
+    no owner (the edges are charged apart). Empty where the graph cannot be read."""
     import onnx
 
     try:
         graph = onnx.load(optimized, load_external_data=False).graph
+        gave = {o: op for n in onnx.load_from_string(exported).graph.node
+                if (op := op_of(n.name, ops)) is not None for o in n.output} if exported else {}
     except Exception:  # noqa: BLE001 - the time then stays at the edges
         return {}
     produced = {o: n for n in graph.node for o in n.output}
     outputs = {o.name for o in graph.output}
     owner = {}
     for n in graph.node:  # in topological order: a reorder of a reorder finds its op
-        if op_of(n.name, ops) is not None or not n.input or set(n.output) & outputs:
+        if op_of(n.name, ops) is not None or not n.input:
             continue
+        reorder = n.op_type.startswith("Reorder") or n.op_type == "Transpose"
+        if reorder and (set(n.output) & outputs or n.input[0] not in produced):
+            continue
+        op = None if reorder else next(
+            (found for t in n.output if (found := op_of(t, ops) or gave.get(t)) is not None),
+            None)
         src = produced.get(n.input[0])
-        if src is None:
-            continue
-        op = op_of(src.name, ops) or owner.get(src.name)
+        if op is None and src is not None:
+            op = op_of(src.name, ops) or owner.get(src.name)
+        if op is None and not reorder:
+            op = next((found for t in n.input if (found := op_of(t, ops)) is not None), None)
         if op is not None:
             owner[n.name] = op
     return owner
 
 
 def _split(events, ops: Sequence[str], calls: int, skip: int,
-           owners: Mapping[str, str] | None = None) -> tuple[dict, float, frozenset]:
+           owners: Mapping[str, str] | None = None) -> tuple[dict, float, frozenset, dict]:
     """Per op, its nodes' mean seconds a call over the calls after the first ``skip`` of
-    ``calls`` (with the nodes ``owners`` gives it), the same of the nodes no op owns, and the
-    ops that own a fusion named after them (``"fused ..."``)."""
+    ``calls`` (with the nodes ``owners`` gives it), the same of the nodes no op owns, the
+    ops that own a fusion named after them (``"fused ..."``), and per op its nodes a call."""
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     kept = runs[skip:] if len(runs) == calls else runs
     start = min((e["ts"] for e in kept), default=0)
     per_op, other, forward = dict.fromkeys(ops, 0.0), 0.0, set()
+    nodes = dict.fromkeys(ops, 0.0)
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") \
                 or e.get("ts", 0) < start:
@@ -336,9 +356,10 @@ def _split(events, ops: Sequence[str], calls: int, skip: int,
             other += seconds
         else:
             per_op[op] += seconds
+            nodes[op] += 1 / max(1, len(kept))
             if node.startswith("fused "):
                 forward.add(op)
-    return per_op, other, frozenset(forward)
+    return per_op, other, frozenset(forward), nodes
 
 
 def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float],

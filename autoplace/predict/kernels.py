@@ -223,15 +223,12 @@ def _read_counts(path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
 
 
 def _write_counts(path, counts) -> None:
-    """Keep ``counts`` at ``path`` (written whole, then renamed); a folder that cannot be
-    written keeps nothing."""
-    import os
+    """Keep ``counts`` at ``path`` (written whole); a folder that cannot be written keeps
+    nothing."""
+    from autoplace.profile.calibration_cache import write_whole
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"counts": [[None if np.isnan(v) else float(v) for v in p]
-                                              for p in counts]}))
-        tmp.replace(path)
+        write_whole(path, {"counts": [[None if np.isnan(v) else float(v) for v in p]
+                                      for p in counts]})
     except OSError:
         pass

@@ -142,6 +142,16 @@ def cache_entry(device: Device) -> tuple[CalibrationCache, Path]:
     return cache, cache.entry()
 
 
+def write_whole(path: Path, data) -> None:
+    """Write ``data`` as JSON at ``path`` whole: into a file of its own, then renamed, so that
+    another process reading it never finds half a file. Raises ``OSError`` where the folder
+    cannot be made or written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
 def kept_figure(name: str, measure) -> float:
     """A figure of this host (seconds) kept in the calibration cache entry of its CPU
     (:func:`cache_entry`) as file ``name``: read where kept, else ``measure()`` (which returns
@@ -156,7 +166,7 @@ def kept_figure(name: str, measure) -> float:
     seconds, measured = measure()
     if measured:
         try:
-            (entry / name).write_text(json.dumps({"seconds": seconds}))
+            write_whole(entry / name, {"seconds": seconds})
         except OSError as e:
             log.warning("could not keep %s in %s: %s", name, entry, e)
     return seconds

@@ -194,17 +194,12 @@ def _read_kept(folder, key: str) -> float | None:
 
 
 def _keep(folder, key: str, seconds: float) -> None:
-    import json
-    import os
+    from autoplace.profile.calibration_cache import write_whole
 
     if folder is None:
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = _kept_path(folder, key)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "seconds": float(seconds)}))
-        os.replace(tmp, path)
+        write_whole(_kept_path(folder, key), {"key": key, "seconds": float(seconds)})
     except OSError as e:
         log.warning("could not keep a PyTorch call's timing in %s: %s", folder, e)
 

@@ -181,21 +181,19 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
         timings = time_torch_device(graph, d, callers=callers, chains=chains,
                                     profile=torch_profile(d, db=db, cost_model=costs.model),
-                                    others=_least_other(graph, costs, torch_devices, models),
+                                    others=_least_other(graph, torch_devices, models),
                                     between=between_bytes(graph))
         models[d.name] = TorchCostModel(timings)
     return {d.name: models[d.name] for d in torch_devices}
 
 
-def _least_other(graph: OpGraph, costs: Prices, devices: Sequence[Device],
-                 models: Mapping) -> np.ndarray | None:
+def _least_other(graph: OpGraph, devices: Sequence[Device], models: Mapping
+                 ) -> np.ndarray | None:
     """Per node, the least an ONNX Runtime device of ``devices`` priced already (``models``:
     measured in context) is charged; None where there is none. TVM's costs before calibration
     are no bound: they may be several times too low."""
-    from autoplace.predict.torch_costs import WithTorch
-
-    model = WithTorch(costs.model, dict(models))
-    cols = [model.predict(graph, d) for d in devices if d.runtime == "ort" and d.name in models]
+    cols = [models[d.name].predict(graph, d) for d in devices
+            if d.runtime == "ort" and d.name in models]
     return np.min(np.column_stack(cols), axis=1) if cols else None
 
 

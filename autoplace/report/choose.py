@@ -254,7 +254,9 @@ def plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective:
 def ort_levels(prices: Prices, used) -> tuple[tuple[str, str], ...]:
     """``(device name, level)`` of each ONNX Runtime device of ``used`` (names) that
     ``prices`` priced at a graph optimization level."""
+    from autoplace.predict.ort_costs import OrtCostModel
+
     models = getattr(prices.model, "models", {})
     return tuple((name, m.timings.level) for name, m in models.items()
-                 if name in used and getattr(getattr(m, "timings", None), "level", None))
+                 if name in used and isinstance(m, OrtCostModel))
 

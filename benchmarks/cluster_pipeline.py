@@ -265,18 +265,8 @@ def cpu_s() -> tuple[float, float]:
     user, nice, system = (int(v) for v in fields[:3])
     irq, softirq = (int(v) for v in fields[5:7])
     machine = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-    try:
-        import psutil
-    except ImportError:
-        return machine, float("nan")
-    me, ours = psutil.Process(), 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            ours += t.user + t.system
-        except psutil.Error:
-            pass
-    return machine, ours
+    ours = process_cpu_s()  # this process among them: empty only without psutil
+    return machine, sum(s for _, s in ours.values()) if ours else float("nan")
 
 
 def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> None:

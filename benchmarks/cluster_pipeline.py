@@ -3,6 +3,7 @@ paths beside the in-process pipeline's, the host links, and a plan's measured ag
 throughput beside the best one-host plan, and a latency plan over the hosts.
 
 Run: .venv/bin/python -m benchmarks cluster_pipeline [--inputs 64] [--widths 256 64] [--layers 4]
+     [--models zoo:resnet mobilenet_v3_small ...]
 
 Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta``, one CPU and a
 200 MB object store each, and prints:
@@ -25,7 +26,9 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
    predicted inputs/s, and the prediction as if each host had a machine of its own (``apart``:
    the problem without its ``machines``); the same for the one-host plan (every op on alpha,
    one stage, one actor) and for replicas of the whole model on both hosts; the plan's line on
-   the machine the hosts share, as ``explain()`` gives it. Beside each: the actors' busy
+   the machine the hosts share, as ``explain()`` gives it. The same for each model of
+   ``--models`` (``benchmarks/_models.py``: a zoo model, a torchvision CNN, ...), on its
+   example input. Beside each: the actors' busy
    seconds (their calls' compute) against the ops' predicted seconds, the share of the
    machine's cores used while it ran by this process and the cluster it started (the driver,
    the actors, Ray's own: ``ours``) and by every other process (``others``), and the CPU
@@ -246,12 +249,14 @@ def plan_of(mod, devices, stages):
 
 
 def per_input(pipe, xs, rounds: int = 3) -> float:
-    """Median seconds per input of ``pipe.run`` over ``xs`` (after a warm-up run)."""
-    pipe.run([x] for x in xs[:8])
+    """Median seconds per input of ``pipe.run`` over ``xs`` (an array per input, or a list of
+    them: its arguments), after a warm-up run."""
+    xs = [x if isinstance(x, list) else [x] for x in xs]
+    pipe.run(xs[:8])
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        pipe.run([x] for x in xs)
+        pipe.run(xs)
         times.append((time.perf_counter() - t0) / len(xs))
     return statistics.median(times)
 
@@ -271,12 +276,28 @@ def cpu_s() -> tuple[float, float]:
 
 def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> None:
     """Step 4 for one MLP: the solver's plan, one host and replicas, measured and predicted."""
+    print(f"4. MLP {layers} x (matmul {width}, tanh), batch 64; {inputs} inputs")
+    plan_rows(mlp(width, layers),
+              [rng.standard_normal((64, width)).astype("float32") for _ in range(inputs)],
+              devs, fits, calls)
+
+
+def model_rows(name: str, inputs: int, devs, fits, calls) -> None:
+    """Step 4 for a model of ``_models`` (``--models``): a family the MLPs are not."""
+    import _models
+
+    mod, example = _models.relax_and_inputs(name)
+    print(f"4. {name}; {inputs} inputs")
+    plan_rows(mod, [[np.asarray(x) for x in example]] * inputs, devs, fits, calls)
+
+
+def plan_rows(mod, xs, devs, fits, calls) -> None:
+    """The solver's throughput plan of ``mod`` over ``devs``, one host and replicas, each run
+    on inputs ``xs`` (a list of arguments per input), measured and predicted."""
     import autoplace
     from autoplace.cluster import RayPipeline, host_links, host_overheads
     from autoplace.solve import simulate_replicas, simulate_throughput
 
-    print(f"4. MLP {layers} x (matmul {width}, tanh), batch 64; {inputs} inputs")
-    mod = mlp(width, layers)
     res = autoplace.optimize(mod, devs, objective="throughput", links=host_links(devs, fits),
                              replicate=False, baseline_guard=False,
                              **host_overheads(devs, calls))
@@ -295,7 +316,6 @@ def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> No
             ("one host", one, simulate_throughput(p, [0] * n, [0] * n),
              simulate_throughput(apart, [0] * n, [0] * n)),
             ("replicas", reps, simulate_replicas(p, [0, 1]), simulate_replicas(apart, [0, 1]))]
-    xs = [rng.standard_normal((64, width)).astype("float32") for _ in range(inputs)]
     print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}{'apart/s':>9}"
           f"{'m/p':>6}{'busy/ops':>10}{'ours':>6}{'others':>8}")
     measured = {}
@@ -345,6 +365,9 @@ def main():
     ap.add_argument("--inputs", type=int, default=64)
     ap.add_argument("--widths", type=int, nargs="+", default=[256, 64])
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--models", nargs="*", default=[],
+                    help="step 4 also on these models of benchmarks/_models.py (zoo:NAME, "
+                         "torchvision's, transformers')")
     ap.add_argument("--steps", default="1,2,3,4,5",
                     help="which steps to run (3, the links and calls, always runs)")
     args = ap.parse_args()
@@ -402,6 +425,8 @@ def main():
         if 4 in steps:
             for width in args.widths:
                 mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng)
+            for name in args.models:
+                model_rows(name, args.inputs, devs, fits, calls)
         if 5 in steps:
             latency_rows(args.widths[0], args.layers, devs, fits, calls, rng)
     finally:

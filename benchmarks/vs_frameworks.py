@@ -111,9 +111,10 @@ def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
     alike, and how many calls each is the median of: up to ``repeats`` (or the few more a pass
     needs), fewer once the calls pass 30 s, never under 3; after two warm-up calls each. The calls
     follow an Eulerian circuit of the complete directed graph on them, pass after pass, so that
-    each follows every other exactly as often (one that runs after another meets the cache that
-    one left). autoplace.run.overhead.turns_s's rule, written here again: the PyTorch and ONNX
-    Runtime workers import neither autoplace nor TVM."""
+    each follows every other exactly as often; where there are several, each timed call comes
+    right after an untimed one of its own, so that it meets the caches as the frameworks' calls,
+    each timed back to back in a process of its own, do. autoplace.run.overhead.turns_s's rule,
+    written here again: the PyTorch and ONNX Runtime workers import neither autoplace nor TVM."""
     import networkx as nx
 
     for fn in fns:
@@ -128,6 +129,8 @@ def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
     while len(times[0]) < repeats and (len(times[0]) < 3
                                        or time.perf_counter() - start < TIME_CAP_S):
         for i in order:
+            if n > 1:
+                fns[i]()
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
@@ -145,7 +148,6 @@ def _load_arrays(path: Path) -> list:
 
     with np.load(path) as f:
         return [f[f"arr_{k}"] for k in range(len(f.files))]
-
 
 
 def _flat_numpy(outs) -> list:

@@ -140,10 +140,16 @@ def test_turns_have_each_function_follow_each_other_as_often():
 
     order = []
     fns = [lambda k=k: order.append(k) for k in range(3)]
-    medians, calls = overhead.turns_s(fns, most=4, budget_s=60.0, least=1)
+    medians, calls = overhead.turns_s(fns, most=4, budget_s=60.0, least=1, warm=0)
     assert calls == 4 and len(medians) == 3 and all(m >= 0 for m in medians)  # two passes
     assert Counter(order) == {0: 4, 1: 4, 2: 4}
     follows = Counter(zip(order, order[1:] + order[:1]))  # the passes repeat: order is cyclic
     assert len(follows) == 6 and set(follows.values()) == {2}
+    order.clear()  # warm: each timed call comes right after an untimed one of its own
+    assert overhead.turns_s(fns, most=4, budget_s=60.0, least=1)[1] == 4
+    assert Counter(order) == {0: 8, 1: 8, 2: 8} and order[0::2] == order[1::2]
+    order.clear()
+    overhead.turns_s(fns[:1], most=3, budget_s=60.0, least=1)  # one function: back to back
+    assert order == [0, 0, 0]
     assert overhead.call_order(1) == [0] and overhead.call_order(2) == [0, 1]
     assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2  # the budget spent: the least

@@ -269,18 +269,24 @@ def median_call_s(fn, xs, repeat: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def turns_s(fns, *, most: int, budget_s: float, least: int) -> tuple[list[float], int]:
+def turns_s(fns, *, most: int, budget_s: float, least: int,
+            warm: int = 1) -> tuple[list[float], int]:
     """Median seconds of a call of each of ``fns`` (callables of no argument), called turn by
     turn so that all see the machine alike, and how many calls of each that took: at most
     ``most`` (or the few more a pass needs), at least ``least``, no pass begun once ``budget_s``
     has passed. The calls follow :func:`call_order`, pass after pass, so that each follows every
-    other as often (one that runs after another meets the cache that one left). Warm-up calls
-    are the caller's."""
+    other as often. Where there are several, each timed call comes after ``warm`` untimed calls
+    of the same function, so that it meets the caches as a model called back to back does, not
+    as the function before it left them (weights another model evicted are read again from
+    memory). Warm-up calls before the first turn are the caller's."""
     times: list[list[float]] = [[] for _ in fns]
     start, order = time.perf_counter(), call_order(len(fns))
+    untimed = warm if len(fns) > 1 else 0
     while len(times[0]) < most and (len(times[0]) < least
                                     or time.perf_counter() - start < budget_s):
         for i in order:
+            for _ in range(untimed):
+                fns[i]()
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)

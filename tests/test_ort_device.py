@@ -143,6 +143,47 @@ def test_nodes_ort_fuses_under_names_of_their_own_and_its_executor_are_charged_t
     assert times.ops[norm] > 0 and times.ops[gelu] > 0
 
 
+
+def test_hard_swish_as_torch_export_splits_it_is_one_onnx_node_again(monkeypatch):
+    # torch.export writes hardswish and hardsigmoid as add, two clips, a multiply and a divide;
+    # the segment gives ORT one HardSwish / HardSigmoid (which it fuses into the conv before it),
+    # and each op it replaced knows that node as its own.
+    pytest.importorskip("onnxscript")
+
+    class Mobile(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            y = torch.nn.functional.hardswish(self.c1(x))
+            return y * torch.nn.functional.hardsigmoid(self.c2(y))
+
+    torch.manual_seed(0)
+    model, x = Mobile().eval(), torch.randn(1, 3, 12, 12)
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    import onnx
+
+    kinds = [n.op_type for n in onnx.load_from_string(seg.onnx).graph.node]
+    assert kinds.count("HardSwish") == 1 and kinds.count("HardSigmoid") == 1
+    assert "Clip" not in kinds and "Div" not in kinds
+    got = seg.session().run(None, {"in0": x.numpy()})[0]
+    np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
+    tails = [n.name for n in graph.nodes if n.op_type in ("add", "clip", "maximum", "minimum",
+                                                         "divide")]
+    assert tails and all(seg.onnx_nodes[t] for t in tails)  # each op has its node(s)
+    for t in tails:
+        assert all(ort_segments.op_of(o, seg.ops) for o in seg.onnx_nodes[t])
+    times = ort_segments.profile(seg, runs=3)
+    assert all(times.ops[t] > 0 for t in tails)  # the node's time shared among its ops
+
+    # without onnxscript, the segment is ORT's to run as exported
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    plain, replaced = ort_segments.refuse(seg.onnx)
+    assert plain == seg.onnx and replaced == {}
 def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
     model, x, mod, graph = branchy
     pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")

@@ -33,6 +33,7 @@ PREFIX = "autoplace.ort_segment."
 #: Graph optimization levels by name (``SessionOptions.graph_optimization_level``).
 LEVELS = ("all", "extended", "basic")
 _ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
+_SCOPED = r"/(op_[^/]+)/"  # an ONNX node name's op scope (see scope())
 
 # global name -> (segment, threads, level). Kept for the life of the process: builds call the
 # functions by name.
@@ -108,11 +109,12 @@ def onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
 
 
 def session(model: bytes, threads: int, level: str, profile_prefix: str | None = None,
-            optimized: str | None = None):
+            optimized: str | None = None, spin: bool = False):
     """An ORT session of ONNX ``model`` on the CPU execution provider: ``threads`` intra-op
-    threads that sleep between calls, one inter-op thread, graph optimization ``level`` (one of
-    :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``); profiled into files of
-    ``profile_prefix`` where given, its optimized graph saved at ``optimized`` where given."""
+    threads that sleep between calls (that spin, as ORT's own default, where ``spin``), one
+    inter-op thread, graph optimization ``level`` (one of :data:`LEVELS`, or ORT's name,
+    ``"ORT_ENABLE_ALL"``); profiled into files of ``profile_prefix`` where given, its optimized
+    graph saved at ``optimized`` where given."""
     import onnxruntime as ort
 
     level = level.removeprefix("ORT_ENABLE_").lower()
@@ -121,9 +123,9 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
-    # idle threads sleep between calls: spinning, they take the cores TVM's kernels and
-    # PyTorch's calls need next
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spin:  # spinning, idle threads take the cores TVM's kernels and PyTorch's calls
+        # need next; sleeping, they wake late for each node's work
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                             f"ORT_ENABLE_{level.upper()}")
     opts.log_severity_level = 3
@@ -135,6 +137,51 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
+def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
+    """``model`` (an exported segment) with the ops that ``torch.export``'s decompositions split
+    put back together, by onnxscript's rewrite rules where onnxscript is installed: a clip
+    written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times that).
+    ORT fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across it;
+    the ops it came from it runs one by one, each between layout reorders. A node the rules
+    make is named in the scope of the op whose output it gives (the op that computed that
+    tensor before), so :func:`op_of` knows it; and per such node, the scopes of the exported
+    nodes it replaced. ``model`` unchanged where onnxscript is missing or the rules fail."""
+    try:
+        import onnx
+        from onnxscript import rewriter
+        from onnxscript.rewriter.rules import common as rules
+    except ImportError:
+        return model, {}
+    try:
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+        fused = rewriter.rewrite(proto, pattern_rewrite_rules=[
+            rules.successive_clip_rule, rules.successive_relu_rule,
+            rules.successive_clip_relu_rule, rules.successive_relu_clip_rule,
+            *rules.fuse_hardswish_rules()])
+    except Exception:  # noqa: BLE001 - the rules are an optimization: the segment as exported
+        return model, {}
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    replaced = {}
+    for k, node in enumerate(fused.graph.node):
+        was = producer.get(node.output[0]) if node.output else None
+        m = re.search(_SCOPED, was.name) if was is not None else None
+        if m is None or re.search(_SCOPED, node.name):
+            continue
+        node.name = f"/{m.group(1)}/{node.op_type}_fused{k}"
+        # the exported nodes between the new node's inputs and its output
+        scopes, todo, seen = set(), [was], set(node.input)
+        while todo:
+            n = todo.pop()
+            if (sm := re.search(_SCOPED, n.name)) is not None:
+                scopes.add(sm.group(1))
+            for t in n.input:
+                if t and t not in seen and t in producer:
+                    seen.add(t)
+                    todo.append(producer[t])
+        replaced[node.name] = tuple(sorted(scopes))
+    return fused.SerializeToString(), replaced
+
+
 def scope(node: str) -> str:
     """The submodule name a node's call is traced under (ONNX nodes are named ``/scope/...``)."""
     return "op_" + re.sub(r"\W", "_", node)
@@ -144,7 +191,7 @@ def op_of(onnx_node: str, ops: Sequence[str]) -> str | None:
     """The op (of ``ops``) an ONNX node name of the exported graph, or of ORT's optimized graph
     (which keeps the name of a node a fused node grew from: ``"fused /op_x/MatMul/..."``), was
     traced under; None for the nodes ORT adds (layout reorders)."""
-    m = re.search(r"/(op_[^/]+)/", onnx_node)
+    m = re.search(_SCOPED, onnx_node)
     if not m:
         return None
     scopes = {scope(o): o for o in ops}

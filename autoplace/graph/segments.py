@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoplace.backend.ort_segments import (OrtSegment, OrtSegmentError, onnx_export,
+from autoplace.backend.ort_segments import (OrtSegment, OrtSegmentError, onnx_export, refuse,
                                             random_inputs, scope)
 from autoplace.graph.opgraph import OpGraph, is_op_call, iter_bindings
 
@@ -152,14 +152,15 @@ def _export(mod, span: Span, func_name: str) -> OrtSegment:
     names = [f"in{i}" for i in range(len(span.inputs))]
     outs = [f"out{i}" for i in range(len(span.outputs))]
     try:
-        model = onnx_export(module, args, input_names=names, output_names=outs,
-                            opset_version=17)
+        model, replaced = refuse(onnx_export(module, args, input_names=names,
+                                             output_names=outs, opset_version=17))
     except Exception as e:  # noqa: BLE001 - the exporter fails in many ways; name the ops
         ops = ", ".join(f"{n} ({graph.node(n).op_type})" for _, n, _, _ in steps if n)
         raise OrtSegmentError(f"the ONNX export of the segment of {ops} failed: "
                               f"{type(e).__name__}: {str(e).strip()[:300]}") from e
     ops = tuple(n for _, n, _, _ in steps if n)
-    return OrtSegment(model, inputs, tuple(_sig(v) for v in span.outputs), ops, _onnx_nodes(model, ops))
+    return OrtSegment(model, inputs, tuple(_sig(v) for v in span.outputs), ops,
+                      _onnx_nodes(model, ops, replaced))
 
 
 def _is_const(expr) -> bool:
@@ -248,15 +249,17 @@ def _segment_module(steps, consts, inputs, outputs):
     return _segment_class()(steps, consts, inputs, outputs)
 
 
-def _onnx_nodes(model: bytes, ops: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """Per op name, the nodes of the exported ONNX graph traced under its scope."""
+def _onnx_nodes(model: bytes, ops: Sequence[str],
+                replaced: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...]]:
+    """Per op name, the nodes of the exported ONNX graph traced under its scope, or, for an op
+    whose nodes a rewrite replaced (``replaced``: new node -> the scopes it replaced,
+    :func:`~autoplace.backend.ort_segments.refuse`), the node that replaced them."""
     import onnx
 
     graph = onnx.load_from_string(model).graph
     out = {}
     for op in ops:
         prefix = f"/{scope(op)}/"
-        out[op] = tuple(n.name for n in graph.node if n.name.startswith(prefix))
+        out[op] = tuple(n.name for n in graph.node if n.name.startswith(prefix)) or tuple(
+            node for node, scopes in (replaced or {}).items() if scope(op) in scopes)
     return out
-
-

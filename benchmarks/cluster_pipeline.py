@@ -18,7 +18,9 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
 3. The host links, timed and fitted (``measure_host_links``), and the call of a stage on each
    host (``measure_call_overheads``: CPU seconds per call in the actor, in this driver and in
    the cluster's daemons on the host's machine, eight in flight and one at a time; the
-   machine's address, cores and compute slowdown with every core busy).
+   machine's address, cores and compute slowdown with every core busy), and what a tensor
+   costs in CPU through the object store between each pair of ends, this driver and the hosts
+   (``measure_object_costs``: beyond one passed inline, per side, ``alpha + beta * bytes``).
 4. Per ``--widths`` entry, an MLP (``--layers`` matmul+tanh of that width, batch 64):
    ``autoplace.optimize`` over ``alpha/cpu:0`` and ``beta/cpu:1`` (objective throughput, the
    host links and the hosts' calls of 3., ``host_overheads``; replicas and the guard off, to
@@ -316,6 +318,25 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
             ("one host", one, simulate_throughput(p, [0] * n, [0] * n),
              simulate_throughput(apart, [0] * n, [0] * n)),
             ("replicas", reps, simulate_replicas(p, [0, 1]), simulate_replicas(apart, [0, 1]))]
+    # The plan the solver makes without the object store's figures, where it differs: priced
+    # with them (what the prediction now says of it) and run.
+    from autoplace.cluster.objects import HOW as OBJECTS
+
+    bare = [f for f in calls if f.detail.get("how") != OBJECTS]
+    if len(bare) < len(calls):
+        old = autoplace.optimize(mod, devs, objective="throughput",
+                                 links=host_links(devs, fits), replicate=False,
+                                 baseline_guard=False, **host_overheads(devs, bare))
+        if old.plan.assignment != plan.assignment or old.plan.stages != plan.stages:
+            a0, s0 = old.solution.assignment, np.asarray(old.solution.stages)
+            print("   without the object store's figures the solver's plan is (\"old plan\"):")
+            print("   " + str(old.plan).replace("\n", "\n   "))
+            from autoplace.report.explain import machine_lines
+
+            for line in machine_lines(p, old.solution, {d.name: d.host for d in devs}):
+                print(f"   {line}")
+            rows.append(("old plan", old.plan, simulate_throughput(p, a0, s0),
+                         simulate_throughput(apart, a0, s0)))
     print(f"   {'':<10}{'measured/s':>11}{'predicted/s':>12}{'m/p':>6}{'apart/s':>9}"
           f"{'m/p':>6}{'busy/ops':>10}{'ours':>6}{'others':>8}")
     measured = {}
@@ -375,7 +396,8 @@ def main():
     import ray
 
     import autoplace
-    from autoplace.cluster import measure_call_overheads, measure_host_links
+    from autoplace.cluster import (measure_call_overheads, measure_host_links,
+                                   measure_object_costs)
     from autoplace.devices import Device
 
     cluster = start()
@@ -421,6 +443,13 @@ def main():
                       f"{f.detail['driver_cpu_s'] * 1e6:.0f} us, daemons "
                       f"{f.detail['daemons_cpu_s'] * 1e6:.0f} us")
 
+        objects = measure_object_costs()
+        for f in objects:
+            ends = " -> ".join(f.detail[k] or "driver" for k in ("from", "to"))
+            print(f"   a tensor {ends} through the object store, CPU beyond an inline one: " +
+                  ", ".join(f"{side} {a * 1e6:.0f} us + {b * 1e9:.2f} ns/B"
+                            for side, (a, b) in f.detail["fit"].items() if a or b))
+        calls = calls + objects
         devs = [alpha, beta]
         if 4 in steps:
             for width in args.widths:

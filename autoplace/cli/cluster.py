@@ -99,11 +99,13 @@ def _run(args) -> int:
         if args.measure_links:
             from autoplace.cluster.calls import HOW, measure_call_overheads
             from autoplace.cluster.links import host_fingerprint, measure_host_links
+            from autoplace.cluster.objects import measure_object_costs
             from autoplace.profile import ProfileStore
 
             with ProfileStore(args.db) as store:
                 measure_host_links(store, again=args.again)
                 measure_call_overheads(store, again=args.again)
+                measure_object_costs(store, again=args.again)
                 names = {host_fingerprint(h.name): h.name for h in found}
                 fits = [f for f in store.links() if f.src in names and f.dst in names]
                 fits = [{"src": names[f.src], "dst": names[f.dst], "alpha_s": f.alpha_s,
@@ -155,8 +157,9 @@ def register_cli(sub) -> None:
     p.add_argument("--address", default="auto",
                    help="the cluster's address, as ray.init takes it (default auto)")
     p.add_argument("--measure-links", action="store_true",
-                   help="time the link between every ordered pair of hosts, and the call "
-                        "of an actor on each host, into --db")
+                   help="time the link between every ordered pair of hosts, the call "
+                        "of an actor on each host and a tensor through the object store "
+                        "between each pair of ends, into --db")
     p.add_argument("--profile", action="store_true",
                    help="time the ops of each --model on each host's devices, on that host, "
                         "into --db")

@@ -37,6 +37,8 @@ import numpy as np
 from autoplace.cluster._ray import ClusterError, connected_ray
 from autoplace.cluster.hosts import Host, named_hosts
 from autoplace.cluster.links import _Endpoint, host_fingerprint
+from autoplace.cluster.objects import object_costs
+from autoplace.cluster.pipeline import INLINE_BYTES
 from autoplace.devices import Device
 from autoplace.profile import OverheadFit, ProfileStore
 from autoplace.solve.build import SharedMachines
@@ -261,12 +263,12 @@ def host_overheads(devices: Sequence[Device], fits: Iterable[OverheadFit] | Prof
     """
     if isinstance(fits, ProfileStore):
         fits = fits.overheads()
-    fits = [f for f in fits if f.detail.get("how") == HOW]
+    fits = list(fits)
     kinds = {"throughput": {"call_overhead_s": "call", "stage_overhead_s": "stage"},
              "latency": {"segment_overhead_s": "segment"}}.get(objective)
     if kinds is None:
         raise ValueError(f"objective {objective!r} is not 'throughput' or 'latency'")
-    by_host = {(f.device, f.kind): f.seconds for f in fits}
+    by_host = {(f.device, f.kind): f.seconds for f in fits if f.detail.get("how") == HOW}
     out: dict = {key: {} for key in kinds}
     for d in devices:
         if d.host is None:
@@ -290,11 +292,16 @@ def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | Pro
     cluster's daemons on its machine and the driver (charged to the driver's machine where it
     is one of these): the share of a core each keeps busy while a plan runs, and the CPU seconds
     per call beyond it, for calls eight in flight (``"throughput"``) or one at a time
-    (``"latency"``). None where no two hosts share a machine, or a host's figures predate the
-    machine's (measure them ``again``).
+    (``"latency"``). With them, what a tensor larger than :data:`INLINE_BYTES
+    <autoplace.cluster.pipeline.INLINE_BYTES>` costs each side where it goes through the object
+    store, as :func:`measure_object_costs <autoplace.cluster.objects.measure_object_costs>`
+    stored it (:func:`object_costs <autoplace.cluster.objects.object_costs>`; a pair of ends
+    it did not measure: nothing). None where no two hosts share a machine, or a host's figures
+    predate the machine's (measure them ``again``).
     """
     if isinstance(fits, ProfileStore):
         fits = fits.overheads()
+    fits = list(fits)
     by_host = {(f.device, f.kind): f for f in fits if f.detail.get("how") == HOW}
     figures = {}  # host -> (its call's detail, CPU s per call of the actor, daemons, driver)
     for d in devices:
@@ -337,4 +344,5 @@ def shared_machines(devices: Sequence[Device], fits: Iterable[OverheadFit] | Pro
     here = next(iter(drivers)) if len(drivers) == 1 else None
     return SharedMachines(machine, cores, slowdown, threads, cpu["actor"], cpu["daemons"],
                           cpu["driver"], here if here in shared else None, share["actor"],
-                          share["daemons"], share["driver"])
+                          share["daemons"], share["driver"], object_costs(devices, fits),
+                          float(INLINE_BYTES))

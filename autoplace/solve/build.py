@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from autoplace.devices import Device, Link
-from autoplace.solve.problem import Machines, Problem
+from autoplace.solve.problem import OBJECT_SIDES, Machines, Problem
 
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
@@ -24,7 +24,11 @@ class SharedMachines(NamedTuple):
     take there with its cores all busy (1 where left out); ``threads``, ``call_cpu_s``,
     ``daemon_cpu_s``, ``driver_cpu_s``, ``actor_share``, ``daemon_share``, ``driver_share``:
     device name -> figure (0 where left out; ``threads`` 1); ``driver``: the machine the
-    driving process runs on, if one of them.
+    driving process runs on, if one of them; ``objects``: ``(from, to)`` device names (``""``:
+    the driving process) -> the CPU seconds a tensor larger than ``inline_bytes`` costs there
+    through the object store, an ``(alpha, beta)`` per :data:`OBJECT_SIDES
+    <autoplace.solve.problem.OBJECT_SIDES>` side (``alpha + beta * bytes``; a pair left out
+    costs nothing).
     """
 
     machine: Mapping[str, str]
@@ -38,9 +42,12 @@ class SharedMachines(NamedTuple):
     actor_share: Mapping[str, float] = {}
     daemon_share: Mapping[str, float] = {}
     driver_share: Mapping[str, float] = {}
+    objects: Mapping[tuple[str, str], Sequence[tuple[float, float]]] = {}
+    inline_bytes: float = float("inf")
 
-    def arrays(self, device_names: Sequence[str]) -> Machines:
-        """The arrays over ``device_names``, machines numbered by name."""
+    def arrays(self, device_names: Sequence[str], graph: OpGraph | None = None) -> Machines:
+        """The arrays over ``device_names``, machines numbered by name; ``graph``'s inputs
+        and outputs are the tensors from and to the driving process."""
         unknown = sorted(set(self.machine.values()) - set(self.cores))
         if unknown:
             raise ValueError(f"machine(s) {unknown} have no cores")
@@ -57,7 +64,24 @@ class SharedMachines(NamedTuple):
             actor_share=[self.actor_share.get(n, 0.0) for n in device_names],
             daemon_share=[self.daemon_share.get(n, 0.0) for n in device_names],
             driver_share=[self.driver_share.get(n, 0.0) for n in device_names],
-            driver=pos.get(self.driver, -1) if self.driver is not None else -1)
+            driver=pos.get(self.driver, -1) if self.driver is not None else -1,
+            **self._objects(device_names, graph))
+
+    def _objects(self, device_names: Sequence[str], graph: OpGraph | None) -> dict:
+        """:meth:`Machines.build <autoplace.solve.problem.Machines.build>`'s object keywords."""
+        if not self.objects:
+            return {}
+        ends = [*device_names, ""]
+        fit = np.zeros((2, len(ends), len(ends), len(OBJECT_SIDES)))
+        for i, a in enumerate(ends):
+            for j, b in enumerate(ends):
+                if (a, b) in self.objects:
+                    fit[:, i, j] = np.asarray(self.objects[(a, b)], dtype=float).T
+        inputs = () if graph is None else tuple(
+            (float(x.tensor.nbytes), tuple(x.consumers)) for x in graph.inputs)
+        outputs = () if graph is None else tuple(n.index for n in graph.nodes if n.is_output)
+        return dict(object_alpha=fit[0], object_beta=fit[1], inline_bytes=self.inline_bytes,
+                    inputs=inputs, outputs=outputs)
 
 
 def build_problem(
@@ -128,7 +152,7 @@ def build_problem(
         groups=_group_ids(len(graph.nodes), groups),
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
-        machines=None if machines is None else machines.arrays([dev.name for dev in devices]),
+        machines=None if machines is None else machines.arrays([dev.name for dev in devices], graph),
     )
 
 

@@ -26,6 +26,12 @@ def check_time_limit(time_limit) -> None:
         raise ValueError(f"time_limit must be positive seconds, got {time_limit!r}")
 
 
+#: The sides of a tensor handed through Ray's object store, in :class:`Machines`' object arrays:
+#: the process that makes it, the process that reads it, the cluster's daemons on the maker's
+#: node and on the reader's, and the driving process where it is neither (it owns the tensor).
+OBJECT_SIDES = ("src", "dst", "src_daemons", "dst_daemons", "driver")
+
+
 class Machines(NamedTuple):
     """Devices whose hosts share a machine's cores (the hosts of a Ray cluster on one machine),
     and the CPU seconds a plan's calls cost there beyond its ops.
@@ -63,6 +69,18 @@ class Machines(NamedTuple):
         of its used devices, and, on the driver's machine, the largest driver share.
     driver : int
         Machine of that process; ``-1``: none of these.
+    object_alpha, object_beta : (d + 1, d + 1, 5) float arrays, or None
+        CPU seconds a tensor larger than ``inline_bytes`` costs, beyond one passed inline,
+        when it goes from one end to another through the object store: ``alpha + beta *
+        bytes`` per :data:`OBJECT_SIDES` side, from end ``i`` to end ``j`` (a device, or ``d``:
+        the driving process). None (the default): nothing charged.
+    inline_bytes : float
+        Bytes up to which a tensor goes inside a call, not through the object store.
+    inputs : tuple of (bytes, tuple of int)
+        The model's inputs: each one's bytes and the nodes that read it (they come from the
+        driving process).
+    outputs : tuple of int
+        The nodes whose outputs the model returns (they go to the driving process).
     """
 
     of: np.ndarray
@@ -76,13 +94,20 @@ class Machines(NamedTuple):
     daemon_share: np.ndarray
     driver_share: np.ndarray
     driver: int = -1
+    object_alpha: np.ndarray | None = None
+    object_beta: np.ndarray | None = None
+    inline_bytes: float = np.inf
+    inputs: tuple = ()
+    outputs: tuple = ()
 
     @classmethod
     def build(cls, of, cores, *, slowdown=1.0, threads=1.0, call_cpu_s=0.0, daemon_cpu_s=0.0,
               driver_cpu_s=0.0, actor_share=0.0, daemon_share=0.0, driver_share=0.0,
-              driver: int = -1) -> Machines:
+              driver: int = -1, object_alpha=None, object_beta=None, inline_bytes=np.inf,
+              inputs=(), outputs=()) -> Machines:
         """Arrays from ``of`` (a machine per device) and ``cores`` (per machine); ``slowdown``
-        one figure or one per machine, the rest one figure or one per device."""
+        one figure or one per machine, the rest one figure or one per device; ``object_alpha``
+        and ``object_beta`` one figure or one per side, or ``(d + 1, d + 1, 5)`` arrays."""
         of = np.asarray(of, dtype=np.int64).reshape(-1)
         d = of.size
         cores = np.asarray(cores, dtype=float).reshape(-1)
@@ -94,12 +119,20 @@ class Machines(NamedTuple):
                                               cores.shape).copy(), per_device(threads),
                    per_device(call_cpu_s), per_device(daemon_cpu_s), per_device(driver_cpu_s),
                    per_device(actor_share), per_device(daemon_share), per_device(driver_share),
-                   int(driver))
+                   int(driver), *(None if x is None else np.broadcast_to(
+                       np.asarray(x, dtype=float), (d + 1, d + 1, len(OBJECT_SIDES))).copy()
+                       for x in (object_alpha, object_beta)), float(inline_bytes),
+                   tuple((float(b), tuple(int(i) for i in nodes)) for b, nodes in inputs),
+                   tuple(int(i) for i in outputs))
 
     def take(self, devices) -> Machines:
         """The same machines for ``devices`` (indices) only."""
         idx = np.asarray(devices, dtype=np.int64)
-        return self._replace(**{name: getattr(self, name)[idx] for name in self._PER_DEVICE})
+        ends = np.append(idx, self.of.size)  # the driving process stays last
+        pairs = {name: getattr(self, name)[np.ix_(ends, ends)]
+                 for name in ("object_alpha", "object_beta") if getattr(self, name) is not None}
+        return self._replace(**{name: getattr(self, name)[idx] for name in self._PER_DEVICE},
+                             **pairs)
 
     _PER_DEVICE = ("of", "threads", "call_cpu_s", "daemon_cpu_s", "driver_cpu_s", "actor_share",
                    "daemon_share", "driver_share")
@@ -135,6 +168,17 @@ class Machines(NamedTuple):
             x = getattr(self, name)
             if not (np.isfinite(x) & (x >= 0)).all():
                 raise ValueError(f"machines.{name} must be finite and non-negative")
+        for name in ("object_alpha", "object_beta"):
+            x = getattr(self, name)
+            if x is None:
+                continue
+            if x.shape != (d + 1, d + 1, len(OBJECT_SIDES)):
+                raise ValueError(f"machines.{name} has shape {x.shape}, expected "
+                                 f"({d + 1}, {d + 1}, {len(OBJECT_SIDES)})")
+            if not (np.isfinite(x) & (x >= 0)).all():
+                raise ValueError(f"machines.{name} must be finite and non-negative")
+        if not self.inline_bytes >= 0:
+            raise ValueError("machines.inline_bytes must be non-negative")
 
 
 @dataclass(frozen=True, eq=False)

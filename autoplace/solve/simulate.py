@@ -26,8 +26,9 @@ Throughput model (:func:`simulate_throughput`)
     Where devices share a machine (``problem.machines``), that machine is one more resource:
     its CPU seconds per input (:func:`machine_cpu`: the ops' seconds times their threads, each
     stage's call in its process and in the cluster's daemons, and, where the driving process
-    runs there, its part of every call) over the cores its processes do not keep busy between
-    calls (:meth:`~autoplace.solve.problem.Machines.background`).
+    runs there, its part of every call; each tensor that goes through the object store, on the
+    machines of its ends, :func:`object_cpu`) over the cores its processes do not keep busy
+    between calls (:meth:`~autoplace.solve.problem.Machines.background`).
 
 Replicas model (:func:`simulate_replicas`)
     Data parallelism: each of several devices runs the whole model, taking the next input
@@ -335,7 +336,8 @@ def machine_cpu(problem: Problem, assignment, stages=None, calls=None) -> np.nda
     """(m, 4) CPU seconds per input of a plan on each machine of ``problem.machines`` (no rows
     without): the ops' seconds times their device's threads and the machine's slowdown, the
     calls in the processes that run them, in the cluster's daemons, and in the driving process
-    (on its machine only).
+    (on its machine only), with the tensors that go through the object store
+    (:func:`object_cpu`, the stages ``stages``) in the same columns.
 
     A device makes ``calls[k]`` calls per input: by default, its number of pipeline stages
     (``stages``, default :func:`stages_of`), a plan of one stage too (a call per stage per
@@ -366,6 +368,88 @@ def machine_cpu(problem: Problem, assignment, stages=None, calls=None) -> np.nda
     np.add.at(out, mach.of[on], per_device[on])
     if mach.driver >= 0:
         out[mach.driver, 3] += float((n_calls * mach.driver_cpu_s).sum())
+    return out + object_cpu(problem, a, stages)
+
+
+def object_flows(problem: Problem, assignment, stages=None) -> list[tuple[int, int, float]]:
+    """The tensors of a pipeline plan that go through Ray's object store (larger than
+    ``problem.machines.inline_bytes``), as ``(from, to, bytes)``: an end is a device, or
+    ``num_devices`` for the driving process. A node's output goes once to each other stage that
+    reads it (``stages``, default :func:`stages_of`), a model's input from the driving process
+    to each stage that reads it, a model's output from its node to the driving process.
+
+    Examples
+    --------
+    Node 0 on device 0 makes 200 bytes that nodes 1 and 2 on device 1 read (one stage, one
+    copy); node 2's 50 bytes are the model's output; 150 bytes over an inline limit of 100:
+
+    >>> from autoplace.solve.problem import Machines
+    >>> p = Problem.build(np.ones((3, 2)), [(0, 1), (0, 2)], [200.0, 0.0, 50.0],
+    ...                   machines=Machines.build([0, 0], [2.0], inline_bytes=100,
+    ...                                           inputs=[(150.0, (0,))], outputs=(2,)))
+    >>> object_flows(p, [0, 1, 1])
+    [(0, 1, 200.0), (2, 0, 150.0)]
+    """
+    mach = problem.machines
+    if mach is None or not problem.num_nodes:
+        return []
+    a = _assignment(problem, assignment)
+    s = _stages(problem, a, stages)
+    device_of = dict(zip(s.tolist(), a.tolist()))
+    driver, limit, out_bytes = problem.num_devices, mach.inline_bytes, problem.out_bytes
+    flows = []
+    for u in np.flatnonzero(out_bytes > limit).tolist():
+        readers = {int(s[v]) for v in problem.edges[problem.edges[:, 0] == u, 1]} - {int(s[u])}
+        flows += [(int(a[u]), device_of[r], float(out_bytes[u])) for r in sorted(readers)]
+    for size, nodes in mach.inputs:
+        if size > limit:
+            flows += [(driver, device_of[r], float(size))
+                      for r in sorted({int(s[v]) for v in nodes})]
+    flows += [(int(a[u]), driver, float(out_bytes[u])) for u in mach.outputs
+              if out_bytes[u] > limit]
+    return flows
+
+
+def object_cpu(problem: Problem, assignment, stages=None) -> np.ndarray:
+    """(m, 4) CPU seconds per input on each machine of ``problem.machines`` that the tensors
+    of :func:`object_flows` cost, by the columns of :func:`machine_cpu`: the processes that
+    make and read them (the stages' actors; the driving process where it is one end), the
+    cluster's daemons on each end's machine, and the driving process, which owns them all.
+
+    Examples
+    --------
+    200 bytes from device 0 to device 1 on one machine, each side costing 1 s + 0.01 s per
+    byte (3 s): 3 s in each actor, 6 s in the daemons, 3 s in the driver:
+
+    >>> from autoplace.solve.problem import Machines
+    >>> p = Problem.build(np.ones((2, 2)), [(0, 1)], [200.0, 0.0], machines=Machines.build(
+    ...     [0, 0], [2.0], driver=0, object_alpha=1.0, object_beta=0.01, inline_bytes=100))
+    >>> object_cpu(p, [0, 1]).tolist()
+    [[0.0, 6.0, 6.0, 3.0]]
+    """
+    mach = problem.machines
+    if mach is None or mach.object_alpha is None:
+        return np.zeros((0 if mach is None else mach.cores.size, 4))
+    return _flows_cpu(problem, object_flows(problem, assignment, stages))
+
+
+def _flows_cpu(problem: Problem, flows) -> np.ndarray:
+    """(m, 4) CPU seconds of ``flows`` (``(from, to, bytes[, weight])``), as
+    :func:`object_cpu` charges them."""
+    mach = problem.machines
+    out = np.zeros((mach.cores.size, 4))
+    if mach.object_alpha is None:
+        return out
+    driver = problem.num_devices
+    place = np.append(mach.of, mach.driver)  # machine of each end
+    for i, j, size, *weight in flows:
+        cost = (mach.object_alpha[i, j] + mach.object_beta[i, j] * size) * (weight or [1.0])[0]
+        # (end, column) per side: src, dst, src_daemons, dst_daemons, driver
+        for end, column, c in ((i, 3 if i == driver else 1, cost[0]),
+                               (j, 3 if j == driver else 1, cost[1]),
+                               (i, 2, cost[2]), (j, 2, cost[3]), (driver, 3, cost[4])):
+            if place[end] >= 0:
+                out[place[end], column] += c
     return out
 
 
@@ -461,8 +545,9 @@ def simulate_replicas(problem: Problem, devices) -> float:
 
 def replica_machine_s(problem: Problem, devices) -> np.ndarray:
     """(m,) seconds per input each shared machine needs for replicas of ``devices`` (periods
-    finite and positive): each replica's ops (times its threads) and calls, on the share of the
-    inputs it takes, over the machine's cores."""
+    finite and positive): each replica's ops (times its threads), calls and the model's inputs
+    and outputs through the object store (:func:`object_cpu`), on the share of the inputs it
+    takes, over the machine's cores."""
     mach = problem.machines
     if mach is None:
         return np.zeros(0)
@@ -477,6 +562,13 @@ def replica_machine_s(problem: Problem, devices) -> np.ndarray:
     np.add.at(out, mach.of[ks][on], cpu[on])
     if mach.driver >= 0:
         out[mach.driver] += float((share * mach.driver_cpu_s[ks]).sum())
+    # Each replica's share of the model's inputs and outputs that go through the object store.
+    driver, limit = problem.num_devices, mach.inline_bytes
+    flows = [(driver, int(k), b, w) for k, w in zip(ks, share) for b, _ in mach.inputs
+             if b > limit]
+    flows += [(int(k), driver, float(problem.out_bytes[u]), w) for k, w in zip(ks, share)
+              for u in mach.outputs if problem.out_bytes[u] > limit]
+    out += _flows_cpu(problem, flows).sum(axis=1)
     used = np.zeros(problem.num_devices, dtype=bool)
     used[ks] = True
     return _spread(out, mach.cores - mach.background(used))

@@ -9,6 +9,7 @@ import pytest
 import autoplace
 from autoplace.cluster.calls import HOW, background_shares, host_overheads, shared_machines
 from autoplace.cluster.links import host_fingerprint
+from autoplace.cluster.pipeline import INLINE_BYTES
 from autoplace.devices import Device
 from autoplace.profile import OverheadFit
 from autoplace.report.explain import machine_lines
@@ -109,7 +110,7 @@ def test_hosts_at_one_address_share_a_machine():
         dict.fromkeys(both, "10.0.0.1"), {"10.0.0.1": 2.0}, {"10.0.0.1": 1.1},
         dict.fromkeys(both, 1), dict.fromkeys(both, 5e-4), dict.fromkeys(both, 1e-4),
         dict.fromkeys(both, 4e-4), "10.0.0.1", dict.fromkeys(both, 0.02),
-        dict.fromkeys(both, 0.01), dict.fromkeys(both, 0.03))
+        dict.fromkeys(both, 0.01), dict.fromkeys(both, 0.03), {}, float(INLINE_BYTES))
     assert host_overheads(HOSTS, fits)["machines"] == got
     # A latency plan's calls are made one at a time: their figures then.
     late = host_overheads(HOSTS, fits, "latency")["machines"]

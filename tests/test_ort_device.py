@@ -381,6 +381,32 @@ def test_a_concat_runs_inside_an_ort_segment_not_on_the_torch_device():
     np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_split_is_one_onnx_split_in_a_segment():
+    class Shuffle(torch.nn.Module):  # ShuffleNet's unit: halves of unequal work, shuffled
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            a, b = x.chunk(2, dim=1)
+            y = torch.cat([a, torch.relu(self.c(b))], 1)
+            return y.view(1, 2, 4, 6, 6).transpose(1, 2).reshape(1, 8, 6, 6)
+
+    torch.manual_seed(0)
+    model, x = Shuffle().eval(), torch.randn(1, 8, 6, 6)
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    assert any(n.op_type == "split" for n in graph.nodes)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    import onnx
+
+    kinds = [n.op_type for n in onnx.load_from_string(seg.onnx).graph.node]
+    assert kinds.count("Split") == 1 and "Loop" not in kinds
+    np.testing.assert_allclose(seg.session().run(None, {"in0": x.numpy()})[0], _want(model, x),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_a_calibration_need_not_time_the_ops_a_runtime_device_wins_by_far(branchy):
     from autoplace.pricing import price, tvm_loses
     from autoplace.profile.ort_timings import OrtTimings

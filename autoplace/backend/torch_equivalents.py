@@ -271,13 +271,22 @@ def _concat(c: _Call) -> TorchOp:
 
 
 def _split(c: _Call) -> TorchOp:
+    """``torch.split`` by the parts' sizes along the axis (from the outputs' shapes): ONNX's
+    exporter writes it as one ``Split``, where ``torch.tensor_split`` became a loop over a
+    sequence of tensors."""
     import torch
 
-    parts = c.attrs["indices_or_sections"]
-    at = int(parts) if isinstance(parts, (int, float)) else tuple(int(i) for i in parts)
-    return TorchOp(torch.tensor_split, "torch.tensor_split", (_X, at, int(c.attrs["axis"])), (),
-                   tuple((tuple(s), d) for s, d in c.outputs), False, c.node, tuple_output=True,
-                   why="placed on ONNX Runtime: split as torch.tensor_split")
+    axis, outputs = int(c.attrs["axis"]), tuple((tuple(s), d) for s, d in c.outputs)
+    try:
+        sizes = [int(s[axis]) for s, _ in c.outputs]
+    except (TypeError, ValueError):  # parts of sizes known at run time only
+        parts = c.attrs["indices_or_sections"]
+        at = int(parts) if isinstance(parts, (int, float)) else tuple(int(i) for i in parts)
+        return TorchOp(torch.tensor_split, "torch.tensor_split", (_X, at, axis), (), outputs,
+                       False, c.node, tuple_output=True,
+                       why="placed on ONNX Runtime: split as torch.tensor_split")
+    return TorchOp(torch.split, "torch.split", (_X, sizes, axis), (), outputs, False, c.node,
+                   tuple_output=True, why="placed on ONNX Runtime: split as torch.split")
 
 
 # Ops that take or give a tuple of tensors (``concat((a, b), axis)``, ``split``): a segment

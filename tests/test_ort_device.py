@@ -267,21 +267,21 @@ def test_an_ort_error_at_run_time_names_the_segments_ops(branchy):
 def test_an_op_without_a_pytorch_equivalent_is_left_to_the_other_devices():
     class Gather(torch.nn.Module):
         def forward(self, x, i):
-            return torch.relu(x)[i] * 2.0
+            return torch.relu(x).gather(1, i) * 2.0
 
-    x, i = torch.randn(6, 4), torch.tensor([0, 2, 5])
+    x, i = torch.randn(6, 4), torch.tensor([[0, 3], [2, 2], [1, 0], [3, 1], [0, 0], [2, 1]])
     mod = autoplace.from_torch(Gather().eval(), (x, i))
     graph = OpGraph.from_relax(mod)
     timings = time_ort_device(mod, graph, Device.onnxruntime(), runs=3)
-    take = [n.index for n in graph.nodes if n.op_type == "take"]
-    assert take and all(np.isinf(timings.ops[t]) for t in take)
-    assert all("no such op" in timings.why[t] for t in take)
+    gather = [n.index for n in graph.nodes if n.op_type == "gather_elements"]
+    assert gather and all(np.isinf(timings.ops[t]) for t in gather)
+    assert all("no such op" in timings.why[t] for t in gather)
     res = autoplace.optimize(mod, [Device.cpu(0), Device.onnxruntime()],
                              cost_model=RooflineCostModel(), calibrate=False, db=None)
-    assert all(res.plan.assignment[t] == "cpu0" for t in take)
+    assert all(res.plan.assignment[t] == "cpu0" for t in gather)
     out = autoplace.compile(mod, res.plan)(x.numpy(), i.numpy())
     got = np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
-    np.testing.assert_allclose(got, (torch.relu(x)[i] * 2.0).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(got, (torch.relu(x).gather(1, i) * 2.0).numpy(), rtol=1e-5)
 
 
 def test_ort_device_without_onnxruntime_is_one_line_and_exit_2(monkeypatch, capsys):
@@ -442,3 +442,31 @@ def test_the_ort_call_figure_is_kept_per_host_and_working_set(monkeypatch, tmp_p
         f.write_text("{")  # damaged: measured again, with a warning
     ort_timings.host_call(1, 3 << 20)
     assert len(calls) == 4
+
+
+def test_embeddings_powers_and_rotations_run_on_pytorch_and_in_ort_segments():
+    # what decoders' embeddings, RMS norms and rotary positions import as: take, power, cos,
+    # sin (and abs): each runs as its PyTorch call, alone or inside an ORT segment
+    class Decoderish(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 16)
+
+        def forward(self, ids):
+            e = self.emb(ids)
+            return e.pow(2) + torch.cos(e) * torch.sin(e) - e.abs()
+
+    torch.manual_seed(0)
+    model, ids = Decoderish().eval(), torch.tensor([[1, 7, 3, 3, 9]])
+    mod = autoplace.from_torch(model, (ids,))
+    graph = OpGraph.from_relax(mod)
+    kinds = {n.op_type for n in graph.nodes}
+    assert {"take", "power", "cos", "sin", "abs"} <= kinds
+    with torch.no_grad():
+        want = model(ids).numpy()
+    for dev in (Device.torch(), Device.onnxruntime()):
+        assert all(dev.can_run(k) for k in kinds)
+        plan = Plan.from_assignment(graph, [Device.cpu(0), dev], [dev.name] * len(graph.nodes))
+        out = autoplace.compile(mod, plan)(ids.numpy())
+        got = np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -62,14 +62,16 @@ def _function(path: str):
 _UNARY = {"nn.relu": "torch.relu", "sigmoid": "torch.sigmoid", "tanh": "torch.tanh",
           "exp": "torch.exp", "sqrt": "torch.sqrt", "rsqrt": "torch.rsqrt", "erf": "torch.erf",
           "negative": "torch.neg", "nn.silu": "torch.nn.functional.silu",
-          "nn.gelu": "torch.nn.functional.gelu", "logical_not": "torch.logical_not"}
+          "nn.gelu": "torch.nn.functional.gelu", "logical_not": "torch.logical_not",
+          "cos": "torch.cos", "sin": "torch.sin", "abs": "torch.abs"}
 # Relax op -> PyTorch function of two tensors, broadcast as in Relax.
 _BINARY = {"add": "torch.add", "subtract": "torch.sub", "multiply": "torch.mul",
            "divide": "torch.div", "matmul": "torch.matmul", "equal": "torch.eq",
            "not_equal": "torch.ne", "greater": "torch.gt", "greater_equal": "torch.ge",
            "less": "torch.lt", "less_equal": "torch.le", "logical_and": "torch.logical_and",
            "logical_or": "torch.logical_or", "maximum": "torch.maximum",
-           "minimum": "torch.minimum"}
+           "minimum": "torch.minimum", "power": "torch.pow",
+           "bitwise_and": "torch.bitwise_and", "bitwise_or": "torch.bitwise_or"}
 # Relax reduction -> PyTorch reduction over the same axes.
 _REDUCTIONS = {"mean": "torch.mean", "sum": "torch.sum", "max": "torch.amax",
                "min": "torch.amin"}
@@ -132,6 +134,13 @@ def _gelu_tanh(c: _Call) -> TorchOp:
     import torch.nn.functional as F
 
     return c.op(F.gelu, "torch.gelu", [_X], (("approximate", "tanh"),))
+
+
+def _take(c: _Call) -> TorchOp | None:
+    if c.attrs.get("mode", "fast") != "fast":  # indices wrapped or clipped: not PyTorch's
+        return None
+    return c.op(_taken, "torch.index_select", [_X, Slot(1), int(c.attrs.get("axis") or 0),
+                                               c.shape])
 
 
 def _clip(c: _Call) -> TorchOp | None:
@@ -256,7 +265,7 @@ _BUILDERS = {
     "nn.conv1d": _conv1d, "cumsum": _cumsum_call,
     # masks and shapes, as attention builds its mask
     "astype": _astype, "where": _where, "full_like": _full_like, "broadcast_to": _broadcast_to,
-    "zeros_like": _zeros_like, "ones_like": _zeros_like,
+    "zeros_like": _zeros_like, "ones_like": _zeros_like, "take": _take,
     "squeeze": _reshape, "expand_dims": _reshape,
 }
 
@@ -355,6 +364,14 @@ def _full(like, fill, dtype: str):
     import torch
 
     return fill.to(getattr(torch, dtype)).expand(like.shape).contiguous()
+
+
+def _taken(x, indices, axis: int, shape):
+    """Relax's ``take`` (indices in range): the slices of ``x`` along ``axis`` at ``indices``
+    (a tensor of any shape), giving ``shape``."""
+    import torch
+
+    return torch.index_select(x, axis, indices.reshape(-1).long()).reshape(shape)
 
 
 def _cumsum(x, axis: int | None, dtype: str, exclusive: bool):

@@ -143,6 +143,36 @@ def _take(c: _Call) -> TorchOp | None:
                                                c.shape])
 
 
+def _strided_slice(c: _Call) -> TorchOp | None:
+    """``x[...]`` by the axes, begins, ends and strides the op graph writes (``"(3,)"`` each);
+    None where they are not numbers or a stride is not positive."""
+    import ast
+
+    try:
+        axes, begin, end, *strides = (tuple(int(v) for v in ast.literal_eval(e))
+                                      for e in c.extra)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    strides = strides[0] if strides else (1,) * len(axes)
+    if not (len(axes) == len(begin) == len(end) == len(strides)) or min(strides, default=1) < 1:
+        return None
+    index = [slice(None)] * c.rank
+    for a, b, e, s in zip(axes, begin, end, strides):
+        index[a % c.rank] = slice(b, e, s)  # Python's slice clips as Relax's does, not assumed
+    return c.op(_sliced, "torch.slice", [_X, tuple(index)])
+
+
+def _arange(c: _Call) -> TorchOp | None:
+    import torch
+
+    bounds = [_scalar(e) for e in c.extra]
+    if len(bounds) != 3 or None in bounds:
+        return None
+    start, end, step = (int(b) if float(b).is_integer() else b for b in bounds)
+    return c.op(torch.arange, "torch.arange", [start, end, step],
+                (("dtype", getattr(torch, c.dtype)),))
+
+
 def _clip(c: _Call) -> TorchOp | None:
     import torch
 
@@ -266,6 +296,7 @@ _BUILDERS = {
     # masks and shapes, as attention builds its mask
     "astype": _astype, "where": _where, "full_like": _full_like, "broadcast_to": _broadcast_to,
     "zeros_like": _zeros_like, "ones_like": _zeros_like, "take": _take,
+    "strided_slice": _strided_slice,
     "squeeze": _reshape, "expand_dims": _reshape,
 }
 
@@ -298,10 +329,10 @@ def _split(c: _Call) -> TorchOp:
                    tuple_output=True, why="placed on ONNX Runtime: split as torch.split")
 
 
-# Ops that take or give a tuple of tensors (``concat((a, b), axis)``, ``split``): a segment
-# traced in PyTorch computes them (a tuple in a slot, a tuple out), a torch device's call, which
-# takes and gives tensors one by one, does not.
-_TUPLE_BUILDERS = {"concat": _concat, "split": _split}
+# Ops that take or give a tuple of tensors (``concat((a, b), axis)``, ``split``), or no tensor
+# at all (``arange``): a segment traced in PyTorch computes them (a tuple in a slot, a tuple
+# out), a torch device's call, which takes and gives tensors one by one, does not.
+_TUPLE_BUILDERS = {"concat": _concat, "split": _split, "arange": _arange}
 #: Relax op types an ONNX Runtime segment can compute besides :data:`EQUIVALENTS`
 #: (``equivalent(..., tuples=True)``).
 SEGMENT_EQUIVALENTS = frozenset(_TUPLE_BUILDERS)
@@ -389,6 +420,12 @@ def _cumsum(x, axis: int | None, dtype: str, exclusive: bool):
 # is timed.
 def _reshaped(x, shape):
     return x.reshape(shape).clone()
+
+
+def _sliced(x, index):
+    import torch
+
+    return x[index].clone(memory_format=torch.contiguous_format)
 
 
 def _expanded(x, shape):

@@ -332,7 +332,7 @@ def _build(mod, func_name: str) -> OpGraph:
             ins, scalars, extra, param_bytes, preds = [], [], [], 0, {}
             for a in (value.args if torch_op is None else value.args[1:]):
                 srcs = arg_sources(a, where)
-                if not srcs and not isinstance(a, (relax.Var, relax.Tuple)):
+                if not srcs and not isinstance(a, relax.Var):  # a tuple of numbers too
                     extra.append(a.name_hint if isinstance(a, ir.GlobalVar) else str(a))
                 for kind, idx, t in srcs:
                     ins.append(t)

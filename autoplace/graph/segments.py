@@ -170,10 +170,12 @@ def _is_const(expr) -> bool:
 
 
 def _is_tuple(expr) -> bool:
+    """Whether ``expr`` is a tuple of tensors (not of numbers: a slice's bounds)."""
     from tvm import relax
 
-    return isinstance(expr, relax.Tuple) or isinstance(getattr(expr, "ty", None),
-                                                         relax.TupleType)
+    if isinstance(expr, relax.Tuple):
+        return bool(expr.fields) and all(_is_tensor(f) or _is_tuple(f) for f in expr.fields)
+    return isinstance(getattr(expr, "ty", None), relax.TupleType)
 
 
 def _is_tensor(expr) -> bool:

@@ -276,8 +276,7 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
         timed = "not timed against the other levels"
     threads = torch.get_num_threads()
     return sessions[level], (f"the model exported to ONNX, CPU execution provider, {level} "
-                             f"({timed}), {threads} intra-op thread{'s' * (threads != 1)}, "
-                             "not spinning")
+                             f"({timed}), {threads} intra-op thread{'s' * (threads != 1)}")
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
@@ -289,14 +288,16 @@ def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
 class OrtModel:
     """A model exported to ONNX (``onnx``, bytes) run by an ONNX Runtime session on this
     machine's CPU at graph optimization ``level`` (a name of ``GraphOptimizationLevel``),
-    ``threads`` intra-op threads (default: PyTorch's count) that do not spin between calls,
-    and one inter-op thread: torch tensors in, the outputs as torch tensors sharing ORT's
-    arrays, in ``out_spec``'s structure (a list where None). (ORT's threads spin by default:
-    PyTorch's calls after one took several times as long, on the cores they held.)"""
+    ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
+    tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
+    (a list where None). Its threads spin between calls, as ORT's do by default: it runs the
+    whole model, as a user's own session would, and sleeping threads wake late for each node's
+    work. (Spinning, they hold the cores for a while after each call, and PyTorch's calls run
+    then take longer.)"""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
-        self._session = session(onnx, threads or torch.get_num_threads(), level)
+        self._session = session(onnx, threads or torch.get_num_threads(), level, spin=True)
         # The exporter drops an input the model does not read: feed those it kept.
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]

@@ -30,11 +30,13 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
    one stage, one actor) and for replicas of the whole model on both hosts; the plan's line on
    the machine the hosts share, as ``explain()`` gives it. The same for each model of
    ``--models`` (``benchmarks/_models.py``: a zoo model, a torchvision CNN, ...), on its
-   example input. Beside each: the actors' busy
+   example input. Where the solver's plan without the object store's figures (3.) is priced
+   otherwise, it is run too (``old plan``), priced with them. Beside each: the actors' busy
    seconds (their calls' compute) against the ops' predicted seconds, the share of the
    machine's cores used while it ran by this process and the cluster it started (the driver,
    the actors, Ray's own: ``ours``) and by every other process (``others``), and the CPU
-   milliseconds per input of each process of the cluster.
+   milliseconds per input of each process of the cluster; and each of the three rounds' inputs/s
+   with the share of the cores others held while it ran.
 5. Latency: two branches of ``--layers`` matmul+tanh of the first width from one input, summed:
    ``autoplace.optimize`` (objective latency, the host links, the hosts' calls one at a time as
    ``segment_overhead_s``, the shared machine), run one input at a time by ``res.compile()``
@@ -250,16 +252,21 @@ def plan_of(mod, devices, stages):
                                           stages=tuple(stages), objective="throughput")
 
 
-def per_input(pipe, xs, rounds: int = 3) -> float:
+def per_input(pipe, xs, rounds: int = 3, others: list | None = None) -> float:
     """Median seconds per input of ``pipe.run`` over ``xs`` (an array per input, or a list of
-    them: its arguments), after a warm-up run."""
+    them: its arguments), after a warm-up run; ``others``, where given, gets each round's
+    inputs/s and the share of the cores other processes held while it ran."""
     xs = [x if isinstance(x, list) else [x] for x in xs]
     pipe.run(xs[:8])
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_s(), time.perf_counter()
         pipe.run(xs)
-        times.append((time.perf_counter() - t0) / len(xs))
+        wall = time.perf_counter() - t0
+        times.append(wall / len(xs))
+        if others is not None:
+            cpu = [b - a for a, b in zip(cpu0, cpu_s())]
+            others.append((len(xs) / wall, (cpu[0] - cpu[1]) / (wall * os.cpu_count())))
     return statistics.median(times)
 
 
@@ -327,8 +334,8 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
         old = autoplace.optimize(mod, devs, objective="throughput",
                                  links=host_links(devs, fits), replicate=False,
                                  baseline_guard=False, **host_overheads(devs, bare))
-        if old.plan.assignment != plan.assignment or old.plan.stages != plan.stages:
-            a0, s0 = old.solution.assignment, np.asarray(old.solution.stages)
+        a0, s0 = old.solution.assignment, np.asarray(old.solution.stages)
+        if abs(simulate_throughput(p, a0, s0) - plan.predicted_s) > 1e-3 * plan.predicted_s:
             print("   without the object store's figures the solver's plan is (\"old plan\"):")
             print("   " + str(old.plan).replace("\n", "\n   "))
             from autoplace.report.explain import machine_lines
@@ -343,7 +350,8 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
     for name, pl, pred, pred_apart in rows:
         with RayPipeline.from_plan(mod, pl) as pipe:
             cpu0, procs0, t0 = cpu_s(), process_cpu_s(), time.perf_counter()
-            measured[name] = per_input(pipe, xs)
+            each: list = []
+            measured[name] = per_input(pipe, xs, others=each)
             wall = (time.perf_counter() - t0) * os.cpu_count()
             cpu, procs = [(b - a) / wall for a, b in zip(cpu0, cpu_s())], process_cpu_s()
             stats = pipe.stats
@@ -360,6 +368,7 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
         n_in = 8 + 3 * len(xs)  # per_input's warm-up and rounds
         spent = sorted(((t - procs0.get(pid, (kind, 0.0))[1]) / n_in, kind)
                        for pid, (kind, t) in procs.items())
+        print("      rounds: " + ", ".join(f"{r:.2f}/s (others {o:.2f})" for r, o in each))
         print("      CPU ms per input: " + ", ".join(
             f"{kind} {s * 1e3:.2f}" for s, kind in reversed(spent) if s >= 2e-5))
     print(f"   plan over one host: {measured['one host'] / measured['plan']:.2f}x measured, "

@@ -34,6 +34,8 @@ PREFIX = "autoplace.ort_segment."
 LEVELS = ("all", "extended", "basic")
 _ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
 _SCOPED = r"/(op_[^/]+)/"  # an ONNX node name's op scope (see scope())
+#: How a session's threads wait (:func:`session`), part of what its timings are kept under.
+THREADS_WAIT = "spin-in-call"
 
 # global name -> (segment, threads, level). Kept for the life of the process: builds call the
 # functions by name.
@@ -109,12 +111,12 @@ def onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
 
 
 def session(model: bytes, threads: int, level: str, profile_prefix: str | None = None,
-            optimized: str | None = None, spin: bool = False):
+            optimized: str | None = None):
     """An ORT session of ONNX ``model`` on the CPU execution provider: ``threads`` intra-op
-    threads that sleep between calls (that spin, as ORT's own default, where ``spin``), one
-    inter-op thread, graph optimization ``level`` (one of :data:`LEVELS`, or ORT's name,
-    ``"ORT_ENABLE_ALL"``); profiled into files of ``profile_prefix`` where given, its optimized
-    graph saved at ``optimized`` where given."""
+    threads that spin while a call runs and stop when it ends, one inter-op thread, graph
+    optimization ``level`` (one of :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``);
+    profiled into files of ``profile_prefix`` where given, its optimized graph saved at
+    ``optimized`` where given."""
     import onnxruntime as ort
 
     level = level.removeprefix("ORT_ENABLE_").lower()
@@ -123,9 +125,10 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
-    if not spin:  # spinning, idle threads take the cores TVM's kernels and PyTorch's calls
-        # need next; sleeping, they wake late for each node's work
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Threads that sleep between nodes wake late for each node's work; threads that go on
+    # spinning after a call (ORT's default) take the cores TVM's kernels and PyTorch's calls
+    # need next.
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                             f"ORT_ENABLE_{level.upper()}")
     opts.log_severity_level = 3

@@ -180,10 +180,10 @@ def fingerprint(info: dict[str, Any]) -> str:
     """A short hash of what makes a device's numbers comparable (hardware, target, TVM, threads;
     for a torch device, also the PyTorch version, where its tensors live and which calls it
     makes, :data:`autoplace.backend.torch_bridge.CALLS`; for an ORT device, ONNX Runtime's
-    version)."""
+    version and how its threads wait, :data:`autoplace.backend.ort_segments.THREADS_WAIT`)."""
     keys = ("kind", "target", "hardware", "tvm", "threads", "remote")
     fields = {k: info.get(k) for k in keys}
-    fields.update({k: info[k] for k in ("torch", "place", "calls", "onnxruntime")
+    fields.update({k: info[k] for k in ("torch", "place", "calls", "onnxruntime", "wait")
                    if k in info})  # TVM's unchanged
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]

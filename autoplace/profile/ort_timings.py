@@ -103,11 +103,12 @@ def ort_info(device: Device, threads: int = 1) -> dict:
     import onnxruntime
     import torch
 
+    from autoplace.backend.ort_segments import THREADS_WAIT
     from autoplace.profile.torch_runner import _cpu_model
 
     return {"kind": "ort", "place": device.target, "target": None, "hardware": _cpu_model(),
             "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-            "threads": threads, "host": platform.node(), "remote": None}
+            "threads": threads, "wait": THREADS_WAIT, "host": platform.node(), "remote": None}
 
 
 def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTimings | None:
@@ -229,13 +230,14 @@ def host_call(threads: int, between: int) -> float:
     model measures nothing."""
     import onnxruntime
 
+    from autoplace.backend.ort_segments import THREADS_WAIT
     from autoplace.profile.calibration_cache import kept_figure
 
     def measure():
         seconds = measure_call(threads, between_bytes=between)
         return seconds, seconds != DEFAULT_CALL_S  # not the fallback
 
-    return kept_figure(f"ort_call-{onnxruntime.__version__}-t{threads}-"
+    return kept_figure(f"ort_call-{onnxruntime.__version__}-{THREADS_WAIT}-t{threads}-"
                        f"b{int(between).bit_length()}.json", measure)
 
 

@@ -290,14 +290,12 @@ class OrtModel:
     machine's CPU at graph optimization ``level`` (a name of ``GraphOptimizationLevel``),
     ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
     tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
-    (a list where None). Its threads spin between calls, as ORT's do by default: it runs the
-    whole model, as a user's own session would, and sleeping threads wake late for each node's
-    work. (Spinning, they hold the cores for a while after each call, and PyTorch's calls run
-    then take longer.)"""
+    (a list where None). Its threads spin while a call runs and stop when it ends
+    (:func:`~autoplace.backend.ort_segments.session`)."""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
-        self._session = session(onnx, threads or torch.get_num_threads(), level, spin=True)
+        self._session = session(onnx, threads or torch.get_num_threads(), level)
         # The exporter drops an input the model does not read: feed those it kept.
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]

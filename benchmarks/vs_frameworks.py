@@ -41,9 +41,10 @@ framework's threads, and TVM's pool):
    inputs)`` with the defaults (``module.runs``: the build, or the contender that measured
    faster; ``module.times``: what each measured), and the mixes: ``optimize_module`` over
    ``[--device, torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and
-   (where the store holds any) with them. Each: the module's latency (what it runs), the
-   build's own latency and its measured/predicted, eager timed turn by turn with both in the
-   same process (each call following every other as often), the ops on each device, and the
+   (where the store holds any) with them. Each: the module's latency (what it runs, called
+   back to back as the frameworks are), the build's own latency and its measured/predicted and
+   eager, timed turn by turn after it in the same process (each call following every other
+   as often), the ops on each device, and the
    time to the first output: ``optimize_module`` and the first call, split where it went (the
    module's ``result.steps_s``).
 
@@ -262,10 +263,11 @@ def _worker_module(cfg: dict) -> dict:
         outs = m(*args)
         first_call_s = time.perf_counter() - t0
         built = m.run_flat(args)
-        # Turn by turn: what the module runs, its build, and eager.
-        (ms, build_ms, eager_ms), n = _turns_ms(
-            [lambda: m(*args), lambda: m.run_flat(args), lambda: model.module(*args)],
-            cfg["repeats"])
+        # What the module runs, back to back as the frameworks' calls are; then its build and
+        # eager, turn by turn.
+        ms, n = _median_ms(lambda: m(*args), cfg["repeats"])
+        (build_ms, eager_ms), _ = _turns_ms([lambda: m.run_flat(args),
+                                             lambda: model.module(*args)], cfg["repeats"])
     plan = m.plan  # the build's: the result's, or a close call's
     return {"runs": m.runs, "times_ms": {k: v * 1e3 for k, v in m.times.items()},
             "ms": ms, "n": n, "build_ms": build_ms, "eager_here_ms": eager_ms,
@@ -726,8 +728,8 @@ def _autoplace_table(pairs) -> list[str]:
         f"defaults: optimize_module(model, inputs) with every default. {mixes}; tuned: with "
         "the store's records. runs: what the module's calls run (the build, or the whole-model "
         "contender that measured faster: eager, onnxruntime, torch.compile); module: its "
-        "median; build: the build's own; eager here: eager in the same process, timed turn by "
-        "turn with both; m/p: the build's measured/predicted; ops per device: the plan's. "
+        "median, called back to back; build: the build's own; eager here: eager in the same "
+        "process, timed turn by turn with the build; m/p: the build's measured/predicted; ops per device: the plan's. "
         f"best/module: the fastest of eager, frozen and ORT over the module (target, defaults: "
         f">= {DEFAULTS_TARGET}x); best+TVM/build: the fastest single framework (those and TVM "
         f"alone) over the build (target, mix+ORT: >= {MIX_TARGET}x on half the models); "

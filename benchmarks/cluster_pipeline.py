@@ -3,7 +3,7 @@ paths beside the in-process pipeline's, the host links, and a plan's measured ag
 throughput beside the best one-host plan, and a latency plan over the hosts.
 
 Run: .venv/bin/python -m benchmarks cluster_pipeline [--inputs 64] [--widths 256 64] [--layers 4]
-     [--models zoo:resnet mobilenet_v3_small ...]
+     [--rounds 3] [--models zoo:resnet mobilenet_v3_small ...]
 
 Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta``, one CPU and a
 200 MB object store each, and prints:
@@ -35,8 +35,9 @@ Starts a ``ray.cluster_utils.Cluster`` of two nodes, hosts ``alpha`` and ``beta`
    seconds (their calls' compute) against the ops' predicted seconds, the share of the
    machine's cores used while it ran by this process and the cluster it started (the driver,
    the actors, Ray's own: ``ours``) and by every other process (``others``), and the CPU
-   milliseconds per input of each process of the cluster; and each of the three rounds' inputs/s
-   with the share of the cores others held while it ran.
+   milliseconds per input of each process of the cluster; and each round's inputs/s (``--rounds``,
+   3 by default; the row gives their median) with the share of the cores others held while it
+   ran.
 5. Latency: two branches of ``--layers`` matmul+tanh of the first width from one input, summed:
    ``autoplace.optimize`` (objective latency, the host links, the hosts' calls one at a time as
    ``segment_overhead_s``, the shared machine), run one input at a time by ``res.compile()``
@@ -283,24 +284,25 @@ def cpu_s() -> tuple[float, float]:
     return machine, sum(s for _, s in ours.values()) if ours else float("nan")
 
 
-def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng) -> None:
+def mlp_rows(width: int, layers: int, inputs: int, devs, fits, calls, rng,
+             rounds: int = 3) -> None:
     """Step 4 for one MLP: the solver's plan, one host and replicas, measured and predicted."""
     print(f"4. MLP {layers} x (matmul {width}, tanh), batch 64; {inputs} inputs")
     plan_rows(mlp(width, layers),
               [rng.standard_normal((64, width)).astype("float32") for _ in range(inputs)],
-              devs, fits, calls)
+              devs, fits, calls, rounds)
 
 
-def model_rows(name: str, inputs: int, devs, fits, calls) -> None:
+def model_rows(name: str, inputs: int, devs, fits, calls, rounds: int = 3) -> None:
     """Step 4 for a model of ``_models`` (``--models``): a family the MLPs are not."""
     import _models
 
     mod, example = _models.relax_and_inputs(name)
     print(f"4. {name}; {inputs} inputs")
-    plan_rows(mod, [[np.asarray(x) for x in example]] * inputs, devs, fits, calls)
+    plan_rows(mod, [[np.asarray(x) for x in example]] * inputs, devs, fits, calls, rounds)
 
 
-def plan_rows(mod, xs, devs, fits, calls) -> None:
+def plan_rows(mod, xs, devs, fits, calls, rounds: int = 3) -> None:
     """The solver's throughput plan of ``mod`` over ``devs``, one host and replicas, each run
     on inputs ``xs`` (a list of arguments per input), measured and predicted."""
     import autoplace
@@ -351,7 +353,7 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
         with RayPipeline.from_plan(mod, pl) as pipe:
             cpu0, procs0, t0 = cpu_s(), process_cpu_s(), time.perf_counter()
             each: list = []
-            measured[name] = per_input(pipe, xs, others=each)
+            measured[name] = per_input(pipe, xs, rounds, others=each)
             wall = (time.perf_counter() - t0) * os.cpu_count()
             cpu, procs = [(b - a) / wall for a, b in zip(cpu0, cpu_s())], process_cpu_s()
             stats = pipe.stats
@@ -365,7 +367,7 @@ def plan_rows(mod, xs, devs, fits, calls) -> None:
               f"{pred_apart / measured[name]:>6.2f}{busy / ops:>10.2f}{cpu[1]:>6.2f}"
               f"{cpu[0] - cpu[1]:>8.2f}"
               f"   ({stats})")
-        n_in = 8 + 3 * len(xs)  # per_input's warm-up and rounds
+        n_in = 8 + rounds * len(xs)  # per_input's warm-up and rounds
         spent = sorted(((t - procs0.get(pid, (kind, 0.0))[1]) / n_in, kind)
                        for pid, (kind, t) in procs.items())
         print("      rounds: " + ", ".join(f"{r:.2f}/s (others {o:.2f})" for r, o in each))
@@ -395,6 +397,8 @@ def main():
     ap.add_argument("--inputs", type=int, default=64)
     ap.add_argument("--widths", type=int, nargs="+", default=[256, 64])
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="step 4: rounds of --inputs inputs per row (its figure: their median)")
     ap.add_argument("--models", nargs="*", default=[],
                     help="step 4 also on these models of benchmarks/_models.py (zoo:NAME, "
                          "torchvision's, transformers')")
@@ -462,9 +466,9 @@ def main():
         devs = [alpha, beta]
         if 4 in steps:
             for width in args.widths:
-                mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng)
+                mlp_rows(width, args.layers, args.inputs, devs, fits, calls, rng, args.rounds)
             for name in args.models:
-                model_rows(name, args.inputs, devs, fits, calls)
+                model_rows(name, args.inputs, devs, fits, calls, args.rounds)
         if 5 in steps:
             latency_rows(args.widths[0], args.layers, devs, fits, calls, rng)
     finally:

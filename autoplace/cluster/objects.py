@@ -85,11 +85,12 @@ class _End:
 
 
 def object_times(hosts: Sequence[Host], sizes: Sequence[int] = SIZES, *, count: int = 60,
-                 in_flight: int = 8, rounds: int = 2) -> dict[tuple[str, str], dict]:
+                 in_flight: int = 8, rounds: int = 3) -> dict[tuple[str, str], dict]:
     """CPU seconds per tensor on each side (:data:`OBJECT_SIDES
     <autoplace.solve.problem.OBJECT_SIDES>`) of every ordered pair of ends, the driving process
     (:data:`DRIVER`) and ``hosts``, at :data:`INLINE_SIZE` and at each of ``sizes``: ``count``
-    tensors ``in_flight`` at a time, the median of ``rounds`` streams. Returns ``{(from, to):
+    tensors ``in_flight`` at a time, the least of ``rounds`` streams per side (other processes'
+    load only adds to it: Ray's threads poll while they wait). Returns ``{(from, to):
     {size: {side: seconds}}}``."""
     ray = connected_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -178,7 +179,7 @@ def object_times(hosts: Sequence[Host], sizes: Sequence[int] = SIZES, *, count: 
                 out[(src, dst)] = {}
                 for size in (INLINE_SIZE, *sizes):
                     runs = [stream(src, dst, size) for _ in range(rounds)]
-                    out[(src, dst)][size] = {side: float(np.median([r[side] for r in runs]))
+                    out[(src, dst)][size] = {side: float(min(r[side] for r in runs))
                                              for side in OBJECT_SIDES}
         return out
     finally:

@@ -29,6 +29,7 @@ from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResul
                                      with_measured_baseline)
 from autoplace.backend import own_pool
 from autoplace.backend.ort_segments import onnx_export, session
+from autoplace.backend.tensors import to_tvm
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
@@ -367,6 +368,18 @@ def build_of(res: OptimizeResult) -> CompiledModel:
     return run
 
 
+def _aligned_copy(t: torch.Tensor) -> tvm.runtime.Tensor:
+    """A contiguous, 64-byte-aligned copy of ``t`` as a TVM tensor. On the CPU numpy copies it
+    on this thread: PyTorch's copy of a large tensor wakes PyTorch's threads, which then spin
+    on the cores that the build's call after it needs."""
+    if t.device.type == "cpu":
+        try:
+            return to_tvm(t.numpy(), tvm.cpu(0))
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): PyTorch copies it
+            pass
+    return tvm.runtime.from_dlpack(t.clone(memory_format=torch.contiguous_format))
+
+
 def _tensors(example_inputs) -> list[torch.Tensor]:
     if isinstance(example_inputs, (torch.Tensor, np.ndarray)):
         example_inputs = (example_inputs,)
@@ -481,9 +494,8 @@ class AutoplaceModule(torch.nn.Module):
                 raise self._mismatch(len(args), t)
             if t.requires_grad:
                 t = t.detach()
-            if t.data_ptr() % _ALIGN or not t.is_contiguous():
-                t = t.clone(memory_format=torch.contiguous_format)
-            a = tvm.runtime.from_dlpack(t)
+            a = (_aligned_copy(t) if t.data_ptr() % _ALIGN or not t.is_contiguous()
+                 else tvm.runtime.from_dlpack(t))
             args.append(a if move is None else a.copyto(move))
         with self._lock:
             outs = self._build.call_tensors(*args)

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoplace.backend.tensors import aligned_empty
+
 #: Prefix of the global function names of ORT segments.
 PREFIX = "autoplace.ort_segment."
 #: Graph optimization levels by name (``SessionOptions.graph_optimization_level``).
 LEVELS = ("all", "extended", "basic")
-_ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
 _SCOPED = r"/(op_[^/]+)/"  # an ONNX node name's op scope (see scope())
 #: How a session's threads wait (:func:`session`), part of what its timings are kept under.
 THREADS_WAIT = "spin-in-call"
@@ -269,7 +270,7 @@ def _function(segment: OrtSegment, sess):
                 binding.bind_cpu_input(n, np.from_dlpack(t))
             results = []
             for n, (shape, dtype) in zip(out_names, outs):
-                a = _aligned(shape, dtype)
+                a = aligned_empty(shape, dtype)
                 binding.bind_output(n, "cpu", 0, dtype, shape, a.ctypes.data)
                 results.append(a)
             sess.run_with_iobinding(binding)
@@ -280,13 +281,6 @@ def _function(segment: OrtSegment, sess):
         return tvm.runtime.convert(out) if several else out[0]
 
     return call
-
-
-def _aligned(shape, dtype) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    start = -buf.ctypes.data % _ALIGN
-    return buf[start:start + nbytes].view(dtype).reshape(shape)
 
 
 # ------------------------------------------------------------------------------------ profiling

@@ -22,11 +22,19 @@ def to_tvm(x, dev: tvm.runtime.Device) -> tvm.runtime.Tensor:
     x = np.asarray(x)
     if dev != tvm.cpu(0) or x.size == 0:  # numpy gives an empty array no aligned pointer
         return tvm.runtime.tensor(np.ascontiguousarray(x), dev)
-    buf = np.empty(x.nbytes + _ALIGN, dtype=np.uint8)
-    start = -buf.ctypes.data % _ALIGN
-    out = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out = aligned_empty(x.shape, x.dtype)
     np.copyto(out, x)
     return tvm.runtime.from_dlpack(out)
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized contiguous numpy array whose data starts on an :data:`ALIGN`-byte
+    boundary, as TVM's kernels assume and ``tvm.runtime.from_dlpack`` requires."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -buf.ctypes.data % ALIGN
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
 
 
 class InputSlot:
@@ -74,4 +82,5 @@ def _on_cpu(dev: tvm.runtime.Device) -> bool:
     return dev.dlpack_device_type() == tvm.cpu().dlpack_device_type()
 
 
-_ALIGN = 64  # bytes; tvm.runtime.from_dlpack refuses less
+#: Bytes a tensor's data is aligned to (``tvm.runtime.from_dlpack`` refuses less).
+ALIGN = 64

@@ -316,17 +316,15 @@ def _split(c: _Call) -> TorchOp:
     sequence of tensors."""
     import torch
 
-    axis, outputs = int(c.attrs["axis"]), tuple((tuple(s), d) for s, d in c.outputs)
+    axis = int(c.attrs["axis"])
     try:
-        sizes = [int(s[axis]) for s, _ in c.outputs]
+        fn, name, at = torch.split, "torch.split", [int(s[axis]) for s, _ in c.outputs]
     except (TypeError, ValueError):  # parts of sizes known at run time only
         parts = c.attrs["indices_or_sections"]
-        at = int(parts) if isinstance(parts, (int, float)) else tuple(int(i) for i in parts)
-        return TorchOp(torch.tensor_split, "torch.tensor_split", (_X, at, axis), (), outputs,
-                       False, c.node, tuple_output=True,
-                       why="placed on ONNX Runtime: split as torch.tensor_split")
-    return TorchOp(torch.split, "torch.split", (_X, sizes, axis), (), outputs, False, c.node,
-                   tuple_output=True, why="placed on ONNX Runtime: split as torch.split")
+        fn, name, at = torch.tensor_split, "torch.tensor_split", (
+            int(parts) if isinstance(parts, (int, float)) else tuple(int(i) for i in parts))
+    return TorchOp(fn, name, (_X, at, axis), (), tuple((tuple(s), d) for s, d in c.outputs),
+                   False, c.node, tuple_output=True, why=f"placed on ONNX Runtime: split as {name}")
 
 
 # Ops that take or give a tuple of tensors (``concat((a, b), axis)``, ``split``), or no tensor

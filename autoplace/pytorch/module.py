@@ -29,7 +29,7 @@ from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResul
                                      with_measured_baseline)
 from autoplace.backend import own_pool
 from autoplace.backend.ort_segments import onnx_export, session
-from autoplace.backend.tensors import to_tvm
+from autoplace.backend.tensors import ALIGN, to_tvm
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 #: The layout of a saved module's file; a file of another layout is refused.
 FORMAT = 2  # 2: the ONNX graph of a module that runs ONNX Runtime ("runs", "model.onnx")
-_ALIGN = 64  # bytes: tvm.runtime.from_dlpack refuses a tensor whose data is less aligned
 
 
 class ModuleFileError(ValueError):
@@ -494,7 +493,7 @@ class AutoplaceModule(torch.nn.Module):
                 raise self._mismatch(len(args), t)
             if t.requires_grad:
                 t = t.detach()
-            a = (_aligned_copy(t) if t.data_ptr() % _ALIGN or not t.is_contiguous()
+            a = (_aligned_copy(t) if t.data_ptr() % ALIGN or not t.is_contiguous()
                  else tvm.runtime.from_dlpack(t))
             args.append(a if move is None else a.copyto(move))
         with self._lock:

@@ -152,7 +152,7 @@ def build_problem(
         groups=_group_ids(len(graph.nodes), groups),
         node_names=[n.name for n in graph.nodes],
         device_names=[dev.name for dev in devices],
-        machines=None if machines is None else machines.arrays([dev.name for dev in devices], graph),
+        machines=None if machines is None else machines.arrays([d.name for d in devices], graph),
     )
 
 

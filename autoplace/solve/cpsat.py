@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 #: Integer time units the warm start's objective is scaled to.
 RESOLUTION = 1_000_000
+#: The most integer ticks one node's cost or one copy may scale to (CP-SAT refuses a model whose
+#: intervals may overflow 64 bits).
+MAX_TICKS = 2**40
 #: Integer memory units the largest node size or capacity is scaled to.
 MEMORY_RESOLUTION = 1_000_000_000
 #: Most (node, level) variables the free throughput model with stage overheads may use; past it
@@ -149,6 +152,20 @@ def _stall_callback(cp_model):
     return Stall
 
 
+def _scale(upper: float, problem: Problem) -> float:
+    """Integer ticks per second: :data:`RESOLUTION` over ``upper`` (a plan's seconds), fewer
+    where a node's cost or a copy would then pass :data:`MAX_TICKS` (a bound near 0 made them
+    overflow)."""
+    cost = problem.cost[np.isfinite(problem.cost)]
+    off = ~np.eye(problem.num_devices, dtype=bool)
+    most_bytes = float(problem.out_bytes.max()) if problem.num_nodes else 0.0
+    copies = problem.alpha[off] + most_bytes / problem.beta[off]
+    copies = copies[np.isfinite(copies)]
+    biggest = max(float(cost.max()) if cost.size else 0.0,
+                  float(copies.max()) if copies.size else 0.0)
+    return min(RESOLUTION / max(upper, 1e-12), MAX_TICKS / max(biggest, 1e-12))
+
+
 def _stall(solver, patience_s: float, cp_model):
     return _stall_callback(cp_model)(solver, patience_s)
 
@@ -160,7 +177,7 @@ def _serial(problem: Problem, warm: Solution | None, time_limit: float, workers:
 
     t0 = time.perf_counter()
     upper = warm.value if warm else _serial_time(problem)
-    scale = RESOLUTION / max(upper, 1e-12)
+    scale = _scale(upper, problem)
     model = cp_model.CpModel()
     x, _, z = _placement_vars(model, problem, allowed_devices(problem))
     model.Minimize(sum(int(problem.cost[i, k] * scale) * v for (i, k), v in x.items())
@@ -205,7 +222,7 @@ def _latency(problem: Problem, warm: Solution | None, time_limit: float, workers
     n, d = problem.num_nodes, problem.num_devices
     allowed = allowed_devices(problem)
     upper = warm.value if warm else _serial_time(problem)
-    scale = RESOLUTION / max(upper, 1e-12)
+    scale = _scale(upper, problem)
     horizon = int(math.ceil(upper * scale)) + 1
     model = cp_model.CpModel()
 
@@ -340,7 +357,7 @@ def _throughput(problem: Problem, warm: Solution | None, time_limit: float, work
     per_stage = problem.stage_overhead_s + problem.call_s
     ov_max = float(per_stage.max(initial=0.0))
     upper = warm.value + ov_max if warm else _serial_time(problem) + n * ov_max
-    scale = RESOLUTION / max(upper, 1e-12)
+    scale = _scale(upper, problem)
     overhead = [int(per_stage[k] * scale) for k in range(d)]
     hand_off = [int(problem.stage_overhead_s[k] * scale) for k in range(d)]
     # Free stages are modelled only when they cost something or are limited.

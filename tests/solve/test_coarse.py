@@ -221,3 +221,14 @@ def test_refinement_spreads_a_one_device_plan(objective):
     else:
         a = multilevel._refine_throughput(p, start, deadline, False)[0]
         assert simulate_throughput(p, a) == 2.0
+
+
+def test_a_plan_that_costs_nothing_scales_without_overflow():
+    # Ops that cost 0: the bound is 0, and copies of seconds scaled by RESOLUTION / 1e-12
+    # overflowed CP-SAT's intervals (a case hypothesis found above).
+    problem = Problem.build(np.zeros((4, 2)), [(0, 2), (1, 2), (2, 3)], [1.0, 7.0, 9.0, 5.0],
+                            alpha=np.array([[0.6, 0.79], [0.76, 0.43]]),
+                            beta=np.array([[4.9, 1.8], [3.4, 1.2]]), mem_cap=[1.0, 1.0])
+    for solver in ("coarse", "cpsat"):
+        sol = solve(problem, "latency", solver, time_limit=5.0)
+        assert sol.value == 0.0 and len(set(sol.assignment.tolist())) == 1

@@ -1153,24 +1153,45 @@ def test_complex_groups_joined_through_a_real_op_are_one_call():
 
 def test_the_hand_off_is_charged_as_a_model_makes_it_and_kept_for_the_host(convnet,
                                                                           monkeypatch, tmp_path):
-    # A call after the model's other ops have written `between` bytes finds PyTorch's code and
-    # state out of the caches: the hand-off is measured so, once per host and working set.
+    # A call after an op that touched many bytes finds PyTorch's code and state out of the
+    # caches: each node's hand-off is measured after the bytes of the op before it, once per
+    # power of two and host; below WARM_BYTES the warm hand-off is charged.
+    from autoplace.predict.torch_costs import TorchCostModel
     from autoplace.profile import torch_timings
 
     monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
     measured = []
-    monkeypatch.setattr(torch_timings, "measure_handoff",
-                        lambda strict, place, between_bytes: measured.append(between_bytes)
-                        or 4e-5)
+
+    def handoff(strict=False, place="cpu", between_bytes=0):
+        measured.append(between_bytes)
+        return 1e-6 + between_bytes * 1e-11  # 4 MB: 43 us
+
+    monkeypatch.setattr(torch_timings, "measure_handoff", handoff)
     g = OpGraph.from_relax(convnet[2])
-    first = time_torch_device(g, Device.torch(), between=3 << 20)
-    assert first.handoff_s == 4e-5 and measured == [3 << 20]
-    assert "3.0 MB written between calls" in first.handoff_from
-    again = time_torch_device(g, Device.torch(), between=3 << 20)
-    assert again.handoff_s == 4e-5 and len(measured) == 1  # kept for the host
+    n = len(g.nodes)
+    between = [(3 << 20) if i % 2 else 100 for i in range(n)]
+    between[-1] = 5 << 20
+    first = time_torch_device(g, Device.torch(), between=between)
+    assert first.handoff_s == 1e-6 and measured[0] == 0  # the warm hand-off, measured here
+    runs = [Device.torch().can_run(node.op_type) for node in g.nodes]
+    sizes = {4 << 20 if between[i] == 3 << 20 else 8 << 20  # rounded up to a power of two
+             for i in range(n) if runs[i] and between[i] > 100}
+    assert sorted(measured[1:]) == sorted(sizes)  # once per power of two
+    want = [1e-6 + (1 << (b - 1).bit_length()) * 1e-11 if run and b > 100 else 1e-6
+            for b, run in zip(between, runs)]
+    np.testing.assert_allclose(first.handoffs, want)
+    assert "more where the op before" in TorchCostModel(first).describe(g)
+    cost = TorchCostModel(first).predict(g, Device.torch())
+    for i in (i for i in range(n) if runs[i]):
+        key = g.nodes[i].workload_key
+        assert cost[i] == pytest.approx(first.calls[key] + want[i] + first.in_sequence_s)
+    again = time_torch_device(g, Device.torch(), between=between)
+    assert again.handoffs == first.handoffs and len(measured) == len(sizes) + 2  # kept
     # a profile's hand-off (measured back to back) counts where it is the larger
     prof = _profile_of(first)
     monkeypatch.setattr(torch_timings, "_stored_handoff", lambda p, c: 9e-5)
-    assert time_torch_device(g, Device.torch(), between=3 << 20, profile=prof).handoff_s == 9e-5
+    high = time_torch_device(g, Device.torch(), between=between, profile=prof)
+    assert high.handoff_s == 9e-5 and set(high.handoffs) == {9e-5}
     monkeypatch.setattr(torch_timings, "_stored_handoff", lambda p, c: 1e-6)
-    assert time_torch_device(g, Device.torch(), between=3 << 20, profile=prof).handoff_s == 4e-5
+    low = time_torch_device(g, Device.torch(), between=between, profile=prof)
+    np.testing.assert_allclose(low.handoffs, want)

@@ -40,8 +40,8 @@ class TorchCostModel:
     def __init__(self, timings: TorchTimings):
         self.timings = timings
 
-    def _per_call(self) -> float:
-        return self.timings.handoff_s + self.timings.in_sequence_s
+    def _per_call(self, node: int) -> float:
+        return self.timings.handoff(node) + self.timings.in_sequence_s
 
     def predict(self, graph: OpGraph, device: Device) -> np.ndarray:
         out = np.full(len(graph.nodes), np.inf)
@@ -58,7 +58,7 @@ class TorchCostModel:
                 raise ValueError(f"no timing of {graph.nodes[idx[0]].name!r} "
                                  f"({graph.nodes[idx[0]].op_type}): these timings are of "
                                  "another model; time_torch_device(graph, device) first")
-            out[idx] = t.calls[key] + self._per_call()
+            out[idx] = [t.calls[key] + self._per_call(i) for i in idx]
         return out
 
     def fused_cost(self, graph: OpGraph, device: Device, chain: Sequence[int]) -> float:
@@ -66,7 +66,7 @@ class TorchCostModel:
         its activation, :func:`~autoplace.graph.chains.fused_chains`) run as one call on
         ``device``, plus one call's hand-off and its excess in the model's sequence; ``inf``
         where it was not timed as one."""
-        return self.timings.chain_s(graph, chain) + self._per_call()
+        return self.timings.chain_s(graph, chain) + self._per_call(chain[0])
 
     def sources(self, graph: OpGraph, device: Device) -> list[str]:
         """``"measured"`` where a profile timed the node's call, ``"torch-timed"`` where it was
@@ -85,11 +85,20 @@ class TorchCostModel:
         return (f"{stored} PyTorch call(s) measured by profile {prof.name} ({prof.fingerprint}), "
                 if prof is not None else "") + (
             f"{kept} timed on this host for an earlier model, " if kept else "") + (
-            f"{here} timed here, each + {t.handoff_s * 1e6:.1f} us hand-off from the VM "
+            f"{here} timed here, each + {_handoff_words(t)} from the VM "
             f"({t.handoff_from}) + {t.in_sequence_s * 1e6:.1f} us in the model's sequence (its "
             "calls timed one after another, against alone)") + (
             f"; {t.unscreened} chain(s) not timed as one call: the anchor alone costs more than "
             "another device takes for the whole chain" if t.unscreened else "")
+
+
+def _handoff_words(t: TorchTimings) -> str:
+    """``'5.6 us hand-off'``, or with the range the ops before the calls make of it."""
+    low, high = (min(t.handoffs), max(t.handoffs)) if t.handoffs else (t.handoff_s, t.handoff_s)
+    if high <= low * 1.05:
+        return f"{t.handoff_s * 1e6:.1f} us hand-off"
+    return (f"{low * 1e6:.1f}-{high * 1e6:.1f} us hand-off (more where the op before the call "
+            "touched more bytes, measured on this host)")
 
 
 class WithTorch:

@@ -160,7 +160,7 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
     read as :func:`with_runtime_costs` says: what that function charges."""
     from autoplace.predict.torch_costs import TorchCostModel
     from autoplace.profile import check_present
-    from autoplace.profile.torch_runner import between_bytes
+    from autoplace.profile.torch_runner import preceding_bytes
     from autoplace.profile.torch_timings import time_torch_device, torch_profile
 
     models = {}
@@ -182,7 +182,7 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
         timings = time_torch_device(graph, d, callers=callers, chains=chains,
                                     profile=torch_profile(d, db=db, cost_model=costs.model),
                                     others=_least_other(graph, torch_devices, models),
-                                    between=between_bytes(graph))
+                                    between=preceding_bytes(graph))
         models[d.name] = TorchCostModel(timings)
     return {d.name: models[d.name] for d in torch_devices}
 

@@ -122,6 +122,16 @@ def between_bytes(graph) -> int:
     return int(min(touched, 2 * cache_bytes()))
 
 
+def preceding_bytes(graph) -> np.ndarray:
+    """Per node of op graph ``graph``, the bytes a runtime's call of it may find its code and
+    state pushed out of the caches by: what the op before it in the model's order reads as
+    weights and writes (the op a plan most often runs elsewhere right before the call), at
+    most this host's last-level cache (:func:`cache_bytes`: past it, all is out); 0 for the
+    first."""
+    touched = [0] + [n.param_bytes + n.bytes_written for n in graph.nodes[:-1]]
+    return np.minimum(touched[:len(graph.nodes)], cache_bytes()).astype(np.int64)
+
+
 def _copies(nbytes: int, place: str) -> int:
     """How many copies of a call's ``nbytes`` of inputs fill twice the last-level cache of
     ``place`` (:func:`cache_bytes`), at most 64: each timed call then reads a copy the cache

@@ -43,9 +43,10 @@ class TorchTimings:
 
     ``calls``: by workload key, one call alone (``inf``: it cannot be timed); ``stored``: the
     keys whose seconds a profile measured (``profile``); ``chains``: by the workload keys of a
-    chain's nodes, the chain run as one call; ``handoff_s``: one VM -> PyTorch call, and
-    ``handoff_from`` where it came from (``"from the profile"``, ``"measured here"``,
-    ``"given"``);
+    chain's nodes, the chain run as one call; ``handoff_s``: one VM -> PyTorch call with its
+    caches warm, and ``handoff_from`` where it came from (``"from the profile"``, ``"measured
+    here"``, ``"given"``); ``handoffs``: per node of the model (by index), the hand-off its call
+    is charged after what the op before it touched (empty: ``handoff_s`` for every node);
     ``in_sequence_s``: what each call costs beyond its time alone where the model's calls run
     one after another (0 where it could not be measured); ``kept``: the keys read from this
     host's cache (:func:`kept_dir`), timed here by an earlier model; ``unscreened``: how many
@@ -62,6 +63,11 @@ class TorchTimings:
     profile: DeviceProfile | None = None
     kept: frozenset[str] = frozenset()
     unscreened: int = 0
+    handoffs: tuple[float, ...] = ()
+
+    def handoff(self, node: int) -> float:
+        """Seconds of the hand-off charged to node ``node``'s call."""
+        return self.handoffs[node] if self.handoffs else self.handoff_s
 
     def chain_s(self, graph: OpGraph, chain: Sequence[int]) -> float:
         """Seconds of ``chain`` (node indices of ``graph``) as one call; ``inf`` where it was
@@ -83,7 +89,8 @@ CHAIN_SCREEN = 1.2
 def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile | None = None,
                       callers: Sequence[str] = (), chains: Sequence[Sequence[int]] = (),
                       handoff_s: float | None = None, others: Sequence[float] | None = None,
-                      between: int = 0, policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
+                      between: Sequence[int] | None = None,
+                      policy: TimingPolicy = TORCH_POLICY) -> TorchTimings:
     """The :class:`TorchTimings` of ``graph``'s calls on torch ``device``: the calls and the
     hand-off ``profile`` measured (its hand-off from the VM of the first of ``callers``, TVM
     device fingerprints, it was measured with, else from any), those this host timed for an
@@ -91,9 +98,10 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
     indices) that the device runs whole, timed as one call, but where ``others`` (per node, the
     least another device is charged for it) says it would lose (:data:`CHAIN_SCREEN`); the
     excess of the calls in sequence. ``handoff_s`` given: that hand-off, nothing measured for
-    it; else, with ``between`` (the bytes the model's other ops touch between two calls,
-    :func:`~autoplace.profile.torch_runner.between_bytes`), the hand-off in that context
-    (:func:`host_handoff`) where it exceeds the profile's.
+    it; else the profile's, or measured here; and with ``between`` (per node, the bytes another
+    op touches before its call, :func:`~autoplace.profile.torch_runner.preceding_bytes`), each
+    node's hand-off after that many bytes (:func:`host_handoff`, once per power of two) where
+    it exceeds that.
 
     Timing waits once for TVM's idle workers to stop spinning (they slow PyTorch down).
     """
@@ -121,17 +129,13 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
             calls[key] = np.inf if op is None else time_torch_node(node, op, policy, place)
             if np.isfinite(calls[key]) and calls[key] != DEFAULT_HANDOFF_S:
                 _keep(folder, key, calls[key])
-    handoff_from = "given"
+    handoff_from, handoffs = "given", ()
     if handoff_s is None:
         handoff_s, handoff_from = _stored_handoff(profile, callers), "from the profile"
-        if between:
-            cold = host_handoff(place, between)
-            if handoff_s is None or cold > handoff_s:
-                handoff_s = cold
-                handoff_from = (f"measured on this host with {between / 2**20:.1f} MB written "
-                                "between calls, as the model's other ops do")
-    if handoff_s is None:
-        handoff_s, handoff_from = measure_handoff(place=place), "measured here"
+        if handoff_s is None:
+            handoff_s, handoff_from = measure_handoff(place=place), "measured here"
+        if between is not None:
+            handoffs = _handoffs(graph, device, between, handoff_s)
     timed_chains, unscreened = {}, set()
     for chain in whole:
         key = chain_key(graph, chain)
@@ -151,7 +155,29 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
     return TorchTimings(place, calls, handoff_s, handoff_from,
                         _in_sequence(graph, device, calls), timed_chains,
                         frozenset(known) & frozenset(runs), profile, frozenset(kept),
-                        len(unscreened))
+                        len(unscreened), handoffs)
+
+
+#: Bytes touched before a call under which its hand-off is taken as the warm one.
+WARM_BYTES = 1 << 16
+
+
+def _handoffs(graph: OpGraph, device: Device, between: Sequence[int], warm_s: float
+              ) -> tuple[float, ...]:
+    """Per node of ``graph``, the hand-off of its call on ``device`` after ``between[i]`` bytes
+    touched (rounded up to a power of two, each power measured once: :func:`host_handoff`),
+    at least ``warm_s``; ``warm_s`` where the device runs no such op."""
+    out, measured = [], {}
+    for node, nbytes in zip(graph.nodes, between):
+        nbytes = int(nbytes)
+        if nbytes <= 0 or nbytes < WARM_BYTES or not device.can_run(node.op_type):
+            out.append(warm_s)
+            continue
+        size = 1 << (nbytes - 1).bit_length()
+        if size not in measured:
+            measured[size] = host_handoff(device.torch_place, size)
+        out.append(max(warm_s, measured[size]))
+    return tuple(out)
 
 
 def kept_dir(place: str = "cpu"):
@@ -309,8 +335,8 @@ def host_handoff(place: str, between: int) -> float:
 
     if place != "cpu":
         return measure()[0]
-    return kept_figure(f"torch_handoff-{torch.__version__}-b{int(between).bit_length()}.json",
-                       measure)
+    return kept_figure(f"torch_handoff-{torch.__version__}-paired-b{int(between).bit_length()}"
+                       ".json", measure)
 
 
 def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
@@ -380,15 +406,17 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                 import time
 
                 without = built(False)
-                walls = ([], [])
                 for run in (with_calls, without):
                     run(*data)
+                paired = []  # each turn's difference: the machine drifts less within a turn
                 for _ in range(25):
-                    for run, kept in zip((with_calls, without), walls):
+                    walls = []
+                    for run in (with_calls, without):
                         t0 = time.perf_counter()
                         run(*data)
-                        kept.append(time.perf_counter() - t0)
-                vm_s = float(np.median(walls[0]) - np.median(walls[1]))
+                        walls.append(time.perf_counter() - t0)
+                    paired.append(walls[0] - walls[1])
+                vm_s = float(np.median(paired))
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         if strict:

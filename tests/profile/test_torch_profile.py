@@ -214,27 +214,34 @@ def test_optimize_charges_the_stored_rows_and_times_only_the_rest(tmp_path, cdis
     torch_timings.time_torch_device(big, Device.torch(), profile=prof, callers=[_fp("cpu:0")])
     assert len(timed) == len({n.workload_key for n in big.nodes} - set(prof.latency_s)) > 0
 
-    # optimize finds the profile in its store (db=) and says so; the hand-off a model pays
-    # (its other ops' bytes between two calls) is a figure of this host, not of the profile:
-    # measured once per host and kept, and charged where it exceeds the profile's
-    from autoplace.profile.torch_runner import between_bytes
+    # optimize finds the profile in its store (db=) and says so; the hand-off a call pays after
+    # the op before it (the bytes that op touched) is a figure of this host, not of the
+    # profile: measured once per power of two of bytes and host, kept, and charged where it
+    # exceeds the profile's
+    from autoplace.profile.torch_runner import preceding_bytes
 
     monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch_timings, "WARM_BYTES", 1)  # cdist's ops touch a few bytes
     cold = []
     monkeypatch.setattr(torch_timings, "measure_handoff",
                         lambda strict, place, between_bytes: cold.append(between_bytes)
-                        or 3 * handoff)
+                        or between_bytes * handoff)
     for _ in range(2):
         res = autoplace.optimize(cdist, [Device.cpu(0), Device.torch()], db=db,
                                  cost_model=RooflineCostModel(), calibrate=False)
-    assert cold == [between_bytes(g)]  # once: kept for the host
-    torch_node = next(n.index for n in g.nodes if n.is_torch)
-    assert res.plan.cost_sources[torch_node] == "measured"
+    before = preceding_bytes(g)
+    sizes = {1 << (int(b) - 1).bit_length() for b in before if b > 0}
+    assert before[0] == 0 and sizes and sorted(cold) == sorted(sizes)  # once each: kept
     k = [d.name for d in res.plan.devices].index("torch")
     extra = res.predictor.torch.timings.in_sequence_s
-    assert res.problem.cost[torch_node, k] == pytest.approx(
-        prof.latency_s[g.nodes[torch_node].workload_key] + 3 * handoff + extra)
+    for node in (n for n in g.nodes if n.is_torch):
+        assert res.plan.cost_sources[node.index] == "measured"
+        b = int(before[node.index])
+        paid = handoff if b == 0 else max(handoff, (1 << (b - 1).bit_length()) * handoff)
+        assert res.problem.cost[node.index, k] == pytest.approx(
+            prof.latency_s[node.workload_key] + paid + extra)
     assert "measured by profile torch:cpu" in res.summary()
+    assert "more where the op before the call touched more bytes" in res.summary()
     assert "in the model's sequence" in res.summary()
 
 

@@ -170,7 +170,7 @@ def _handoffs(graph: OpGraph, device: Device, between: Sequence[int], warm_s: fl
     out, measured = [], {}
     for node, nbytes in zip(graph.nodes, between):
         nbytes = int(nbytes)
-        if nbytes <= 0 or nbytes < WARM_BYTES or not device.can_run(node.op_type):
+        if nbytes < max(1, WARM_BYTES) or not device.can_run(node.op_type):
             out.append(warm_s)
             continue
         size = 1 << (nbytes - 1).bit_length()

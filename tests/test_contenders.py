@@ -104,22 +104,6 @@ def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_mo
         m(torch.randn(2, 3, 16, 16))
 
 
-def test_onnxruntime_on_the_whole_model_waits_as_a_users_session_and_segments_stop_spinning(
-        cnn_module):
-    # Alone in the call, the whole model's session keeps ORT's default: its threads spin a while
-    # after a call. A build's segments stop theirs at the end of a call: TVM's kernels and
-    # PyTorch's calls need the cores next.
-    from autoplace.backend import ort_segments
-
-    model, x, _ = cnn_module
-    onnx = door.onnx_bytes(model, [x])
-    whole = door.OrtModel(onnx, "ORT_ENABLE_ALL", threads=2)._session.get_session_options()
-    with pytest.raises(RuntimeError, match="force_spinning_stop"):  # ORT's default: not set
-        whole.get_session_config_entry("session.force_spinning_stop")
-    segment = ort_segments.session(onnx, 2, "all").get_session_options()
-    assert segment.get_session_config_entry("session.force_spinning_stop") == "1"
-
-
 def test_a_module_running_onnxruntime_saves_its_graph_and_loads_running_it(tmp_path, caplog):
     model, x = mlp(), torch.randn(4, 32)
     m = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)

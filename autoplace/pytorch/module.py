@@ -290,24 +290,19 @@ class OrtModel:
     machine's CPU at graph optimization ``level`` (a name of ``GraphOptimizationLevel``),
     ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
     tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
-    (a list where None). Its threads wait as ORT's own do, going on spinning a while after a
-    call (a session a user makes; the segments of a build stop theirs at the end of a call,
-    :func:`~autoplace.backend.ort_segments.session`)."""
+    (a list where None). Its threads spin while a call runs and stop when it ends
+    (:func:`~autoplace.backend.ort_segments.session`)."""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
-        self._session = session(onnx, threads or torch.get_num_threads(), level,
-                                stop_spinning=False)
+        self._session = session(onnx, threads or torch.get_num_threads(), level)
         # The exporter drops an input the model does not read: feed those it kept.
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]
 
     def __call__(self, *inputs: torch.Tensor):
-        feeds = {}
-        for name, k in self._feeds:  # a view made only where needed: a few us a call each
-            t = inputs[k].detach() if inputs[k].requires_grad else inputs[k]
-            feeds[name] = (t if t.is_contiguous() else t.contiguous()).numpy()
-        outs = self._session.run(None, feeds)
+        outs = self._session.run(None, {name: inputs[k].detach().contiguous().numpy()
+                                        for name, k in self._feeds})
         flat = [torch.from_numpy(o) for o in outs]
         return flat if self._out_spec is None else pytree.tree_unflatten(flat, self._out_spec)
 

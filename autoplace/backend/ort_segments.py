@@ -10,8 +10,8 @@ one op (:attr:`OrtSegment.onnx_nodes`) and ORT rewrites the segment as a whole (
 kept from conv to conv, batch norms folded, activations fused). :func:`register` makes an ORT
 session of it a packed function that the VM calls
 (``R.call_pure_packed("autoplace.ort_segment.<id>", inputs..., outputs' types)``): the VM's
-tensors are read in place, and ORT writes its outputs into new 64-byte-aligned buffers that the
-VM adopts through DLPack. :func:`profile` runs a segment under ORT's profiler: the seconds of
+tensors are read in place, and the VM adopts the 64-byte-aligned buffers ORT returns its
+outputs in through DLPack. :func:`profile` runs a segment under ORT's profiler: the seconds of
 each op in the optimized graph.
 """
 
@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplace.backend.tensors import aligned_empty
+from autoplace.backend.tensors import ALIGN, aligned_empty
 
 #: Prefix of the global function names of ORT segments.
 PREFIX = "autoplace.ort_segment."
 #: Graph optimization levels by name (``SessionOptions.graph_optimization_level``).
 LEVELS = ("all", "extended", "basic")
 _SCOPED = r"/(op_[^/]+)/"  # an ONNX node name's op scope (see scope())
-#: How a session's threads wait (:func:`session`), part of what its timings are kept under.
-THREADS_WAIT = "spin-in-call"
+#: How a session's threads wait (:func:`session`) and how the VM calls it (:func:`register`),
+#: part of what its timings are kept under.
+THREADS_WAIT = "spin-in-call-run"
 
 # global name -> (segment, threads, level). Kept for the life of the process: builds call the
 # functions by name.
@@ -260,27 +261,39 @@ def _function(segment: OrtSegment, sess):
     out_names = [o.name for o in sess.get_outputs()]
     outs = [(tuple(s), np.dtype(d)) for s, d in segment.outputs]
     ops = ", ".join(segment.ops)
-    binding = sess.io_binding()
+    # The session's own run, without the Python wrapper's checks of the feed's names (they are
+    # the session's). ORT reads the VM's tensors in place and returns its outputs in buffers of
+    # its own, 64-byte aligned, which the VM adopts: binding new output buffers each call
+    # (I/O binding) costs ORT more than it saves.
+    inner = getattr(sess, "_sess", None)
+    run = inner.run if hasattr(inner, "run") else sess.run
     from_dlpack = tvm.runtime.from_dlpack
     several = len(outs) > 1
 
     def call(*args):
         try:
-            for n, t in zip(in_names, args):
-                binding.bind_cpu_input(n, np.from_dlpack(t))
-            results = []
-            for n, (shape, dtype) in zip(out_names, outs):
-                a = aligned_empty(shape, dtype)
-                binding.bind_output(n, "cpu", 0, dtype, shape, a.ctypes.data)
-                results.append(a)
-            sess.run_with_iobinding(binding)
+            got = run(out_names, {n: np.from_dlpack(t) for n, t in zip(in_names, args)}, None)
         except Exception as e:  # noqa: BLE001 - any ORT error, named for the caller
             raise OrtSegmentError(f"ONNX Runtime segment of {ops} raised "
                                   f"{type(e).__name__}: {e}") from e
-        out = [from_dlpack(a) for a in results]
+        out = [from_dlpack(_as_given(a, shape, dtype, ops)) for a, (shape, dtype) in zip(got, outs)]
         return tvm.runtime.convert(out) if several else out[0]
 
     return call
+
+
+def _as_given(a: np.ndarray, shape: tuple, dtype: np.dtype, ops: str) -> np.ndarray:
+    """ORT's output ``a`` as the segment gives it: of ``dtype``, in memory TVM adopts (64-byte
+    aligned, contiguous); an :class:`OrtSegmentError` where its shape is not ``shape``."""
+    if a.shape != shape:
+        raise OrtSegmentError(f"ONNX Runtime segment of {ops} gave an output of shape "
+                              f"{a.shape} where {shape} was expected")
+    if a.dtype != dtype or a.__array_interface__["data"][0] % ALIGN \
+            or not a.flags.c_contiguous:
+        out = aligned_empty(shape, dtype)
+        np.copyto(out, a, casting="unsafe")
+        return out
+    return a
 
 
 # ------------------------------------------------------------------------------------ profiling

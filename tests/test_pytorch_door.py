@@ -396,6 +396,27 @@ def test_an_input_that_is_not_contiguous_or_aligned_is_copied_first(cnn_module, 
         torch.testing.assert_close(m(t), w)
 
 
+class _ReshapeAndDouble(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(4, 8), x * 2  # the first may be a view of the input in the build
+
+
+def test_an_output_sharing_an_unaligned_inputs_kept_copy_is_not_overwritten_by_the_next_call():
+    m = autoplace.optimize_module(_ReshapeAndDouble(), (torch.randn(32),), CPU,
+                                  eager_fallback=False, **FAST)
+
+    def odd(seed):  # 4 bytes off alignment: copied into the buffer kept for the input
+        return torch.randn(33, generator=torch.Generator().manual_seed(seed))[1:]
+
+    first, second = odd(1), odd(2)
+    y1 = m(first)
+    y2 = m(second)
+    torch.testing.assert_close(y1[0], first.reshape(4, 8))
+    torch.testing.assert_close(y1[1], first * 2)
+    torch.testing.assert_close(y2[0], second.reshape(4, 8))
+    assert y1[0].data_ptr() != y2[0].data_ptr()
+
+
 def test_a_wrong_input_names_what_the_build_takes_and_what_it_got(cnn_module):
     _, m = cnn_module
     with pytest.raises(TypeError, match=r"takes float32\[1, 3, 8, 8\] on cpu, got float64"):

@@ -64,6 +64,12 @@ class InputSlot:
             self._tensor.copyfrom(np.ascontiguousarray(x))
         return self._tensor
 
+    @property
+    def view(self) -> np.ndarray | None:
+        """The held tensor's memory as a numpy array (None on a device numpy cannot read, or
+        before the first fill)."""
+        return self._view
+
 
 def to_numpy(t: tvm.runtime.Tensor) -> np.ndarray:
     """A numpy copy of the TVM tensor ``t`` (from a CPU tensor through DLPack, about 15 us

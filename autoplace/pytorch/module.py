@@ -29,7 +29,7 @@ from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResul
                                      with_measured_baseline)
 from autoplace.backend import own_pool
 from autoplace.backend.ort_segments import onnx_export, session
-from autoplace.backend.tensors import ALIGN, to_tvm
+from autoplace.backend.tensors import ALIGN, InputSlot, to_tvm
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
@@ -389,6 +389,26 @@ def _aligned_copy(t: torch.Tensor) -> tvm.runtime.Tensor:
     return tvm.runtime.from_dlpack(t.clone(memory_format=torch.contiguous_format))
 
 
+def _into_slot(slot: InputSlot, t: torch.Tensor) -> tvm.runtime.Tensor | None:
+    """``t`` (on the CPU) copied into ``slot``'s buffer, or None where numpy cannot read it
+    (another device; a dtype numpy lacks, bfloat16)."""
+    if t.device.type != "cpu":
+        return None
+    try:
+        return slot.fill(t.numpy())
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _shares(t: torch.Tensor, slot: InputSlot) -> bool:
+    """Whether ``t``'s data lies in the buffer ``slot`` holds."""
+    view = slot.view
+    if view is None or t.device.type != "cpu":
+        return False
+    start = view.__array_interface__["data"][0]
+    return start <= t.data_ptr() < start + max(view.nbytes, 1)
+
+
 def _tensors(example_inputs) -> list[torch.Tensor]:
     if isinstance(example_inputs, (torch.Tensor, np.ndarray)):
         example_inputs = (example_inputs,)
@@ -440,6 +460,7 @@ class AutoplaceModule(torch.nn.Module):
         self._tree = _tree_kind(out_spec)
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
+        self._slots = [InputSlot(tvm.cpu(0)) for _ in self.inputs]  # run_flat's copies
         self._eager = None  # the contender calls run instead of the build (run_eagerly)
         self._runs, self._runs_note = "build", ""  # what calls run (runs), and why
         self.times: dict[str, float] = {}
@@ -492,28 +513,39 @@ class AutoplaceModule(torch.nn.Module):
 
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The build's outputs, flat, as torch tensors on the caller's device (the DLPack
-        capsule handed over directly: half the time of ``torch.from_dlpack`` on the tensor)."""
+        capsule handed over directly: half the time of ``torch.from_dlpack`` on the tensor).
+        A CPU input that is not contiguous or not 64-byte aligned is copied into a buffer kept
+        for that input from call to call (a new buffer each call costs the next kernels its
+        cache misses, and ORT's sessions more); an output that shares it is copied out."""
         if len(inputs) != len(self._checks):
             raise TypeError(f"expected {len(self._checks)} inputs "
                             f"({'; '.join(map(str, self.inputs))}), got {len(inputs)}")
-        args = []
-        for t, (shape, dtype, device, move) in zip(inputs, self._checks):
-            if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.shape != shape \
-                    or t.device != device:
-                raise self._mismatch(len(args), t)
-            if t.requires_grad:
-                t = t.detach()
-            a = (_aligned_copy(t) if t.data_ptr() % ALIGN or not t.is_contiguous()
-                 else tvm.runtime.from_dlpack(t))
-            args.append(a if move is None else a.copyto(move))
         with self._lock:
+            args, kept = [], []
+            for t, (shape, dtype, device, move), slot in zip(inputs, self._checks, self._slots):
+                if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.shape != shape \
+                        or t.device != device:
+                    raise self._mismatch(len(args), t)
+                if t.requires_grad:
+                    t = t.detach()
+                if t.data_ptr() % ALIGN == 0 and t.is_contiguous():
+                    a = tvm.runtime.from_dlpack(t)
+                elif (a := _into_slot(slot, t)) is not None:
+                    kept.append(slot)
+                else:
+                    a = _aligned_copy(t)
+                args.append(a if move is None else a.copyto(move))
             outs = self._build.call_tensors(*args)
-        if self._outs_home:  # every output on the caller's device, as on the last call
-            return [torch.from_dlpack(o.__dlpack__()) for o in outs]
-        home = self._home
-        self._outs_home = all(o.device == home for o in outs)
-        return [torch.from_dlpack((o if o.device == home else o.copyto(home)).__dlpack__())
-                for o in outs]
+            if self._outs_home:  # every output on the caller's device, as on the last call
+                got = [torch.from_dlpack(o.__dlpack__()) for o in outs]
+            else:
+                home = self._home
+                self._outs_home = all(o.device == home for o in outs)
+                got = [torch.from_dlpack((o if o.device == home else o.copyto(home)).__dlpack__())
+                       for o in outs]
+            if kept:  # the next call overwrites the kept buffers
+                got = [o.clone() if any(_shares(o, slot) for slot in kept) else o for o in got]
+        return got
 
     def call_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The outputs of what calls run (:attr:`runs`), flat."""

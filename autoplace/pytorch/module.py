@@ -148,7 +148,8 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     ``eager_fallback`` is False or the model is in training mode). The contenders, timed turn
     by turn with the build (:func:`_turns`): eager; ONNX Runtime on the whole model where
     onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
-    as ``model``, is exported where given); with ``torch_compile``, Inductor with freezing
+    as ``model``, is exported where given), at each graph optimization level in the same
+    turns, the faster kept; with ``torch_compile``, Inductor with freezing
     (:func:`_compiled`). Each is recorded among the result's baselines.
     ``eager_fallback=False`` keeps the build and times no contender."""
     module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
@@ -165,15 +166,25 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     if not eager_fallback or model.training:
         return
     rivals, notes = {EAGER: model}, {}
-    ort = _onnxruntime(model, inputs, onnx_source)
-    if ort is not None:
-        rivals[ONNXRUNTIME], notes[ONNXRUNTIME] = ort
+    levels = _onnxruntime(model, inputs, onnx_source) or {}
     if torch_compile:
         compiled = _compiled(model, inputs)
         if compiled is not None:
             rivals[COMPILED] = compiled
             notes[COMPILED] = "Inductor, frozen (freezing=True)"
-    times = _turns({"build": module, **rivals}, inputs)
+    # ORT's graph optimization levels are timed in the same turns, the faster kept.
+    times = _turns({"build": module, **rivals, **{_level_name(k): s for k, s in levels.items()}},
+                   inputs)
+    timed_levels = {k: times.pop(_level_name(k)) for k in levels if _level_name(k) in times}
+    if timed_levels:
+        level = min(timed_levels, key=timed_levels.get)
+        rivals[ONNXRUNTIME], times[ONNXRUNTIME] = levels[level], timed_levels[level]
+        others = ", ".join(f"{k}'s {v * 1e3:.4g}" for k, v in timed_levels.items() if k != level)
+        threads = torch.get_num_threads()
+        notes[ONNXRUNTIME] = (f"the model exported to ONNX, CPU execution provider, {level} "
+                              f"({timed_levels[level] * 1e3:.4g} ms a call here against "
+                              f"{others or 'no other level'}), {threads} intra-op "
+                              f"thread{'s' * (threads != 1)}")
     for name, how in notes.items():
         if name in times:
             module.result = with_measured_baseline(
@@ -237,13 +248,13 @@ def _compiled(model: torch.nn.Module, inputs):
 ORT_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED")
 
 
-def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
+def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
+                 ) -> dict[str, OrtModel] | None:
     """ONNX Runtime on the whole ``model`` (exported from ``source`` where given), as a
-    contender: a callable of torch tensors that returns what the model returns
-    (:class:`OrtModel`), at the graph optimization level of :data:`ORT_LEVELS` that measured
-    faster here, and a note saying how it runs; None where onnxruntime is not installed or an
-    input is not on the CPU, and None with one warning saying why where the export or a
-    session fails or its outputs differ from eager's."""
+    contender: per graph optimization level of :data:`ORT_LEVELS`, a callable of torch tensors
+    that returns what the model returns (:class:`OrtModel`); None where onnxruntime is not
+    installed or an input is not on the CPU, and None with one warning saying why where the
+    export or a session fails or its outputs differ from eager's."""
     if any(x.device.type != "cpu" for x in inputs):
         return None
     try:
@@ -267,16 +278,12 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None):
         return None
     finally:
         model.train(training)
-    times = _turns(sessions, inputs, budget_s=0.3, most=10)
-    level = min(ORT_LEVELS, key=lambda k: times.get(k, float("inf")))
-    if len(times) == len(ORT_LEVELS):
-        others = ", ".join(f"{k}'s {times[k] * 1e3:.4g}" for k in ORT_LEVELS if k != level)
-        timed = f"{times[level] * 1e3:.4g} ms a call here against {others}"
-    else:
-        timed = "not timed against the other levels"
-    threads = torch.get_num_threads()
-    return sessions[level], (f"the model exported to ONNX, CPU execution provider, {level} "
-                             f"({timed}), {threads} intra-op thread{'s' * (threads != 1)}")
+    return sessions
+
+
+def _level_name(level: str) -> str:
+    """The name ORT at graph optimization ``level`` is timed under among the contenders."""
+    return f"{ONNXRUNTIME} {level}"
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:

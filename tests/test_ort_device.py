@@ -472,3 +472,16 @@ def test_embeddings_powers_and_rotations_run_on_pytorch_and_in_ort_segments():
         out = autoplace.compile(mod, plan)(ids.numpy())
         got = np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_segments_random_inputs_are_arrays_torch_takes_also_without_dimensions():
+    # A decoder's segment can take a 0-d mask or index: numpy makes those scalars, which
+    # torch.from_numpy refuses (the export of gpt2's segments stopped on one).
+    import torch
+
+    from autoplace.backend.ort_segments import random_inputs
+
+    specs = [((), "bool"), ((), "int64"), ((), "float32"), ((2, 3), "bool")]
+    for (shape, dtype), a in zip(specs, random_inputs(specs)):
+        t = torch.from_numpy(a)
+        assert tuple(t.shape) == shape and str(a.dtype) == dtype

@@ -285,6 +285,7 @@ def _function(segment: OrtSegment, sess):
 def _as_given(a: np.ndarray, shape: tuple, dtype: np.dtype, ops: str) -> np.ndarray:
     """ORT's output ``a`` as the segment gives it: of ``dtype``, in memory TVM adopts (64-byte
     aligned, contiguous); an :class:`OrtSegmentError` where its shape is not ``shape``."""
+    a = np.asarray(a)
     if a.shape != shape:
         raise OrtSegmentError(f"ONNX Runtime segment of {ops} gave an output of shape "
                               f"{a.shape} where {shape} was expected")
@@ -487,9 +488,10 @@ def random_inputs(inputs: Sequence[tuple]) -> list[np.ndarray]:
     out = []
     for shape, dtype in inputs:
         if dtype == "bool":
-            out.append(rng.random(shape) < 0.5)
+            a = rng.random(shape) < 0.5
         elif dtype.startswith(("int", "uint")):
-            out.append(rng.integers(0, 2, shape).astype(dtype))
+            a = rng.integers(0, 2, shape).astype(dtype)
         else:
-            out.append(rng.standard_normal(shape).astype(dtype))
+            a = rng.standard_normal(shape).astype(dtype)
+        out.append(np.asarray(a))  # an array, also of shape (): numpy gives those as scalars
     return out

@@ -474,7 +474,7 @@ def test_embeddings_powers_and_rotations_run_on_pytorch_and_in_ort_segments():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_segments_random_inputs_are_arrays_torch_takes_also_without_dimensions():
+def test_random_inputs_of_segments_and_torch_calls_are_arrays_also_without_dimensions():
     # A decoder's segment can take a 0-d mask or index: numpy makes those scalars, which
     # torch.from_numpy refuses (the export of gpt2's segments stopped on one).
     import torch
@@ -485,3 +485,12 @@ def test_a_segments_random_inputs_are_arrays_torch_takes_also_without_dimensions
     for (shape, dtype), a in zip(specs, random_inputs(specs)):
         t = torch.from_numpy(a)
         assert tuple(t.shape) == shape and str(a.dtype) == dtype
+    # and those of the ops the torch device times alone
+    from types import SimpleNamespace
+
+    from autoplace.profile.torch_runner import random_torch_inputs
+
+    node = SimpleNamespace(inputs=[SimpleNamespace(shape=s, dtype=d) for s, d in specs])
+    got = random_torch_inputs(node, np.random.default_rng(0))
+    assert [(tuple(t.shape), str(t.dtype)) for t in got] == [
+        (s, f"torch.{d}") for s, d in specs]

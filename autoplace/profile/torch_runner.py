@@ -56,7 +56,7 @@ def random_torch_inputs(node: OpNode, rng: np.random.Generator, place: str = "cp
         if dtype.is_floating_point:
             out.append(torch.from_numpy(rng.random(t.shape).astype(t.dtype)))
         elif dtype == torch.bool:
-            out.append(torch.from_numpy(rng.random(t.shape) < 0.5))
+            out.append(torch.from_numpy(np.asarray(rng.random(t.shape) < 0.5)))  # 0-d too
         else:
             out.append(torch.zeros(t.shape, dtype=dtype))
     return [t.to(place) for t in out] if place != "cpu" else out

@@ -254,6 +254,15 @@ def relax_call(name: str, args, outputs):
     return relax.op.call_pure_packed(name, *args, ty_args=ty)
 
 
+def own_run(sess):
+    """``sess``'s own run, called as ``run(output_names, feeds, None)``: the session's
+    ``InferenceSession.run`` without the Python wrapper's checks of the feed's names (the
+    caller's are the session's) and its fallback off a GPU provider; the wrapper's where
+    ``sess`` has none."""
+    inner = getattr(sess, "_sess", None)
+    return inner.run if hasattr(inner, "run") else sess.run
+
+
 def _function(segment: OrtSegment, sess):
     import tvm
 
@@ -261,12 +270,10 @@ def _function(segment: OrtSegment, sess):
     out_names = [o.name for o in sess.get_outputs()]
     outs = [(tuple(s), np.dtype(d)) for s, d in segment.outputs]
     ops = ", ".join(segment.ops)
-    # The session's own run, without the Python wrapper's checks of the feed's names (they are
-    # the session's). ORT reads the VM's tensors in place and returns its outputs in buffers of
-    # its own, 64-byte aligned, which the VM adopts: binding new output buffers each call
-    # (I/O binding) costs ORT more than it saves.
-    inner = getattr(sess, "_sess", None)
-    run = inner.run if hasattr(inner, "run") else sess.run
+    # ORT reads the VM's tensors in place and returns its outputs in buffers of its own, 64-byte
+    # aligned, which the VM adopts: binding new output buffers each call (I/O binding) costs
+    # ORT more than it saves.
+    run = own_run(sess)
     from_dlpack = tvm.runtime.from_dlpack
     several = len(outs) > 1
 

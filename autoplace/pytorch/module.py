@@ -28,8 +28,8 @@ from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
 from autoplace.backend import own_pool
-from autoplace.backend.ort_segments import onnx_export, session
-from autoplace.backend.tensors import ALIGN, InputSlot, to_tvm
+from autoplace.backend.ort_segments import onnx_export, own_run, session
+from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
@@ -307,21 +307,13 @@ class OrtModel:
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]
         self._names = [o.name for o in self._session.get_outputs()]
-        # The session's own run, without the Python wrapper's checks of the feed's names (they
-        # are the session's) and its CUDA fallback (the CPU provider alone): a few us a call.
-        inner = getattr(self._session, "_sess", None)
-        self._run = inner.run if hasattr(inner, "run") else self._session.run
+        self._run = own_run(self._session)  # a few us a call less than session.run
         self._tree = _tree_kind(out_spec)
 
     def __call__(self, *inputs: torch.Tensor):
         outs = self._run(self._names, {name: inputs[k].detach().contiguous().numpy()
                                        for name, k in self._feeds}, None)
-        if self._tree == "one":
-            return torch.from_numpy(outs[0])
-        flat = [torch.from_numpy(o) for o in outs]
-        if self._tree == "tuple":
-            return tuple(flat)
-        return flat if self._tree == "flat" else pytree.tree_unflatten(flat, self._out_spec)
+        return _returned([torch.from_numpy(o) for o in outs], self._tree, self._out_spec)
 
 
 def _against(times: dict[str, float], name: str) -> str:
@@ -385,20 +377,16 @@ def build_of(res: OptimizeResult) -> CompiledModel:
 
 
 def _aligned_copy(t: torch.Tensor) -> tvm.runtime.Tensor:
-    """A contiguous, 64-byte-aligned copy of ``t`` as a TVM tensor. On the CPU numpy copies it
-    on this thread: PyTorch's copy of a large tensor wakes PyTorch's threads, which then spin
-    on the cores that the build's call after it needs."""
-    if t.device.type == "cpu":
-        try:
-            return to_tvm(t.numpy(), tvm.cpu(0))
-        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): PyTorch copies it
-            pass
+    """A contiguous, 64-byte-aligned copy of ``t`` by PyTorch, as a TVM tensor: for what the
+    buffer kept for an input cannot take (:func:`_into_slot`)."""
     return tvm.runtime.from_dlpack(t.clone(memory_format=torch.contiguous_format))
 
 
 def _into_slot(slot: InputSlot, t: torch.Tensor) -> tvm.runtime.Tensor | None:
-    """``t`` (on the CPU) copied into ``slot``'s buffer, or None where numpy cannot read it
-    (another device; a dtype numpy lacks, bfloat16)."""
+    """``t`` (on the CPU) copied into ``slot``'s buffer, by numpy on this thread (PyTorch's copy
+    of a large tensor wakes PyTorch's threads, which then spin on the cores that the build's
+    call after it needs), or None where numpy cannot read it (another device; a dtype numpy
+    lacks, bfloat16)."""
     if t.device.type != "cpu":
         return None
     try:
@@ -508,15 +496,7 @@ class AutoplaceModule(torch.nn.Module):
                 return self._eager(*inputs)
             with torch.inference_mode():
                 return self._eager(*inputs)
-        outs = self.run_flat(inputs)
-        kind = self._tree
-        if kind == "one":
-            return outs[0]
-        if kind == "tuple":
-            return tuple(outs)
-        if kind == "flat":
-            return outs
-        return pytree.tree_unflatten(outs, self._out_spec)
+        return _returned(self.run_flat(inputs), self._tree, self._out_spec)
 
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The build's outputs, flat, as torch tensors on the caller's device (the DLPack
@@ -769,6 +749,18 @@ class _LoadedBuild:
 def _tvm_device(name: str) -> tvm.runtime.Device:
     d = torch.device(name)
     return tvm.cuda(d.index or 0) if d.type == "cuda" else tvm.cpu(0)
+
+
+def _returned(flat: list, kind: str, spec):
+    """``flat`` (outputs) as the model returned them: ``kind`` is :func:`_tree_kind` of
+    ``spec``."""
+    if kind == "one":
+        return flat[0]
+    if kind == "tuple":
+        return tuple(flat)
+    if kind == "flat":
+        return flat
+    return pytree.tree_unflatten(flat, spec)
 
 
 def _tree_kind(spec) -> str:

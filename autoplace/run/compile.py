@@ -60,7 +60,9 @@ class CompiledModel:
                                                   - len(self.lifted)]
         input_devices = [devices[_vdevice_position(p.ty.vdevice, vdevs)] for p in params]
         consts = [tvm.runtime.tensor(value.numpy(), devices[k]) for value, k in self.lifted]
-        object.__setattr__(self, "_vm", relax.VirtualMachine(self.executable, devices))
+        vm = relax.VirtualMachine(self.executable, devices)
+        object.__setattr__(self, "_vm", vm)
+        object.__setattr__(self, "_fn", vm[self.func_name])  # looked up once, not on every call
         object.__setattr__(self, "_input_devices", input_devices)
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
@@ -81,7 +83,7 @@ class CompiledModel:
                             f"got {len(inputs)}")
         own_pool(self.plan.threads)
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
-        return _flatten(self._vm[self.func_name](*args, *self._consts))
+        return _flatten(self._fn(*args, *self._consts))
 
     @property
     def input_devices(self) -> tuple:
@@ -92,7 +94,7 @@ class CompiledModel:
         """One call on TVM tensors already on their :attr:`input_devices`: nothing is copied in
         or out; the outputs are the VM's own tensors, on the devices the plan left them."""
         own_pool(self.plan.threads)
-        return flat_tensors(self._vm[self.func_name](*args, *self._consts))
+        return flat_tensors(self._fn(*args, *self._consts))
 
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so

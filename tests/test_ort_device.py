@@ -494,3 +494,24 @@ def test_random_inputs_of_segments_and_torch_calls_are_arrays_also_without_dimen
     got = random_torch_inputs(node, np.random.default_rng(0))
     assert [(tuple(t.shape), str(t.dtype)) for t in got] == [
         (s, f"torch.{d}") for s, d in specs]
+
+
+def test_a_segment_with_an_op_onnx_added_after_opset_17_is_exported_at_that_opset():
+    # PyTorch exports bitwise_and only at opset 18 (a decoder's masks): the segment is exported
+    # at 18 rather than left to the other devices.
+    class Masked(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.where((x > 0) & (y > 0), x, y)
+
+    x, y = torch.randn(2, 5), torch.randn(2, 5)
+    mod = autoplace.from_torch(Masked(), (x, y))
+    graph = OpGraph.from_relax(mod)
+    assert "bitwise_and" in " ".join(n.op_type for n in graph.nodes)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    import onnx
+
+    assert {o.version for o in onnx.load_from_string(seg.onnx).opset_import if o.domain in
+            ("", "ai.onnx")} == {18}
+    got = seg.session().run(None, {"in0": x.numpy(), "in1": y.numpy()})[0]
+    np.testing.assert_array_equal(got, torch.where((x > 0) & (y > 0), x, y).numpy())

@@ -87,7 +87,19 @@ def onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
     ONNX by PyTorch's TorchScript-based exporter (the one that needs no onnxscript), with
     ``kwargs`` (``input_names``, ``output_names``, ...). Quiet: its deprecation and tracer
     warnings are not shown, and its log, which it turns on for good and prints a failed graph
-    to, is kept as it was."""
+    to, is kept as it was. Where ``opset_version`` is given and an op was added to ONNX only in
+    a later opset (``bitwise_and``: 18), the whole module is exported at that opset instead."""
+    try:
+        return _onnx_export(module, inputs, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the exporter's UnsupportedOperatorError, by text
+        later = re.search(r"added in version (\d+)", str(e))
+        if "opset_version" not in kwargs or later is None \
+                or int(later.group(1)) <= kwargs["opset_version"]:
+            raise
+        return _onnx_export(module, inputs, **{**kwargs, "opset_version": int(later.group(1))})
+
+
+def _onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
     import contextlib
     import io
     import warnings

@@ -222,3 +222,32 @@ def test_contenders_that_all_run_warn_of_nothing(caplog):
         optimize_module(model, (x,), CPU, **FAST)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING
                 and r.name.startswith("autoplace.pytorch")]
+
+
+def _stops_threads(ort) -> bool:
+    try:
+        opts = ort._session.get_session_options()
+        return opts.get_session_config_entry("session.force_spinning_stop") == "1"
+    except RuntimeError:  # no such entry: ORT's default wait
+        return False
+
+
+def test_onnxruntime_chosen_on_several_threads_keeps_orts_default_wait(cnn_module, monkeypatch):
+    # Timed with its threads stopped after each call (they would take the next contender's
+    # cores); run call after call, it waits as ORT's own sessions do.
+    model, x, _ = cnn_module
+    monkeypatch.setattr(door, "_turns", lambda contenders, inputs: {
+        k: 1e-4 if k.startswith(ONNXRUNTIME) else 1e-3 for k in contenders})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = optimize_module(model, (x,), CPU, **FAST)
+    finally:
+        torch.set_num_threads(threads)
+    assert m.runs == "onnxruntime" and m._eager.threads == 2
+    assert not _stops_threads(m._eager)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
+    # on one thread there are no threads to wait: the timed session is kept
+    one = door.OrtModel(door.onnx_bytes(model, [x]), "ORT_ENABLE_ALL", threads=1)
+    assert door._serving(one) is one and _stops_threads(one)

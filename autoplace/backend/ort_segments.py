@@ -125,9 +125,10 @@ def _onnx_export(module, inputs: Sequence, **kwargs) -> bytes:
 
 
 def session(model: bytes, threads: int, level: str, profile_prefix: str | None = None,
-            optimized: str | None = None):
+            optimized: str | None = None, spin_after: bool = False):
     """An ORT session of ONNX ``model`` on the CPU execution provider: ``threads`` intra-op
-    threads that spin while a call runs and stop when it ends, one inter-op thread, graph
+    threads that spin while a call runs and stop when it ends (with ``spin_after``, go on
+    spinning for a while after it, ORT's default), one inter-op thread, graph
     optimization ``level`` (one of :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``);
     profiled into files of ``profile_prefix`` where given, its optimized graph saved at
     ``optimized`` where given."""
@@ -142,7 +143,8 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     # Threads that sleep between nodes wake late for each node's work; threads that go on
     # spinning after a call (ORT's default) take the cores TVM's kernels and PyTorch's calls
     # need next.
-    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    if not spin_after:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                             f"ORT_ENABLE_{level.upper()}")
     opts.log_severity_level = 3

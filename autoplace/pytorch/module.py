@@ -193,9 +193,20 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     timed = [name for name in rivals if name in times]
     best = min(timed, key=times.get) if timed else None
     if best is not None and times[best] < EAGER_MARGIN * times["build"]:
-        module.run_eagerly(rivals[best], times, best)
+        module.run_eagerly(_serving(rivals[best]), times, best)
     elif timed:
         module.keep_build(times)
+
+
+def _serving(contender):
+    """The contender as the module runs it: ONNX Runtime on several threads with its session's
+    default wait (:class:`OrtModel`'s ``spin_after``). It was timed with its threads stopped
+    after each call, so that they did not take the cores of the contender timed after it; run
+    alone call after call, threads stopped cost each call their waking."""
+    if not isinstance(contender, OrtModel) or contender.threads < 2 or contender.spin_after:
+        return contender
+    return OrtModel(contender.onnx, contender.level, contender._out_spec, contender.threads,
+                    spin_after=True)
 
 
 #: Relative error of a build's floating outputs against eager PyTorch's above which the build
@@ -298,11 +309,16 @@ class OrtModel:
     ``threads`` intra-op threads (default: PyTorch's count) and one inter-op thread: torch
     tensors in, the outputs as torch tensors sharing ORT's arrays, in ``out_spec``'s structure
     (a list where None). Its threads spin while a call runs and stop when it ends
-    (:func:`~autoplace.backend.ort_segments.session`)."""
+    (:func:`~autoplace.backend.ort_segments.session`), or, with ``spin_after``, go on spinning
+    for a while after it, as ORT's own sessions do by default: the next call starts sooner, and
+    other work on those cores right after a call meets them."""
 
-    def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None):
+    def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None,
+                 spin_after: bool = False):
         self.onnx, self.level, self._out_spec = onnx, level, out_spec
-        self._session = session(onnx, threads or torch.get_num_threads(), level)
+        self.threads = threads or torch.get_num_threads()
+        self.spin_after = spin_after
+        self._session = session(onnx, self.threads, level, spin_after=spin_after)
         # The exporter drops an input the model does not read: feed those it kept.
         self._feeds = [(i.name, int(i.name.removeprefix("input")))
                        for i in self._session.get_inputs()]
@@ -710,7 +726,7 @@ def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, out_spec, 
                     "'autoplace[ort]'): the loaded module runs the build", path)
         return
     try:
-        ort = OrtModel(onnx, level, out_spec)
+        ort = _serving(OrtModel(onnx, level, out_spec))
     except Exception as e:  # noqa: BLE001 - another ORT version may refuse the graph
         log.warning("%s ran ONNX Runtime when saved, which fails on its graph here (%s): the "
                     "loaded module runs the build", path, _reason(e))

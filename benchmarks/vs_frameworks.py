@@ -63,6 +63,7 @@ Weights are random and re-initialised so that outputs are O(1) (``_models.py``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -200,17 +201,28 @@ def _worker_ort(cfg: dict) -> dict:
         return {"error": "no ONNX export (see PyTorch's error)"}
     inputs = _load_arrays(work / "inputs.npz")
     t0 = time.perf_counter()
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = cfg["threads"]
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(work / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-    feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
-    outs = sess.run(None, feed)
+    call = _ort_call(work, cfg["threads"], inputs)
+    outs = call()
     first_s = time.perf_counter() - t0
-    ms, n = _median_ms(lambda: sess.run(None, feed), cfg["repeats"])
+    ms, n = _median_ms(call, cfg["repeats"])
     return {"ms": ms, "n": n, "first_s": first_s, "version": ort.__version__,
             "rel_error": _models.rel_error(outs, _load_arrays(work / "torch.npz"))}
+
+
+def _ort_call(work: Path, threads: int, inputs):
+    """A call of ONNX Runtime on the eager worker's export (``work/model.onnx``) with
+    ``inputs``, as a user's session runs it: CPU execution provider, ``ORT_ENABLE_ALL``,
+    ``threads`` intra-op threads and one inter-op thread, ORT's default wait."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(work / "model.onnx"), opts,
+                                providers=["CPUExecutionProvider"])
+    feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
+    return functools.partial(sess.run, None, feed)
 
 
 def _worker_compile(cfg: dict) -> dict:
@@ -284,23 +296,14 @@ def _worker_module(cfg: dict) -> dict:
 
 
 def _here_ms(m, module, args, work: Path, cfg: dict) -> dict:
-    """The module's calls, eager's and ONNX Runtime's on the eager worker's export (a session as
-    :func:`_worker_ort` makes it), in this one process, in blocks turn by turn
-    (:func:`_blocks_ms`): ratios that the machine's slower phases, which come and go between
-    processes and within one (a 2-core VM's two-thread calls), change alike. ORT's is left out
-    where it cannot run here."""
+    """The module's calls, eager's and ONNX Runtime's on the eager worker's export
+    (:func:`_ort_call`, as :func:`_worker_ort` times it), in this one process, in blocks turn
+    by turn (:func:`_blocks_ms`): ratios that the machine's slower phases, which come and go
+    between processes and within one (a 2-core VM's two-thread calls), change alike. ORT's is
+    left out where it cannot run here."""
     fns = {"module": lambda: m(*args), "eager": lambda: module(*args)}
     try:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = cfg["threads"]
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(str(work / "model.onnx"), opts,
-                                    providers=["CPUExecutionProvider"])
-        feed = {i.name: x for i, x in zip(sess.get_inputs(), _load_arrays(work / "inputs.npz"))}
-        fns["ort"] = lambda: sess.run(None, feed)
+        fns["ort"] = _ort_call(work, cfg["threads"], _load_arrays(work / "inputs.npz"))
     except Exception:  # noqa: BLE001 - not installed, no export: the other two still compare
         pass
     return dict(zip(fns, _blocks_ms(list(fns.values()))))
@@ -718,8 +721,8 @@ def _module(m: dict | None, user, single) -> dict:
 
 
 def _vs_here(here: dict | None) -> float | None:
-    """The faster of eager and ORT over the module, all three timed turn by turn in the
-    module's process (:func:`_here_ms`)."""
+    """The faster of eager and ORT over the module, all three timed in blocks turn by turn in
+    the module's process (:func:`_here_ms`)."""
     if not here or not here.get("module"):
         return None
     others = [here[k] for k in ("eager", "ort") if here.get(k)]

@@ -205,8 +205,7 @@ def _serving(contender):
     alone call after call, threads stopped cost each call their waking."""
     if not isinstance(contender, OrtModel) or contender.threads < 2 or contender.spin_after:
         return contender
-    return OrtModel(contender.onnx, contender.level, contender._out_spec, contender.threads,
-                    spin_after=True)
+    return contender.spinning_after()
 
 
 #: Relative error of a build's floating outputs against eager PyTorch's above which the build
@@ -325,6 +324,10 @@ class OrtModel:
         self._names = [o.name for o in self._session.get_outputs()]
         self._run = own_run(self._session)  # a few us a call less than session.run
         self._tree = _tree_kind(out_spec)
+
+    def spinning_after(self) -> OrtModel:
+        """A new session of the same graph, level, outputs and threads, with ``spin_after``."""
+        return OrtModel(self.onnx, self.level, self._out_spec, self.threads, spin_after=True)
 
     def __call__(self, *inputs: torch.Tensor):
         outs = self._run(self._names, {name: inputs[k].detach().contiguous().numpy()

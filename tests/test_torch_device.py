@@ -562,8 +562,8 @@ def test_a_conv_is_charged_the_faster_of_plain_and_packed(monkeypatch):
     node = OpGraph.from_relax(mod).nodes[0]
     packed, real = [], ops.packed_call
 
-    def slow_packed(op, op_type, w, x_shape):  # a packed call 5 ms slower than any plain one
-        call = real(op, op_type, w, x_shape)
+    def slow_packed(op, op_type, w, x_shape, **kw):  # a packed call 5 ms slower than any plain one
+        call = real(op, op_type, w, x_shape, **kw)
         packed.append(call)
         return lambda x: time.sleep(0.005) or call(x)
 

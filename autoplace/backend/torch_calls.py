@@ -24,7 +24,8 @@ from autoplace.backend.torch_bridge import Slot, TorchOp
 PACKABLE = frozenset({"nn.conv2d", "matmul"})
 
 
-def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str | None = None):
+def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str | None = None,
+                trial: bool = True):
     """Of ``op`` (the plain call of a Relax ``nn.conv2d`` or 2-D ``matmul``), the call on its first
     input alone (of ``x_shape``) with ``weight`` (a float32 torch tensor) packed now into oneDNN's
     blocked layout: a plain call reorders a weight on every call, which takes longer than the op
@@ -34,7 +35,9 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str 
     channels-last and gives its result back contiguous, a copy the plain call does not make: which
     of the two is faster depends on the shapes. With ``bias`` (a 1-D float32 tensor) and ``act`` (a
     Relax op type of :data:`FUSED_ACTIVATIONS`, or None), the call also adds the bias and applies
-    the activation, inside oneDNN's kernel (:func:`with_fused_tail`)."""
+    the activation, inside oneDNN's kernel (:func:`with_fused_tail`). ``trial=False`` where the
+    same call with another weight of this shape was packed already: not tried again (a trial
+    runs the whole op, which costs more than packing when a timing packs many copies)."""
     import torch
 
     if op_type not in PACKABLE or weight.dtype != torch.float32 \
@@ -44,6 +47,8 @@ def packed_call(op: TorchOp, op_type: str, weight, x_shape, bias=None, act: str 
         return None  # a batch of weights (one of ones is a weight broadcast)
     try:  # oneDNN may refuse a shape: then the plain call is the only one
         call = _packed(op, op_type, weight, x_shape, bias, act)
+        if not trial:
+            return call
         with torch.no_grad():
             out = call(torch.zeros(tuple(x_shape), dtype=torch.float32))
     except Exception:  # noqa: BLE001 - whatever oneDNN raises, the plain call stands
@@ -93,7 +98,8 @@ def pointwise(act: str) -> tuple[tuple[str, str], Any]:
 
 
 def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndarray,
-                    act: str | None, x_shape, outputs, place: str = "cpu") -> TorchOp:
+                    act: str | None, x_shape, outputs, place: str = "cpu",
+                    trial: bool = True) -> TorchOp:
     """``op`` (the plain call of a conv2d or 2-D matmul) with the bias add and activation after it
     (``act``: a Relax op type of :data:`FUSED_ACTIVATIONS`, or None) as one call on its data alone
     (of ``x_shape``), giving ``outputs`` (the chain's last), weight and ``bias`` held on PyTorch
@@ -101,7 +107,8 @@ def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndar
     packed once (:func:`packed_call`), or PyTorch's plain ``conv2d``/``linear`` with the bias and
     then the activation, whichever is faster on the first calls (:class:`Fastest`). One call rather
     than three saves two hand-offs and the passes over memory of the add and the activation
-    (:func:`autoplace.graph.chains.fused_chains` finds the chains)."""
+    (:func:`autoplace.graph.chains.fused_chains` finds the chains). ``trial``: as
+    :func:`packed_call` takes it."""
     import torch.nn.functional as F
 
     (w, b), digest = _held([weight, np.reshape(bias, -1)], place)
@@ -118,7 +125,7 @@ def with_fused_tail(op: TorchOp, op_type: str, weight: np.ndarray, bias: np.ndar
         y = base(x)
         return y if activation is None else activation(y)
 
-    packed = packed_call(op, op_type, w, x_shape, b, act)
+    packed = packed_call(op, op_type, w, x_shape, b, act, trial=trial)
     variants = [plain] + ([packed] if packed is not None else [])
     tail = "+bias" + (f"+{act}" if act else "")
     return TorchOp(Fastest(variants), f"{op.name}{tail}[weight {digest}]{_at(place)}",
@@ -156,8 +163,10 @@ def _held(arrays, place: str) -> tuple[list, str]:
     import torch
 
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    digest = hashlib.sha1(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:12]
-    return [t.to(place) for t in tensors], digest
+    digest = hashlib.sha1()
+    for t in tensors:  # their bytes one after another, read in place
+        digest.update(memoryview(t.numpy()).cast("B"))
+    return [t.to(place) for t in tensors], digest.hexdigest()[:12]
 
 
 def _at(place: str) -> str:

@@ -237,71 +237,45 @@ def host_call(threads: int, between: int) -> float:
         seconds = measure_call(threads, between_bytes=between)
         return seconds, seconds != DEFAULT_CALL_S  # not the fallback
 
-    return kept_figure(f"ort_call-{onnxruntime.__version__}-{THREADS_WAIT}-t{threads}-"
+    return kept_figure(f"ort_call-{onnxruntime.__version__}-{THREADS_WAIT}-spans-t{threads}-"
                        f"b{int(between).bit_length()}.json", measure)
 
 
 def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
-                 between_bytes: int = 0, rounds: int = 7) -> float:
-    """Seconds one call of an ORT segment from the Relax VM costs beyond its nodes: a built
-    chain of ``calls`` one-op segments (a relu, a sigmoid, ...), each followed by a TVM kernel
-    that writes ``between_bytes`` (what the model's other ops touch between two calls, which
-    takes ORT's code and state out of the caches), against the same chain without the
-    segments, per call, less ORT's own time for their nodes. Where it cannot be measured:
-    :data:`DEFAULT_CALL_S`, with a warning."""
-    import time
-
-    import tvm
+                 between_bytes: int = 0, rounds: int = 3) -> float:
+    """Seconds one call of an ORT segment from the Relax VM costs beyond its nodes: the median
+    time from the VM of ``calls`` one-op segments (a relu, a sigmoid, ...) called in turn, each
+    after a TVM kernel wrote ``between_bytes`` (what the model's other ops touch between two
+    calls, which takes ORT's code and state out of the caches), over ``rounds`` runs
+    (:func:`~autoplace.profile.cold_calls.cold_call_seconds`), less ORT's own time for their
+    nodes. Where it cannot be measured: :data:`DEFAULT_CALL_S`, with a warning."""
     from tvm import relax
 
     from autoplace.backend.ort_segments import profile, register, relax_call
     from autoplace.graph.segments import cut, export
+    from autoplace.profile.cold_calls import cold_call_seconds
 
     ty = relax.TensorType(list(shape), "float32")
-    big = relax.TensorType([max(1, between_bytes // 4)], "float32")
 
-    def built(body, args):
+    def built(f):
         bb = relax.BlockBuilder()
-        params = [relax.Var(f"a{i}", t) for i, t in enumerate(args)]
-        with bb.function("main", params):
+        x = relax.Var("a0", ty)
+        with bb.function("main", [x]):
             with bb.dataflow():
-                out = bb.emit_output(body(bb, *params))
+                out = bb.emit_output(f(x))
             bb.emit_func_output(out)
         return bb.get()
 
     try:
         segs = [export(one, cut(one["main"], [True])[0]) for one in (
-            built(lambda bb, x, f=f: f(x), [ty])
-            for f in (relax.op.nn.relu, relax.op.sigmoid, relax.op.tanh, relax.op.exp))]
+            built(f) for f in (relax.op.nn.relu, relax.op.sigmoid, relax.op.tanh, relax.op.exp))]
         names = [register(seg, threads) for seg in segs]
-
-        def chain(bb, x, w, with_calls):
-            for i in range(calls):
-                if with_calls:
-                    x = bb.emit(relax_call(names[i % len(names)], [x], [ty]))
-                if between_bytes:
-                    w = bb.emit(relax.op.add(w, relax.const(0.5, "float32")))
-            return relax.Tuple([x, w])
-
-        data = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
-                                   .astype("float32"), tvm.cpu()),
-                tvm.runtime.tensor(np.zeros(big.shape.values[0].value, "float32"), tvm.cpu())]
-        runs = []
-        for with_calls in (True, False):
-            mod = built(lambda bb, x, w, c=with_calls: chain(bb, x, w, c), [ty, big])
-            vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-            vm["main"](*data)
-            runs.append(vm["main"])
-        walls = ([], [])
-        for _ in range(rounds):  # turn by turn: the load of the moment is the same for both
-            for run, kept in zip(runs, walls):
-                t = time.perf_counter()
-                run(*data)
-                kept.append(time.perf_counter() - t)
+        data = np.random.default_rng(0).standard_normal(shape).astype("float32")
+        one = cold_call_seconds(lambda bb, i, x: relax_call(names[i % len(names)], [x], [ty]),
+                                ty, data, between_bytes, samples=calls, rounds=rounds)
         node_s = float(np.mean([sum(profile(seg, threads, "all", runs=10).ops.values())
                                 for seg in segs]))
-        per_call = (float(np.median(walls[0])) - float(np.median(walls[1]))) / calls
-        return max(0.0, per_call - node_s)
+        return max(0.0, one - node_s)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         log.warning("could not measure an ONNX Runtime call from the VM (%s): charged %.1f us",
                     e, DEFAULT_CALL_S * 1e6)

@@ -335,7 +335,7 @@ def host_handoff(place: str, between: int) -> float:
 
     if place != "cpu":
         return measure()[0]
-    return kept_figure(f"torch_handoff-{torch.__version__}-paired-b{int(between).bit_length()}"
+    return kept_figure(f"torch_handoff-{torch.__version__}-spans-b{int(between).bit_length()}"
                        ".json", measure)
 
 
@@ -345,9 +345,12 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
     calls into ``torch.relu`` against the same ops called from Python, per
     call (at least 0), on tensors of PyTorch device ``place`` (``"cpu"``, ``"cuda:N"``: the
     VM's tensors on that GPU). With ``between_bytes`` (what a model's other ops touch between
-    two of its calls, which takes PyTorch's code and state out of the caches), each call is
-    followed in the chain by a TVM kernel that writes that many bytes, against the same chain
-    without the calls, per call, less the op called from Python. Where it cannot be measured:
+    two of its calls, which takes PyTorch's code and state out of the caches), on the CPU: a
+    call's time from the VM after a TVM kernel wrote that many bytes
+    (:func:`~autoplace.profile.cold_calls.cold_call_seconds`), less the op called from Python;
+    on a GPU, each call is followed in the chain by a kernel that writes them, against the same
+    chain without the calls, per call, less the op called from Python. Where it cannot be
+    measured:
     :data:`DEFAULT_HANDOFF_S` with a warning, or, ``strict`` (a figure to be stored as
     measured), the error raised."""
     import torch
@@ -387,7 +390,7 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
 
         data = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(shape)
                                    .astype("float32"), dev)]
-        if between_bytes:
+        if between_bytes and gpu:
             data.append(tvm.runtime.tensor(np.zeros(big.shape.values[0].value, "float32"), dev))
         t = torch.from_numpy(data[0].numpy()).to(place)
         policy = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=10, budget_s=0.5)
@@ -398,8 +401,14 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
                 v = torch.relu(v)
 
         with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
-            with_calls = built(True)
             eager_s = call_timing(eager, policy, place).median_s
+            if between_bytes and not gpu:
+                from autoplace.profile.cold_calls import cold_call_seconds
+
+                one = cold_call_seconds(lambda bb, i, v: relax_call(name, [v], ty), ty,
+                                        data[0].numpy(), between_bytes)
+                return max(0.0, one - eager_s / calls)
+            with_calls = built(True)
             if not between_bytes:
                 vm_s = call_timing(lambda: with_calls(*data), policy, place).median_s
             else:  # less the kernels between the calls, timed turn by turn with them

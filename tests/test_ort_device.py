@@ -444,6 +444,21 @@ def test_the_ort_call_figure_is_kept_per_host_and_working_set(monkeypatch, tmp_p
     assert len(calls) == 4
 
 
+def test_the_ort_call_is_measured_from_the_vm_on_segments_of_one_node(caplog):
+    from autoplace.profile import ort_timings
+
+    seg = ort_timings._one_node("Sigmoid", (4, 8))
+    x = np.linspace(-3, 3, 32, dtype="float32").reshape(4, 8)
+    sess = seg.session()
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-x)), rtol=1e-5)
+    assert set(ort_segments.profile(seg, runs=3).ops) == {"sigmoid"}  # its node is the op's
+    with caplog.at_level("WARNING"):
+        seconds = ort_timings.measure_call(1, calls=2, between_bytes=1 << 20, rounds=1)
+    assert "could not measure" not in caplog.text  # measured, not the default
+    assert 0.0 <= seconds < 0.1
+
+
 def test_embeddings_powers_and_rotations_run_on_pytorch_and_in_ort_segments():
     # what decoders' embeddings, RMS norms and rotary positions import as: take, arange, power,
     # cos, sin, slices (and abs): each runs as its PyTorch call, alone or inside an ORT segment

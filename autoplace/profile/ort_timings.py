@@ -241,6 +241,24 @@ def host_call(threads: int, between: int) -> float:
                        f"b{int(between).bit_length()}.json", measure)
 
 
+def _one_node(op_type: str, shape):
+    """A segment of one ONNX node (``op_type``, on a float32 tensor of ``shape``, giving one of
+    the same), its node named as an export names an op's (an export through PyTorch takes
+    about a second)."""
+    from onnx import TensorProto, helper
+
+    from autoplace.backend.ort_segments import OrtSegment, scope
+
+    op, sig = op_type.lower(), ((tuple(shape), "float32"),)
+    node = helper.make_node(op_type, ["in0"], ["out0"], name=f"/{scope(op)}/{op_type}")
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("in0", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # opset 17's
+    return OrtSegment(model.SerializeToString(), sig, sig, (op,), {op: (node.name,)})
+
+
 def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
                  between_bytes: int = 0, rounds: int = 3) -> float:
     """Seconds one call of an ORT segment from the Relax VM costs beyond its nodes: the median
@@ -252,23 +270,11 @@ def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
     from tvm import relax
 
     from autoplace.backend.ort_segments import profile, register, relax_call
-    from autoplace.graph.segments import cut, export
     from autoplace.profile.cold_calls import cold_call_seconds
 
     ty = relax.TensorType(list(shape), "float32")
-
-    def built(f):
-        bb = relax.BlockBuilder()
-        x = relax.Var("a0", ty)
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                out = bb.emit_output(f(x))
-            bb.emit_func_output(out)
-        return bb.get()
-
     try:
-        segs = [export(one, cut(one["main"], [True])[0]) for one in (
-            built(f) for f in (relax.op.nn.relu, relax.op.sigmoid, relax.op.tanh, relax.op.exp))]
+        segs = [_one_node(op, shape) for op in ("Relu", "Sigmoid", "Tanh", "Exp")]
         names = [register(seg, threads) for seg in segs]
         data = np.random.default_rng(0).standard_normal(shape).astype("float32")
         one = cold_call_seconds(lambda bb, i, x: relax_call(names[i % len(names)], [x], [ty]),

@@ -32,14 +32,14 @@ def _call(name):
 def test_a_call_is_timed_and_the_writes_before_it_are_not():
     ty, call = _call(_registered("test_cold_calls.sleep_2ms", 0.002))
     data = np.ones(SHAPE, "float32")
-    between = 64 << 20  # each write takes several times the call itself
+    between = 256 << 20  # each write takes ten times the call itself or more
     write = np.zeros(between // 4, "float32")
     t = time.perf_counter()
     write += 0.5
     one_write = time.perf_counter() - t
     got = cold_call_seconds(call, ty, data, between, samples=4, rounds=2)
     assert got >= 0.0019  # the sleep is in it
-    assert got < 0.002 + one_write  # the write before it is not
+    assert got < 0.002 + one_write / 2  # the write before it is not
 
 
 def test_a_call_that_costs_nothing_measures_little_against_one_that_sleeps():

@@ -102,6 +102,15 @@ def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_mo
     assert not m(x)[0].is_inference()  # ORT's arrays, which a caller may write into
     with pytest.raises(ValueError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float32\[2"):
         m(torch.randn(2, 3, 16, 16))
+    with pytest.raises(TypeError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float64"):
+        m(x.double())
+    with pytest.raises(TypeError, match="expected 1 inputs"):
+        m(x, x)
+    # What numpy cannot read as it is (a tensor that needs grad, a strided view) still runs.
+    strided = torch.randn(1, 3, 16, 32)[..., ::2]
+    for given in (x.clone().requires_grad_(), strided):
+        with torch.no_grad():
+            torch.testing.assert_close(m(given)[0], model(given), atol=1e-4, rtol=1e-4)
 
 
 def test_a_module_running_onnxruntime_saves_its_graph_and_loads_running_it(tmp_path, caplog):

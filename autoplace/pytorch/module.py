@@ -310,7 +310,8 @@ class OrtModel:
     (a list where None). Its threads spin while a call runs and stop when it ends
     (:func:`~autoplace.backend.ort_segments.session`), or, with ``spin_after``, go on spinning
     for a while after it, as ORT's own sessions do by default: the next call starts sooner, and
-    other work on those cores right after a call meets them."""
+    other work on those cores right after a call meets them. ``feeds``: per input the session
+    reads (the exporter drops one the model does not), its name and the model input's index."""
 
     def __init__(self, onnx: bytes, level: str, out_spec=None, threads: int | None = None,
                  spin_after: bool = False):
@@ -319,8 +320,8 @@ class OrtModel:
         self.spin_after = spin_after
         self._session = session(onnx, self.threads, level, spin_after=spin_after)
         # The exporter drops an input the model does not read: feed those it kept.
-        self._feeds = [(i.name, int(i.name.removeprefix("input")))
-                       for i in self._session.get_inputs()]
+        self.feeds = [(i.name, int(i.name.removeprefix("input")))
+                      for i in self._session.get_inputs()]
         self._names = [o.name for o in self._session.get_outputs()]
         self._run = own_run(self._session)  # a few us a call less than session.run
         self._tree = _tree_kind(out_spec)
@@ -330,8 +331,13 @@ class OrtModel:
         return OrtModel(self.onnx, self.level, self._out_spec, self.threads, spin_after=True)
 
     def __call__(self, *inputs: torch.Tensor):
-        outs = self._run(self._names, {name: inputs[k].detach().contiguous().numpy()
-                                       for name, k in self._feeds}, None)
+        feeds = {}
+        for name, k in self.feeds:
+            t = inputs[k]
+            if t.requires_grad or not t.is_contiguous():  # numpy() takes neither
+                t = t.detach().contiguous()
+            feeds[name] = t.numpy()
+        outs = self._run(self._names, feeds, None)
         return _returned([torch.from_numpy(o) for o in outs], self._tree, self._out_spec)
 
 
@@ -508,7 +514,13 @@ class AutoplaceModule(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         if self._eager is not None:
-            if isinstance(self._eager, OrtModel):  # one shape; no autograd to turn off
+            if type(self._eager) is OrtModel:  # one shape; no autograd to turn off
+                if len(inputs) == len(self._eager.feeds) == len(self._checks):
+                    try:  # ORT rejects what the build does not take; _check says why
+                        return self._eager(*inputs)
+                    except Exception:
+                        self._check(inputs)
+                        raise
                 self._check(inputs)
                 return self._eager(*inputs)
             if torch.is_inference_mode_enabled():  # entering it again costs a few us a call

@@ -152,22 +152,22 @@ def write_whole(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def kept_figure(name: str, measure) -> float:
-    """A figure of this host (seconds) kept in the calibration cache entry of its CPU
-    (:func:`cache_entry`) as file ``name``: read where kept, else ``measure()`` (which returns
-    the seconds and whether they were measured, not a fallback to keep) and kept. A file that
-    cannot be read is measured again."""
+def kept_figure(name: str, measure, key: str = "seconds") -> float:
+    """A figure of this host (in ``key``: seconds, bytes) kept in the calibration cache entry
+    of its CPU (:func:`cache_entry`) as file ``name``: read where kept, else ``measure()``
+    (which returns the figure and whether it was measured, not a fallback to keep) and kept.
+    A file that cannot be read is measured again."""
     from autoplace.devices import Device
 
     _, entry = cache_entry(Device.cpu(0))
     kept = CalibrationCache.read(entry, name) or {}
-    if isinstance(kept, dict) and isinstance(kept.get("seconds"), float) and kept["seconds"] >= 0:
-        return kept["seconds"]
-    seconds, measured = measure()
+    if isinstance(kept, dict) and isinstance(kept.get(key), float) and kept[key] >= 0:
+        return kept[key]
+    figure, measured = measure()
     if measured:
         try:
-            write_whole(entry / name, {"seconds": seconds})
+            write_whole(entry / name, {key: figure})
         except OSError as e:
             log.warning("could not keep %s in %s: %s", name, entry, e)
-    return seconds
+    return figure
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import platform
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,22 +95,17 @@ def call_timing(fn, policy: TimingPolicy, place: str = "cpu") -> Timing:
 
 
 def cache_bytes(place: str = "cpu") -> int:
-    """Bytes of the last-level cache of PyTorch device ``place``: a GPU's L2, or this host's
-    (the largest Linux lists for CPU 0; 32 MiB where it lists none)."""
+    """Bytes of the last-level cache of PyTorch device ``place``: a GPU's L2, or the share of
+    this host's that a process gets (:func:`~autoplace.profile.host_cache.cpu_cache_bytes`:
+    Linux's figure, checked by reading)."""
     if place != "cpu":
         import torch
 
         return int(getattr(torch.cuda.get_device_properties(place), "L2_cache_size", 0)) \
             or 64 << 20
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        try:
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except ValueError:
-            continue
-    return max(sizes, default=32 << 20)
+    from autoplace.profile.host_cache import cpu_cache_bytes
+
+    return cpu_cache_bytes()
 
 
 def between_bytes(graph) -> int:

@@ -316,6 +316,10 @@ def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeyp
     runs = [n for n in g.nodes if np.isfinite(cost[n.index])]
     extra = timings.in_sequence_s
     assert extra >= 0.0 and "in the model's sequence" in model.describe(g)
+    from autoplace.profile.host_cache import cpu_cache_bytes
+
+    mb = f"{cpu_cache_bytes() / 2**20:.3g} MB"  # the cache the timing's copies fill, named
+    assert f"timed here on copies filling twice the {mb} last-level cache" in model.describe(g)
     for n in runs:
         assert cost[n.index] == pytest.approx(timings.calls[n.workload_key] + 5e-6 + extra)
 

@@ -85,11 +85,20 @@ class TorchCostModel:
         return (f"{stored} PyTorch call(s) measured by profile {prof.name} ({prof.fingerprint}), "
                 if prof is not None else "") + (
             f"{kept} timed on this host for an earlier model, " if kept else "") + (
-            f"{here} timed here, each + {_handoff_words(t)} from the VM "
+            f"{here} timed here{_copies_words(t)}, each + {_handoff_words(t)} from the VM "
             f"({t.handoff_from}) + {t.in_sequence_s * 1e6:.1f} us in the model's sequence (its "
             "calls timed one after another, against alone)") + (
             f"; {t.unscreened} chain(s) not timed as one call: the anchor alone costs more than "
             "another device takes for the whole chain" if t.unscreened else "")
+
+
+def _copies_words(t: TorchTimings) -> str:
+    """``' on copies filling twice the 32 MB last-level cache'`` for calls timed on the CPU."""
+    if t.place != "cpu":
+        return ""
+    from autoplace.profile.host_cache import describe_cpu_cache
+
+    return f" on copies filling twice {describe_cpu_cache()}"
 
 
 def _handoff_words(t: TorchTimings) -> str:
@@ -105,9 +114,9 @@ class WithTorch:
     """A TVM cost model (``base``) with runtime devices beside it (torch, ORT): TVM devices get
     ``base``'s costs, ``inf`` for PyTorch calls; each runtime device gets its own model's
     (``models``, by device name: a :class:`TorchCostModel`, an
-    :class:`~autoplace.predict.ort_costs.OrtCostModel`). Everything else (profiles, overheads) is ``base``'s, for the TVM devices;
-    links too, a torch device's being those of the TVM device whose memory it shares
-    (:meth:`links`)."""
+    :class:`~autoplace.predict.ort_costs.OrtCostModel`). Everything else (profiles,
+    overheads) is ``base``'s, for the TVM devices; links too, a torch device's being those of
+    the TVM device whose memory it shares (:meth:`links`)."""
 
     def __init__(self, base, models: Mapping[str, TorchCostModel]):
         self.base = base

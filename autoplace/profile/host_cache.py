@@ -113,3 +113,14 @@ def cache_from_rates(rates: dict[int, float], listed: int) -> int:
     last_fast = max(k for k, size in enumerate(sizes) if rates[size] >= cut)
     size = sizes[last_fast]
     return size if size < BELOW_LISTED * listed else listed
+
+
+def describe_cpu_cache() -> str:
+    """``'the 77.6 MB last-level cache (by read rates; Linux lists 300 MB)'``, or ``'the
+    32 MB last-level cache'`` where the figure is Linux's."""
+    got, listed = cpu_cache_bytes(), listed_cache_bytes()
+    words = f"the {got / 2**20:.3g} MB last-level cache"
+    if got == listed:
+        return words
+    return f"{words} (by read rates; Linux lists {listed / 2**20:.3g} MB)"
+

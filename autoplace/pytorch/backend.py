@@ -306,8 +306,8 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     what it did with each graph.
 
     Each graph's build is timed turn by turn against the graph run as Dynamo gave it and ONNX
-    Runtime on the graph (where onnxruntime is installed), and the fastest runs where it beat
-    the build by the margin (``optimize_module``'s contenders, without ``torch.compile``:
+    Runtime on the graph (where onnxruntime is installed), and the fastest of those that beat
+    the build by their margin runs (``optimize_module``'s contenders, without ``torch.compile``:
     ``record.module.runs`` and ``.summary()`` say which).
 
     Parameters

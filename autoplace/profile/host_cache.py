@@ -123,4 +123,3 @@ def describe_cpu_cache() -> str:
     if got == listed:
         return words
     return f"{words} (by read rates; Linux lists {listed / 2**20:.3g} MB)"
-

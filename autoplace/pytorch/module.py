@@ -80,9 +80,9 @@ EAGER_MARGIN = 0.97
 def margin(contender: str, plan: Plan) -> float:
     """The fraction of the build's time ``contender`` must measure below to run instead of
     the build of ``plan``: :data:`EAGER_MARGIN`; 1 for ONNX Runtime on the whole model where
-    the plan runs ops on an ORT device. Its segments are cut from that same model and run by
-    the same runtime, with the VM's calls between them: where ORT on the whole model measures
-    as fast, it is the same work with less around it."""
+    the plan runs ops on an ORT device. Those segments run the same model's ops on the same
+    runtime, fused no more than on the whole model, with the VM's calls between them: where
+    ORT on the whole model measures as fast, it runs that work with less around it."""
     if contender == ONNXRUNTIME and any(plan.device(a).runtime == "ort"
                                         for a in set(plan.assignment)):
         return 1.0

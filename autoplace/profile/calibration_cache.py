@@ -51,7 +51,7 @@ _PROBED: dict[tuple, float] = {}
 
 def _probe(kind: str, index: int, target: str) -> float:
     from autoplace.devices import Device
-    from autoplace.profile import LocalRunner
+    from autoplace.profile.measure import LocalRunner
 
     key = (kind, index, target)
     if key not in _PROBED:
@@ -136,7 +136,7 @@ class CalibrationCache:
 
 def cache_entry(device: Device) -> tuple[CalibrationCache, Path]:
     """The cache of ``device``'s fingerprint, and its entry of this host's speed."""
-    from autoplace.profile import LocalRunner, fingerprint
+    from autoplace.profile.measure import LocalRunner, fingerprint
 
     cache = CalibrationCache(fingerprint(LocalRunner(device).info()), speed_probe(device))
     return cache, cache.entry()

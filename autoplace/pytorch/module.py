@@ -83,8 +83,7 @@ def margin(contender: str, plan: Plan) -> float:
     the plan runs ops on an ORT device. Those segments run the same model's ops on the same
     runtime, fused no more than on the whole model, with the VM's calls between them: where
     ORT on the whole model measures as fast, it runs that work with less around it."""
-    if contender == ONNXRUNTIME and any(plan.device(a).runtime == "ort"
-                                        for a in set(plan.assignment)):
+    if contender == ONNXRUNTIME and any(d.runtime == "ort" for d in plan.used_devices()):
         return 1.0
     return EAGER_MARGIN
 

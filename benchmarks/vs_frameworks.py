@@ -19,7 +19,9 @@ TVM in one process ran up to 100x slower), one model after another. Per model, t
 then everything else at each ``--threads`` count in turn (``all``: this machine's cores; every
 framework's threads, and TVM's pool):
 
-0. Tuning (where ``--minutes`` > 0; once, with the first count's TVM threads) with
+0. Tuning (where ``--minutes`` > 0; before each count's rows, with that count's TVM threads:
+   records are kept per device, and a device's thread count is part of it, so a count's tuned
+   builds apply only the records tuned at that count) with
    ``autoplace.tune`` for this CPU (``-mcpu`` of the host), records kept beside ``--db``, to
    ``--trials`` per kernel with a time limit of ``--minutes``: the campaign times each kernel's
    default schedule, gives every kernel one round of 16 trials, the slowest first, then the rest
@@ -42,9 +44,9 @@ framework's threads, and TVM's pool):
    faster; ``module.times``: what each measured), and the mixes: ``optimize_module`` over
    ``[--device, torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and
    (where the store holds any) with them. Each: the module's latency (what it runs, called
-   back to back as the frameworks are), the build's own latency and its measured/predicted and
-   eager, timed turn by turn after it in the same process (each call following every other
-   as often), the ops on each device, and the
+   back to back as the frameworks are), the build's own latency and its measured/predicted,
+   the build, the module, eager and ORT timed in blocks turn by turn in the same process
+   (each called back to back for 0.1 s, in turn, 11 rounds), the ops on each device, and the
    time to the first output: ``optimize_module`` and the first call, split where it went (the
    module's ``result.steps_s``).
 
@@ -103,40 +105,18 @@ MP_TOLERANCE = 0.15
 
 
 def _median_ms(fn, repeats: int) -> tuple[float, int]:
-    """Median latency of ``fn()`` in ms, and how many calls it is the median of."""
-    (ms,), n = _turns_ms([fn], repeats)
-    return ms, n
-
-
-def _turns_ms(fns, repeats: int) -> tuple[list[float], int]:
-    """Median latency in ms of each of ``fns``, called turn by turn so that all see the machine
-    alike, and how many calls each is the median of: up to ``repeats`` (or the few more a pass
-    needs), fewer once the calls pass 30 s, never under 3; after two warm-up calls each. The calls
-    follow an Eulerian circuit of the complete directed graph on them, pass after pass, so that
-    each follows every other exactly as often; where there are several, each timed call comes
-    right after an untimed one of its own, so that it meets the caches as the frameworks' calls,
-    each timed back to back in a process of its own, do. autoplace.run.overhead.turns_s's rule,
-    written here again: the PyTorch and ONNX Runtime workers import neither autoplace nor TVM."""
-    import networkx as nx
-
-    for fn in fns:
-        for _ in range(WARMUP):
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    n = len(fns)
-    order = (list(range(n)) if n < 2 else
-             [u for u, _ in nx.eulerian_circuit(nx.complete_graph(n, create_using=nx.DiGraph),
-                                                source=0)])
+    """Median latency of ``fn()`` in ms, called back to back after two warm-up calls, and how
+    many calls it is the median of: ``repeats``, fewer once the calls pass 30 s, never under 3.
+    """
+    for _ in range(WARMUP):
+        fn()
+    times: list[float] = []
     start = time.perf_counter()
-    while len(times[0]) < repeats and (len(times[0]) < 3
-                                       or time.perf_counter() - start < TIME_CAP_S):
-        for i in order:
-            if n > 1:
-                fns[i]()
-            t = time.perf_counter()
-            fns[i]()
-            times[i].append(time.perf_counter() - t)
-    return [statistics.median(t) * 1e3 for t in times], len(times[0])
+    while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < TIME_CAP_S):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3, len(times)
 
 
 def _save_arrays(path: Path, arrays) -> None:
@@ -252,9 +232,9 @@ def _worker_compile(cfg: dict) -> dict:
 def _worker_module(cfg: dict) -> dict:
     """``autoplace.optimize_module`` of the model as a user calls it: over ``cfg["devices"]``
     (device specs, with the store's tuning records where ``cfg["tuned"]``, else none), or with
-    every default where that is None. What the module runs and its latency, the build's own
-    latency and prediction, eager beside them, the module, eager and ORT turn by turn
-    (:func:`_here_ms`), the ops on each device, and the time to the first output, split where
+    every default where that is None. What the module runs and its latency; the build's own
+    latency (beside the module, eager and ORT, in blocks turn by turn: :func:`_here_ms`) and
+    prediction; the ops on each device, and the time to the first output, split where
     it went (``module.result.steps_s``)."""
     import torch
 
@@ -276,12 +256,11 @@ def _worker_module(cfg: dict) -> dict:
         outs = m(*args)
         first_call_s = time.perf_counter() - t0
         built = m.run_flat(args)
-        # What the module runs, back to back as the frameworks' calls are; then its build and
-        # eager, turn by turn.
+        # What the module runs, back to back as the frameworks' calls are; then its build,
+        # the module, eager and ORT in blocks turn by turn.
         ms, n = _median_ms(lambda: m(*args), cfg["repeats"])
-        (build_ms, eager_ms), _ = _turns_ms([lambda: m.run_flat(args),
-                                             lambda: model.module(*args)], cfg["repeats"])
         here = _here_ms(m, model.module, args, work, cfg)
+        build_ms, eager_ms = here.pop("build"), here["eager"]
     plan = m.plan  # the build's: the result's, or a close call's
     return {"runs": m.runs, "here_ms": here,
             "times_ms": {k: v * 1e3 for k, v in m.times.items()},
@@ -296,12 +275,15 @@ def _worker_module(cfg: dict) -> dict:
 
 
 def _here_ms(m, module, args, work: Path, cfg: dict) -> dict:
-    """The module's calls, eager's and ONNX Runtime's on the eager worker's export
-    (:func:`_ort_call`, as :func:`_worker_ort` times it), in this one process, in blocks turn
-    by turn (:func:`_blocks_ms`): ratios that the machine's slower phases, which come and go
-    between processes and within one (a 2-core VM's two-thread calls), change alike. ORT's is
-    left out where it cannot run here."""
-    fns = {"module": lambda: m(*args), "eager": lambda: module(*args)}
+    """The calls of the module's build (``"build"``), of the module, eager's and ONNX
+    Runtime's on the eager worker's export (:func:`_ort_call`, as :func:`_worker_ort` times
+    it), in this one process, in blocks turn by turn (:func:`_blocks_ms`): ratios that the
+    machine's slower phases, which come and go between processes and within one (a 2-core VM's
+    two-thread calls), change alike. Blocks, not single calls turn by turn: an ORT session
+    called right after eager's calls ran 16-50 % slower than back to back, even after an
+    untimed call of its own. ORT's is left out where it cannot run here."""
+    fns = {"build": lambda: m.run_flat(args), "module": lambda: m(*args),
+           "eager": lambda: module(*args)}
     try:
         fns["ort"] = _ort_call(work, cfg["threads"], _load_arrays(work / "inputs.npz"))
     except Exception:  # noqa: BLE001 - not installed, no export: the other two still compare
@@ -531,20 +513,22 @@ def bench_model(name: str, args, work: Path, say) -> list[dict]:
             "minutes": args.minutes, "db": str(args.db), "device": args.device}
     rows = []
     with open(work / "log.txt", "w") as log:
-        tune = None
-        if args.minutes > 0:
-            say(f"{name}: tuning to {args.trials} trials per kernel, at most {args.minutes:g} min")
-            before = _records(args.db)
-            # The campaign stops itself; a kernel started just before the limit may take the
-            # rest of its trials (a few minutes) before it does.
-            tune = _spawn("tune", {**base, "threads": args.threads[0], "work": str(work)}, log,
-                          timeout_s=WORKER_TIMEOUT_S, tvm_threads=args.threads[0],
-                          soft_deadline_s=args.minutes * 60 * 1.25 + 180)
-            tune["trials_run"] = _records(args.db) - before
-        tuned = _records(args.db) > 0
         for threads in args.threads:
             (work / f"t{threads}").mkdir(exist_ok=True)
-            cfg = {**base, "threads": threads, "work": str(work / f"t{threads}"), "tuned": tuned}
+            tune = None
+            if args.minutes > 0:
+                say(f"{name}: tuning at {threads} thread(s) to {args.trials} trials per kernel, "
+                    f"at most {args.minutes:g} min")
+                before = _records(args.db)
+                # The campaign stops itself; a kernel started just before the limit may take
+                # the rest of its trials (a few minutes) before it does.
+                tune = _spawn("tune", {**base, "threads": threads,
+                                       "work": str(work / f"t{threads}")}, log,
+                              timeout_s=WORKER_TIMEOUT_S, tvm_threads=threads,
+                              soft_deadline_s=args.minutes * 60 * 1.25 + 180)
+                tune["trials_run"] = _records(args.db) - before
+            cfg = {**base, "threads": threads, "work": str(work / f"t{threads}"),
+                   "tuned": _records(args.db) > 0}
             row = _at_threads(cfg, log, say)
             if tune is not None:
                 row["tune"] = tune
@@ -788,7 +772,7 @@ def _autoplace_table(pairs) -> list[str]:
         "the store's records. runs: what the module's calls run (the build, or the whole-model "
         "contender that measured faster: eager, onnxruntime, torch.compile); module: its "
         "median, called back to back; build: the build's own; eager here: eager in the same "
-        "process, timed turn by turn with the build; m/p: the build's measured/predicted; "
+        "process, in blocks turn by turn with the build; m/p: the build's measured/predicted; "
         "ops per device: the plan's. "
         f"best/module: the fastest of eager, frozen and ORT over the module (target, defaults: "
         f">= {DEFAULTS_TARGET}x); here: the faster of eager and ORT over the module, the "
@@ -876,9 +860,9 @@ def _notes(pairs, args) -> list[str]:
             seen.add(row["model"])
             description = _get(row, "torch", "description")
             notes.append(f"{row['model']}: {description}" if description else row["model"])
-            if "tvm" in row:
-                notes.append(f"  tuning: {_tuning_note(row, args)}")
         at = f"  at {s['threads']} thread(s), " if s["threads"] else "  "
+        if "tvm" in row:
+            notes.append(f"{at}tuning: {_tuning_note(row, args)}")
         for label, msg in (("failed", row.get("error")), ("PyTorch", _get(row, "torch", "error")),
                            ("ONNX Runtime", _get(row, "ort", "error")),
                            ("torch.compile", _get(row, "compile", "error")),
@@ -935,8 +919,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=64,
                     help="trials per kernel to tune up to (default 64)")
     ap.add_argument("--minutes", type=float, default=20.0,
-                    help="tuning budget per model; 0: tune nothing, use the records as they are "
-                         "(none: no tuned builds)")
+                    help="tuning budget per model and thread count; 0: tune nothing, use the "
+                         "records as they are (none: no tuned builds)")
     ap.add_argument("--db", type=Path, default=Path("out/vs_frameworks.db"),
                     help="profile store whose tuning records (<db>.tuning/) are used and extended "
                          "(default out/vs_frameworks.db)")

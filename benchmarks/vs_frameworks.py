@@ -280,13 +280,13 @@ def _here_ms(m, module, args, work: Path, cfg: dict) -> dict:
     it), in this one process, in blocks turn by turn (:func:`_blocks_ms`): ratios that the
     machine's slower phases, which come and go between processes and within one (a 2-core VM's
     two-thread calls), change alike. Blocks, not single calls turn by turn: an ORT session
-    called right after eager's calls ran 16-50 % slower than back to back, even after an
+    called right after eager's calls runs slower than called back to back, even after an
     untimed call of its own. ORT's is left out where it cannot run here."""
     fns = {"build": lambda: m.run_flat(args), "module": lambda: m(*args),
            "eager": lambda: module(*args)}
     try:
         fns["ort"] = _ort_call(work, cfg["threads"], _load_arrays(work / "inputs.npz"))
-    except Exception:  # noqa: BLE001 - not installed, no export: the other two still compare
+    except Exception:  # noqa: BLE001 - not installed, no export: the others still compare
         pass
     return dict(zip(fns, _blocks_ms(list(fns.values()))))
 

@@ -44,9 +44,9 @@ framework's threads, and TVM's pool):
    faster; ``module.times``: what each measured), and the mixes: ``optimize_module`` over
    ``[--device, torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and
    (where the store holds any) with them. Each: the module's latency (what it runs, called
-   back to back as the frameworks are), the build's own latency and its measured/predicted,
-   the build, the module, eager and ORT timed in blocks turn by turn in the same process
-   (each called back to back for 0.1 s, in turn, 11 rounds), the ops on each device, and the
+   back to back as the frameworks are); the build's own latency and its measured/predicted,
+   the build timed with the module, eager and ORT in blocks turn by turn in the same process
+   (each called back to back for 0.1 s, in turn, 11 rounds); the ops on each device; and the
    time to the first output: ``optimize_module`` and the first call, split where it went (the
    module's ``result.steps_s``).
 

@@ -277,37 +277,23 @@ def _worker_module(cfg: dict) -> dict:
 def _here_ms(m, module, args, work: Path, cfg: dict) -> dict:
     """The calls of the module's build (``"build"``), of the module, eager's and ONNX
     Runtime's on the eager worker's export (:func:`_ort_call`, as :func:`_worker_ort` times
-    it), in this one process, in blocks turn by turn (:func:`_blocks_ms`): ratios that the
-    machine's slower phases, which come and go between processes and within one (a 2-core VM's
-    two-thread calls), change alike. Blocks, not single calls turn by turn: an ORT session
-    called right after eager's calls runs slower than called back to back, even after an
-    untimed call of its own. ORT's is left out where it cannot run here."""
+    it), in this one process, in blocks of 0.1 s in turn, 11 rounds
+    (:func:`autoplace.run.overhead.blocks_s`; the module's own blocks are shorter, all its
+    contenders' within a second): ratios that the machine's slower phases, which come and go
+    between processes and within one (a 2-core VM's two-thread calls), change alike. Blocks,
+    not single calls turn by turn: an ORT session called right after eager's calls runs slower
+    than called back to back, even after an untimed call of its own. ORT's is left out where it
+    cannot run here."""
+    from autoplace.run.overhead import blocks_s
+
     fns = {"build": lambda: m.run_flat(args), "module": lambda: m(*args),
            "eager": lambda: module(*args)}
     try:
         fns["ort"] = _ort_call(work, cfg["threads"], _load_arrays(work / "inputs.npz"))
     except Exception:  # noqa: BLE001 - not installed, no export: the others still compare
         pass
-    return dict(zip(fns, _blocks_ms(list(fns.values()))))
-
-
-def _blocks_ms(fns, block_s: float = 0.1, rounds: int = 11) -> list[float]:
-    """Median ms of a call of each of ``fns``: each called back to back for ``block_s`` (at
-    least three calls) after a call untimed, in turn, ``rounds`` times; the median of its
-    blocks' medians. Blocks, not single calls, so that each meets the machine as in a process
-    of its own (a multi-threaded runtime's threads spin for a while after its calls and take
-    the cores from the next one's), and in turn, so that all meet the same phases of it."""
-    blocks: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, got in zip(fns, blocks):
-            fn()
-            times, end = [], time.perf_counter() + block_s
-            while len(times) < 3 or time.perf_counter() < end:
-                t = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t)
-            got.append(statistics.median(times))
-    return [statistics.median(b) * 1e3 for b in blocks]
+    medians, _ = blocks_s(list(fns.values()), block_s=0.1, rounds=11, least=3)
+    return {name: s * 1e3 for name, s in zip(fns, medians)}
 
 
 def _device(cfg: dict):

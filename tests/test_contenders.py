@@ -245,7 +245,7 @@ def test_onnxruntime_chosen_on_several_threads_keeps_orts_default_wait(cnn_modul
     # Timed with its threads stopped after each call (they would take the next contender's
     # cores); run call after call, it waits as ORT's own sessions do.
     model, x, _ = cnn_module
-    monkeypatch.setattr(door, "_turns", lambda contenders, inputs: {
+    monkeypatch.setattr(door, "_blocks", lambda contenders, inputs: {
         k: 1e-4 if k.startswith(ONNXRUNTIME) else 1e-3 for k in contenders})
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -273,7 +273,7 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
     assert door.margin(EAGER, m.plan) == door.EAGER_MARGIN
 
     def contend_with(times):
-        monkeypatch.setattr(door, "_turns", lambda fns, inputs: {k: times[k] for k in fns})
+        monkeypatch.setattr(door, "_blocks", lambda fns, inputs: {k: times[k] for k in fns})
         m._eager, m._runs, m.times = None, "build", {}
         door.contend(m, model, (x,), times[EAGER], "given")
         return m.runs

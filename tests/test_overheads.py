@@ -153,3 +153,28 @@ def test_turns_have_each_function_follow_each_other_as_often():
     assert order == [0, 0, 0]
     assert overhead.call_order(1) == [0] and overhead.call_order(2) == [0, 1]
     assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2  # the budget spent: the least
+
+
+def test_blocks_call_each_function_back_to_back_in_turn():
+    order = []
+    fns = [lambda k=k: order.append(k) for k in range(3)]
+    medians, calls = overhead.blocks_s(fns, block_s=0.0, rounds=3, least=2, warm=1)
+    assert calls == 6 and len(medians) == 3 and all(m >= 0 for m in medians)
+    # Each round, a block of three calls (one untimed, two timed) each, begun one further on.
+    assert order == [0] * 3 + [1] * 3 + [2] * 3 + [1] * 3 + [2] * 3 + [0] * 3 \
+        + [2] * 3 + [0] * 3 + [1] * 3
+    order.clear()
+    medians, calls = overhead.blocks_s(fns[:1], block_s=0.05, rounds=2, least=1, warm=0)
+    assert calls == len(order) > 2  # a block goes on until block_s has passed
+
+
+def test_blocks_take_the_median_of_the_blocks_medians():
+    import itertools
+    import time
+
+    # Each block's third call takes 50 ms, its first two none: a block's median is the quick
+    # calls', where a mean would be 17 ms.
+    sleeps = itertools.cycle([0.0, 0.0, 0.05])
+    slow = lambda: time.sleep(next(sleeps))  # noqa: E731
+    (median,), calls = overhead.blocks_s([slow], block_s=0.0, rounds=3, least=3, warm=0)
+    assert calls == 9 and median < 0.01

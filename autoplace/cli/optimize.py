@@ -234,7 +234,7 @@ def _demo_pytorch(args, spec: str, model, inputs) -> int:
     print(f"model {spec}: {module.result.graph.summary()}")
     print(module.summary())
     if module.times:
-        print("per call, measured here turn by turn: " + ", ".join(
+        print("per call, measured here in blocks in turn: " + ", ".join(
             f"{name} {s * 1e3:.3f} ms" for name, s in sorted(module.times.items(),
                                                                key=lambda kv: kv[1])))
     used = ", ".join(d.name for d in module.plan.used_devices())

@@ -305,7 +305,7 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     logged warning saying why; ``strict=True`` raises instead. The backend's ``.graphs`` says
     what it did with each graph.
 
-    Each graph's build is timed turn by turn against the graph run as Dynamo gave it and ONNX
+    Each graph's build is timed in blocks in turn against the graph run as Dynamo gave it and ONNX
     Runtime on the graph (where onnxruntime is installed), and the fastest of those that beat
     the build by their margin runs (``optimize_module``'s contenders, without ``torch.compile``:
     ``record.module.runs`` and ``.summary()`` say which).

@@ -35,7 +35,7 @@ from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
 from autoplace.run.compile import flat_tensors
-from autoplace.run.overhead import turns_s
+from autoplace.run.overhead import blocks_s, turns_s
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,9 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     Runtime on the model exported to ONNX where onnxruntime is installed and the inputs are on
     the CPU (at the graph optimization level that measured faster here), and, with
     ``torch_compile``, the model compiled by ``torch.compile`` with Inductor's freezing (tens
-    of seconds for its first call). They are timed with the build turn by turn, recorded among
-    the baselines, and where one of a model in eval mode ran faster than the build by more
-    than 3 %, the module runs the fastest instead (``module.runs`` is ``"eager"``,
+    of seconds for its first call). They are timed with the build in blocks in turn, recorded
+    among the baselines, and where one of a model in eval mode ran faster than the build by
+    more than 3 %, the module runs the fastest instead (``module.runs`` is ``"eager"``,
     ``"onnxruntime"`` or ``"torch.compile"``; ``summary()`` gives the times). A contender that
     fails to export, build or compile, or whose outputs differ from eager's, is left out with
     a warning saying why. ``eager_fallback=False`` keeps the build whatever it measured, and
@@ -156,11 +156,11 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
 
     ``eager_s``: eager's seconds a call, timed before the build (``note``: how), recorded among
     the baselines. A build whose outputs differ from eager's is replaced by eager (unless
-    ``eager_fallback`` is False or the model is in training mode). The contenders, timed turn
-    by turn with the build (:func:`_turns`): eager; ONNX Runtime on the whole model where
+    ``eager_fallback`` is False or the model is in training mode). The contenders, timed in
+    blocks in turn with the build (:func:`_blocks`): eager; ONNX Runtime on the whole model where
     onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
     as ``model``, is exported where given), at each graph optimization level in the same
-    turns, the faster kept; with ``torch_compile``, Inductor with freezing
+    rounds, the faster kept; with ``torch_compile``, Inductor with freezing
     (:func:`_compiled`). Each is recorded among the result's baselines.
     ``eager_fallback=False`` keeps the build and times no contender."""
     module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
@@ -183,8 +183,8 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
         if compiled is not None:
             rivals[COMPILED] = compiled
             notes[COMPILED] = "Inductor, frozen (freezing=True)"
-    # ORT's graph optimization levels are timed in the same turns, the faster kept.
-    times = _turns({"build": module, **rivals, **{_level_name(k): s for k, s in levels.items()}},
+    # ORT's graph optimization levels are timed in the same rounds, the faster kept.
+    times = _blocks({"build": module, **rivals, **{_level_name(k): s for k, s in levels.items()}},
                    inputs)
     timed_levels = {k: times.pop(_level_name(k)) for k in levels if _level_name(k) in times}
     if timed_levels:
@@ -200,7 +200,8 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
         if name in times:
             module.result = with_measured_baseline(
                 module.result, name, times[name],
-                f"measured here, turn by turn with the build and eager, not predicted; {how}")
+                f"measured here, in blocks in turn with the build and eager, not predicted; "
+                f"{how}")
     timed = [name for name in rivals if name in times]
     beat = [name for name in timed if times[name] < margin(name, module.plan) * times["build"]]
     if beat:
@@ -354,10 +355,10 @@ class OrtModel:
 
 
 def _against(times: dict[str, float], name: str) -> str:
-    """``'1 ms a call here against build 2 ms, ... (timed turn by turn)'``: ``name``'s time in
+    """``'1 ms a call here against build 2 ms, ... (timed in blocks in turn)'``: ``name``'s time in
     ``times`` (seconds) against the others'."""
     others = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in times.items() if k != name)
-    return f"{times[name] * 1e3:.4g} ms a call here against {others} (timed turn by turn)"
+    return f"{times[name] * 1e3:.4g} ms a call here against {others} (timed in blocks in turn)"
 
 
 def _reason(e: Exception) -> str:
@@ -366,10 +367,13 @@ def _reason(e: Exception) -> str:
     return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
-def _turns(contenders: dict, inputs, budget_s: float = 1.0, most: int = 30) -> dict[str, float]:
+def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
+            ) -> dict[str, float]:
     """Median seconds of a call of each of ``contenders`` (name -> callable) on ``inputs``,
-    timed turn by turn (:func:`~autoplace.run.overhead.turns_s`, at least 5 rounds) so that all
-    see the same machine and follow one another alike, after a warm-up each."""
+    timed in blocks in turn (:func:`~autoplace.run.overhead.blocks_s`: ``rounds`` rounds of a
+    block each, within about ``budget_s`` where calls are short, at least two timed calls a
+    block where they are not), after a warm-up each: each timed as it runs called back to back,
+    all through the same phases of the machine."""
     from autoplace.backend import settle
 
     fns = [functools.partial(fn, *inputs) for fn in contenders.values()]
@@ -378,7 +382,7 @@ def _turns(contenders: dict, inputs, budget_s: float = 1.0, most: int = 30) -> d
         settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
         for fn in fns[1:]:
             fn()
-        medians, _ = turns_s(fns, most=most, budget_s=budget_s, least=5)
+        medians, _ = blocks_s(fns, block_s=budget_s / (rounds * len(fns)), rounds=rounds)
     return dict(zip(contenders, medians))
 
 
@@ -654,7 +658,8 @@ class AutoplaceModule(torch.nn.Module):
                 "func_name": getattr(self._build, "func_name", "main"),
                 "torch_ops": (self._saved["meta"].get("torch_ops", []) if self._saved is not None
                               else called(self._build.mod)),
-                "outputs": None if self._out_spec is None else pytree.treespec_dumps(self._out_spec),
+                "outputs": (None if self._out_spec is None
+                            else pytree.treespec_dumps(self._out_spec)),
                 "runs": "build" if ort is None else ONNXRUNTIME,
                 "ort_level": None if ort is None else ort.level}
         segments = {}  # the ORT segments the build calls, registered again on load

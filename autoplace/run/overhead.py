@@ -293,6 +293,36 @@ def turns_s(fns, *, most: int, budget_s: float, least: int,
     return [statistics.median(t) for t in times], len(times[0])
 
 
+def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2,
+             warm: int = 1) -> tuple[list[float], int]:
+    """Median seconds of a call of each of ``fns`` (callables of no argument), timed in blocks:
+    each called back to back for ``block_s`` (at least ``least`` timed calls, after ``warm``
+    untimed ones), in turn, ``rounds`` times, each round begun one function further on; per
+    function, the median of its blocks' medians. Also the fewest timed calls a function had.
+
+    Blocks, not single calls in turn (:func:`turns_s`): each meets the machine as a model called
+    back to back does, not as the one before it left it (a multi-threaded runtime's threads spin
+    for a while after its calls and take the cores from the next; another's weights evict its
+    own), which an untimed call of its own between does not undo; and in turn, so that all meet
+    the same phases of a machine whose speed drifts. Warm-up calls before the first block are
+    the caller's."""
+    blocks: list[list[float]] = [[] for _ in fns]
+    calls = [0] * len(fns)
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (r + k) % len(fns)
+            for _ in range(warm):
+                fns[i]()
+            times, end = [], time.perf_counter() + block_s
+            while len(times) < least or time.perf_counter() < end:
+                t = time.perf_counter()
+                fns[i]()
+                times.append(time.perf_counter() - t)
+            blocks[i].append(statistics.median(times))
+            calls[i] += len(times)
+    return [statistics.median(b) for b in blocks], min(calls, default=0)
+
+
 def call_order(n: int) -> list[int]:
     """One pass of calls of ``n`` functions (by index) in which, repeated pass after pass, each
     follows each other exactly once: an Eulerian circuit of the complete directed graph on them,
@@ -326,9 +356,9 @@ class OverheadFigure:
       ``peer``, beyond the op itself
       (:func:`autoplace.profile.torch_timings.measure_handoff`).
 
-    With a ``peer`` (but for ``"handoff"``), the figure is the pair's: stages or segments alternating ``device``,
-    ``peer``, ``device``..., the slope per stage or segment (the mean of the two devices'
-    figures). ``detail`` says how it was measured (JSON-able).
+    With a ``peer`` (but for ``"handoff"``), the figure is the pair's: stages or segments
+    alternating ``device``, ``peer``, ``device``..., the slope per stage or segment (the mean of
+    the two devices' figures). ``detail`` says how it was measured (JSON-able).
     """
 
     device: str

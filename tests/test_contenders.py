@@ -269,20 +269,30 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
     ort = Device.onnxruntime()
     m = optimize_module(model, (x,), CPU + [ort], **FAST, pins=[("op:nn.conv2d", "ort")],
                         eager_fallback=False)
-    assert "ort" in m.plan.assignment and door.margin(ONNXRUNTIME, m.plan) == 1.0
-    assert door.margin(EAGER, m.plan) == door.EAGER_MARGIN
+    assert "ort" in m.plan.assignment
+    graph, devices = m.result.graph, m.plan.devices
+    mixed = autoplace.Plan.from_assignment(graph, devices, [
+        "ort" if n.op_type == "nn.conv2d" else "cpu0" for n in graph.nodes])
+    every = autoplace.Plan.from_assignment(graph, devices, ["ort"] * len(graph.nodes))
+    assert door.margin(ONNXRUNTIME, mixed) == 1.0
+    # A build of ORT alone must beat ORT on the whole model by the margin: a tie goes to ORT.
+    assert door.margin(ONNXRUNTIME, every) == pytest.approx(1 / door.EAGER_MARGIN)
+    assert door.margin(EAGER, mixed) == door.margin(EAGER, every) == door.EAGER_MARGIN
 
-    def contend_with(times):
+    def contend_with(times, plan):
         monkeypatch.setattr(door, "_blocks", lambda fns, inputs: {k: times[k] for k in fns})
         m._eager, m._runs, m.times = None, "build", {}
+        m.plan = plan  # the plan the margin reads; the build stays as it is
         door.contend(m, model, (x,), times[EAGER], "given")
         return m.runs
 
     build, levels = 1e-3, [f"{ONNXRUNTIME} ORT_ENABLE_{k}" for k in ("ALL", "EXTENDED")]
+    tie = {"build": build, EAGER: 2e-3, levels[0]: 1.01 * build, levels[1]: 2e-3}
+    assert contend_with(tie, mixed) == "build" and contend_with(tie, every) == "onnxruntime"
     assert contend_with({"build": build, EAGER: 2e-3, levels[0]: 0.99 * build,
-                         levels[1]: 2e-3}) == "onnxruntime"
+                         levels[1]: 2e-3}, mixed) == "onnxruntime"
     assert contend_with({"build": build, EAGER: 0.99 * build, levels[0]: 2e-3,
-                         levels[1]: 2e-3}) == "build"
+                         levels[1]: 2e-3}, every) == "build"
     # Without ORT in the plan, ORT keeps the margin eager has.
     plain = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)
     assert door.margin(ONNXRUNTIME, plain.plan) == door.EAGER_MARGIN

@@ -79,12 +79,19 @@ EAGER_MARGIN = 0.97
 
 def margin(contender: str, plan: Plan) -> float:
     """The fraction of the build's time ``contender`` must measure below to run instead of
-    the build of ``plan``: :data:`EAGER_MARGIN`; 1 for ONNX Runtime on the whole model where
-    the plan runs ops on an ORT device. Those segments run the same model's ops on the same
-    runtime, fused no more than on the whole model, with the VM's calls between them: where
-    ORT on the whole model measures as fast, it runs that work with less around it."""
-    if contender == ONNXRUNTIME and any(d.runtime == "ort" for d in plan.used_devices()):
-        return 1.0
+    the build of ``plan``: :data:`EAGER_MARGIN`; for ONNX Runtime on the whole model, 1 where
+    the plan runs ops on an ORT device, and ``1 / EAGER_MARGIN`` where it runs every op there
+    (the build must beat ORT by the margin eager must beat the build by). Those segments run
+    the same model's ops on the same runtime, fused no more than on the whole model, with the
+    VM's calls between them: where ORT on the whole model measures as fast, it runs that work
+    with less around it; where the build is that one runtime alone, it is the plainer one
+    that a measured tie goes to."""
+    if contender == ONNXRUNTIME:
+        used = plan.used_devices()
+        if all(d.runtime == "ort" for d in used):
+            return 1 / EAGER_MARGIN
+        if any(d.runtime == "ort" for d in used):
+            return 1.0
     return EAGER_MARGIN
 
 

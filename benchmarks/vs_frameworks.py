@@ -260,11 +260,11 @@ def _worker_module(cfg: dict) -> dict:
         # the module, eager and ORT in blocks turn by turn.
         ms, n = _median_ms(lambda: m(*args), cfg["repeats"])
         here = _here_ms(m, model.module, args, work, cfg)
-        build_ms, eager_ms = here.pop("build"), here["eager"]
+        build_ms = here.pop("build")
     plan = m.plan  # the build's: the result's, or a close call's
     return {"runs": m.runs, "here_ms": here,
             "times_ms": {k: v * 1e3 for k, v in m.times.items()},
-            "ms": ms, "n": n, "build_ms": build_ms, "eager_here_ms": eager_ms,
+            "ms": ms, "n": n, "build_ms": build_ms,
             "predicted_ms": None if plan.predicted_s is None else plan.predicted_s * 1e3,
             "devices": [d.name for d in plan.devices], "ops": dict(Counter(plan.assignment)),
             "plan_threads": plan.threads,
@@ -680,7 +680,7 @@ def _module(m: dict | None, user, single) -> dict:
     if not m or "ms" not in m:
         return {"error": (m or {}).get("error", "no result")}
     return {"runs": m["runs"], "ms": m["ms"], "build_ms": m["build_ms"],
-            "eager_here_ms": m["eager_here_ms"], "times_ms": m["times_ms"],
+            "eager_here_ms": (m.get("here_ms") or {}).get("eager"), "times_ms": m["times_ms"],
             "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
             "ops": m["ops"], "first_s": m["first_s"], "first_call_s": m["first_call_s"],
             "steps_s": m["steps_s"], "other_s": m["optimize_s"] - sum(m["steps_s"].values()),

@@ -860,8 +860,8 @@ def _notes(pairs, args) -> list[str]:
                 notes.append(f"{at}{label}: {msg}")
         for key, m in s["modules"].items():
             if m.get("times_ms"):
-                notes.append(f"{at}{key} runs {m['runs']}; optimize_module timed, turn by "
-                             "turn: " + ", ".join(f"{k} {_ms(v)} ms"
+                notes.append(f"{at}{key} runs {m['runs']}; optimize_module timed, in blocks "
+                             "in turn: " + ", ".join(f"{k} {_ms(v)} ms"
                                                   for k, v in m["times_ms"].items()))
         lines = _bottlenecks(row)
         if lines:

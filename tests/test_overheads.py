@@ -152,7 +152,8 @@ def test_turns_have_each_function_follow_each_other_as_often():
     overhead.turns_s(fns[:1], most=3, budget_s=60.0, least=1)  # one function: back to back
     assert order == [0, 0, 0]
     assert overhead.call_order(1) == [0] and overhead.call_order(2) == [0, 1]
-    assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2  # the budget spent: the least
+    # the budget spent: the least
+    assert overhead.turns_s(fns, most=10, budget_s=0.0, least=2)[1] == 2
 
 
 def test_blocks_call_each_function_back_to_back_in_turn():

@@ -219,7 +219,8 @@ def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
     h = num_heads
 
     def attend(x):
-        q, k, v = F.linear(x, qkv_weight, qkv_bias).reshape(b, s, 3, h, e // h).permute(2, 0, 3, 1, 4)
+        q, k, v = (F.linear(x, qkv_weight, qkv_bias).reshape(b, s, 3, h, e // h)
+                   .permute(2, 0, 3, 1, 4))
         att = torch.softmax(q @ k.transpose(-2, -1) / (e // h) ** 0.5, dim=-1)
         return F.linear((att @ v).transpose(1, 2).reshape(b, s, e), proj_weight, proj_bias)
 
@@ -336,5 +337,6 @@ def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, *, opt
     arguments). ``mode`` has no meaning here and is refused unless ``"default"``."""
     if mode not in (None, "default"):
         raise ValueError(f"torch.compile mode {mode!r}: the autoplace backend has no modes; "
-                         f"pass its settings as options={{...}} (devices, strict, objective, db, ...)")
+                         "pass its settings as options={...} (devices, strict, objective, db, "
+                         "...)")
     return AutoplaceBackend(**(options or {}))(gm, example_inputs)

@@ -116,14 +116,14 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     ``torch_compile``, the model compiled by ``torch.compile`` with Inductor's freezing (tens
     of seconds for its first call). They are timed with the build in blocks in turn, recorded
     among the baselines, and where one of a model in eval mode ran faster than the build by
-    more than 3 %, the module runs the fastest instead (``module.runs`` is ``"eager"``,
-    ``"onnxruntime"`` or ``"torch.compile"``; ``summary()`` gives the times). A contender that
-    fails to export, build or compile, or whose outputs differ from eager's, is left out with
-    a warning saying why. ``eager_fallback=False`` keeps the build whatever it measured, and
-    times no contender. The build's outputs are checked against eager's on the example inputs
-    first: where they differ (relative error above :data:`MISMATCH`), a warning says so, and
-    the module runs the model eagerly unless ``eager_fallback=False`` or the model is in
-    training mode.
+    more than 3 % (ONNX Runtime: by its :func:`margin`), the module runs the fastest instead
+    (``module.runs`` is ``"eager"``, ``"onnxruntime"`` or ``"torch.compile"``; ``summary()``
+    gives the times). A contender that fails to export, build or compile, or whose outputs
+    differ from eager's, is left out with a warning saying why. ``eager_fallback=False`` keeps
+    the build whatever it measured, and times no contender. The build's outputs are checked
+    against eager's on the example inputs first: where they differ (relative error above
+    :data:`MISMATCH`), a warning says so, and the module runs the model eagerly unless
+    ``eager_fallback=False`` or the model is in training mode.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -192,7 +192,7 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
             notes[COMPILED] = "Inductor, frozen (freezing=True)"
     # ORT's graph optimization levels are timed in the same rounds, the faster kept.
     times = _blocks({"build": module, **rivals, **{_level_name(k): s for k, s in levels.items()}},
-                   inputs)
+                    inputs)
     timed_levels = {k: times.pop(_level_name(k)) for k in levels if _level_name(k) in times}
     if timed_levels:
         level = min(timed_levels, key=timed_levels.get)

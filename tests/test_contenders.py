@@ -262,6 +262,53 @@ def test_onnxruntime_chosen_on_several_threads_keeps_orts_default_wait(cnn_modul
     assert door._serving(one) is one and _stops_threads(one)
 
 
+def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_module, monkeypatch,
+                                                                        tmp_path):
+    # A small graph's session can run faster on one thread than on the caller's several: both
+    # are timed, at each level, and the module runs the fastest, never on more threads.
+    model, x, _ = cnn_module
+    timed = []
+
+    def blocks(contenders, inputs):
+        timed.append(list(contenders))
+        return {k: 1e-5 if k.endswith(", 1 intra-op thread") and "ENABLE_ALL" in k
+                else 1e-4 if k.startswith(ONNXRUNTIME) else 1e-3 for k in contenders}
+
+    monkeypatch.setattr(door, "_blocks", blocks)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert door.ort_threads() == (2, 1)
+        m = optimize_module(model, (x,), CPU, **FAST)
+    finally:
+        torch.set_num_threads(threads)
+    ort = [k.removeprefix(ONNXRUNTIME + " ") for k in timed[0] if k.startswith(ONNXRUNTIME)]
+    assert sorted(ort) == sorted(f"{level}, {n} intra-op thread{'s' * (n > 1)}"
+                                 for level in door.ORT_LEVELS for n in (2, 1))
+    assert m.runs == "onnxruntime" and m._eager.threads == 1
+    assert m._eager.level == "ORT_ENABLE_ALL"
+    note = m.result.baseline_notes[ONNXRUNTIME]
+    assert note.index("ORT_ENABLE_ALL, 1 intra-op thread: 0.01 ms") < note.index("against")
+    assert "0.1 (ORT_ENABLE_ALL, 2 intra-op threads)" in note
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
+    # Saved and loaded in a process of two threads, it runs on the one thread it ran on.
+    m.save(tmp_path / "one.apmod")
+    torch.set_num_threads(2)
+    try:
+        loaded = load_module(tmp_path / "one.apmod")
+        assert loaded.runs == "onnxruntime" and loaded._eager.threads == 1
+        assert "ORT_ENABLE_ALL, 1 intra-op thread" in loaded.summary()
+    finally:
+        torch.set_num_threads(threads)
+    # On one thread there is no other count to time.
+    torch.set_num_threads(1)
+    try:
+        assert door.ort_threads() == (1,)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypatch):
     # The build's ORT segments are cut from the model ORT runs whole: as fast, it is the same
     # work without the VM's calls between segments. Against eager, the build keeps a tie.
@@ -286,13 +333,17 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
         door.contend(m, model, (x,), times[EAGER], "given")
         return m.runs
 
-    build, levels = 1e-3, [f"{ONNXRUNTIME} ORT_ENABLE_{k}" for k in ("ALL", "EXTENDED")]
-    tie = {"build": build, EAGER: 2e-3, levels[0]: 1.01 * build, levels[1]: 2e-3}
+    build = 1e-3
+    variants = [door._variant_name((level, n)) for level in door.ORT_LEVELS
+                for n in door.ort_threads()]
+
+    def timing(eager, ort):  # one ORT variant at ``ort``, the others slower
+        return {"build": build, EAGER: eager, variants[0]: ort} | {v: 2e-3 for v in variants[1:]}
+
+    tie = timing(2e-3, 1.01 * build)
     assert contend_with(tie, mixed) == "build" and contend_with(tie, every) == "onnxruntime"
-    assert contend_with({"build": build, EAGER: 2e-3, levels[0]: 0.99 * build,
-                         levels[1]: 2e-3}, mixed) == "onnxruntime"
-    assert contend_with({"build": build, EAGER: 0.99 * build, levels[0]: 2e-3,
-                         levels[1]: 2e-3}, every) == "build"
+    assert contend_with(timing(2e-3, 0.99 * build), mixed) == "onnxruntime"
+    assert contend_with(timing(0.99 * build, 2e-3), every) == "build"
     # Without ORT in the plan, ORT keeps the margin eager has.
     plain = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)
     assert door.margin(ONNXRUNTIME, plain.plan) == door.EAGER_MARGIN

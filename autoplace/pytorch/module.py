@@ -166,8 +166,9 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     ``eager_fallback`` is False or the model is in training mode). The contenders, timed in
     blocks in turn with the build (:func:`_blocks`): eager; ONNX Runtime on the whole model where
     onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
-    as ``model``, is exported where given), at each graph optimization level in the same
-    rounds, the faster kept; with ``torch_compile``, Inductor with freezing
+    as ``model``, is exported where given), at each graph optimization level and intra-op
+    thread count (:func:`ort_threads`) in the same rounds, the fastest kept; with
+    ``torch_compile``, Inductor with freezing
     (:func:`_compiled`). Each is recorded among the result's baselines.
     ``eager_fallback=False`` keeps the build and times no contender."""
     module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
@@ -184,25 +185,24 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     if not eager_fallback or model.training:
         return
     rivals, notes = {EAGER: model}, {}
-    levels = _onnxruntime(model, inputs, onnx_source) or {}
+    variants = _onnxruntime(model, inputs, onnx_source) or {}
     if torch_compile:
         compiled = _compiled(model, inputs)
         if compiled is not None:
             rivals[COMPILED] = compiled
             notes[COMPILED] = "Inductor, frozen (freezing=True)"
-    # ORT's graph optimization levels are timed in the same rounds, the faster kept.
-    times = _blocks({"build": module, **rivals, **{_level_name(k): s for k, s in levels.items()}},
-                    inputs)
-    timed_levels = {k: times.pop(_level_name(k)) for k in levels if _level_name(k) in times}
-    if timed_levels:
-        level = min(timed_levels, key=timed_levels.get)
-        rivals[ONNXRUNTIME], times[ONNXRUNTIME] = levels[level], timed_levels[level]
-        others = ", ".join(f"{k}'s {v * 1e3:.4g}" for k, v in timed_levels.items() if k != level)
-        threads = torch.get_num_threads()
-        notes[ONNXRUNTIME] = (f"the model exported to ONNX, CPU execution provider, {level} "
-                              f"({timed_levels[level] * 1e3:.4g} ms a call here against "
-                              f"{others or 'no other level'}), {threads} intra-op "
-                              f"thread{'s' * (threads != 1)}")
+    # ORT's levels and thread counts are timed in the same rounds, the fastest kept.
+    times = _blocks({"build": module, **rivals,
+                     **{_variant_name(k): s for k, s in variants.items()}}, inputs)
+    ort_s = {k: times.pop(_variant_name(k)) for k in variants if _variant_name(k) in times}
+    if ort_s:
+        fastest = min(ort_s, key=ort_s.get)
+        rivals[ONNXRUNTIME], times[ONNXRUNTIME] = variants[fastest], ort_s[fastest]
+        others = ", ".join(f"{v * 1e3:.4g} ({_variant_text(k)})"
+                           for k, v in ort_s.items() if k != fastest)
+        notes[ONNXRUNTIME] = (f"the model exported to ONNX, CPU execution provider, "
+                              f"{_variant_text(fastest)}: {ort_s[fastest] * 1e3:.4g} ms a call "
+                              f"here against {others or 'no other variant'}")
     for name, how in notes.items():
         if name in times:
             module.result = with_measured_baseline(
@@ -278,13 +278,22 @@ def _compiled(model: torch.nn.Module, inputs):
 ORT_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED")
 
 
+def ort_threads() -> tuple[int, ...]:
+    """The intra-op thread counts ONNX Runtime on the whole model is timed at: PyTorch's
+    count (the threads the caller gives the model), and one where that is more. On a small
+    graph, handing each node's work to other threads and waiting for them costs more than
+    they give, so a session on one thread can be the faster; which is, is measured."""
+    return tuple(sorted({torch.get_num_threads(), 1}, reverse=True))
+
+
 def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
-                 ) -> dict[str, OrtModel] | None:
+                 ) -> dict[tuple[str, int], OrtModel] | None:
     """ONNX Runtime on the whole ``model`` (exported from ``source`` where given), as a
-    contender: per graph optimization level of :data:`ORT_LEVELS`, a callable of torch tensors
-    that returns what the model returns (:class:`OrtModel`); None where onnxruntime is not
-    installed or an input is not on the CPU, and None with one warning saying why where the
-    export or a session fails or its outputs differ from eager's."""
+    contender: per graph optimization level of :data:`ORT_LEVELS` and intra-op thread count
+    of :func:`ort_threads`, a callable of torch tensors that returns what the model returns
+    (:class:`OrtModel`); None where onnxruntime is not installed or an input is not on the
+    CPU, and None with one warning saying why where the export or a session fails or its
+    outputs differ from eager's."""
     if any(x.device.type != "cpu" for x in inputs):
         return None
     try:
@@ -296,9 +305,10 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
         with torch.inference_mode():
             spec = pytree.tree_structure(model.eval()(*inputs))
         onnx = onnx_bytes(model if source is None else source, inputs)
-        sessions = {level: OrtModel(onnx, level, spec) for level in ORT_LEVELS}
-        error = _output_error(lambda xs: pytree.tree_leaves(sessions[ORT_LEVELS[0]](*xs)),
-                              model, inputs)
+        sessions = {(level, t): OrtModel(onnx, level, spec, t)
+                    for level in ORT_LEVELS for t in ort_threads()}
+        first = next(iter(sessions.values()))
+        error = _output_error(lambda xs: pytree.tree_leaves(first(*xs)), model, inputs)
         if error is None or error > MISMATCH:
             raise ValueError("its outputs could not be checked against eager's" if error is None
                              else f"its outputs differ from eager's (relative error {error:.2g})")
@@ -311,9 +321,16 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
     return sessions
 
 
-def _level_name(level: str) -> str:
-    """The name ORT at graph optimization ``level`` is timed under among the contenders."""
-    return f"{ONNXRUNTIME} {level}"
+def _variant_name(variant: tuple[str, int]) -> str:
+    """The name ORT at graph optimization level and thread count ``variant`` is timed under
+    among the contenders."""
+    return f"{ONNXRUNTIME} {_variant_text(variant)}"
+
+
+def _variant_text(variant: tuple[str, int]) -> str:
+    """``'ORT_ENABLE_ALL, 2 intra-op threads'``."""
+    level, threads = variant
+    return f"{level}, {threads} intra-op thread{'s' * (threads != 1)}"
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:
@@ -668,7 +685,8 @@ class AutoplaceModule(torch.nn.Module):
                 "outputs": (None if self._out_spec is None
                             else pytree.treespec_dumps(self._out_spec)),
                 "runs": "build" if ort is None else ONNXRUNTIME,
-                "ort_level": None if ort is None else ort.level}
+                "ort_level": None if ort is None else ort.level,
+                "ort_threads": None if ort is None else ort.threads}
         segments = {}  # the ORT segments the build calls, registered again on load
         if self._saved is not None:
             segments = self._saved.get("segments", {})
@@ -737,7 +755,8 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
     module = AutoplaceModule(build, inputs, out_spec, _saved={
         "lib": lib, "consts": consts, "meta": meta, "segments": segments})
     if onnx is not None:
-        _run_saved_onnx(module, onnx, meta["ort_level"], out_spec, path)
+        _run_saved_onnx(module, onnx, meta["ort_level"], meta.get("ort_threads"), out_spec,
+                        path)
     return module
 
 
@@ -755,9 +774,12 @@ def _register_segments(segments: dict, path) -> None:
             raise ModuleFileError(f"{path}: ORT segment {name} does not match its saved model")
 
 
-def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, out_spec, path) -> None:
-    """Make a loaded ``module`` run the ONNX graph it ran when saved, or, where ONNX Runtime is
-    not installed or fails on it here, its build, with a warning saying why."""
+def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, threads: int | None,
+                    out_spec, path) -> None:
+    """Make a loaded ``module`` run the ONNX graph it ran when saved, at the level it ran at,
+    on one intra-op thread where it ran on one (``threads``), else on PyTorch's count here; or,
+    where ONNX Runtime is not installed or fails on it here, its build, with a warning saying
+    why."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -765,13 +787,13 @@ def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, out_spec, 
                     "'autoplace[ort]'): the loaded module runs the build", path)
         return
     try:
-        ort = _serving(OrtModel(onnx, level, out_spec))
+        ort = _serving(OrtModel(onnx, level, out_spec, 1 if threads == 1 else None))
     except Exception as e:  # noqa: BLE001 - another ORT version may refuse the graph
         log.warning("%s ran ONNX Runtime when saved, which fails on its graph here (%s): the "
                     "loaded module runs the build", path, _reason(e))
         return
     module.run_eagerly(ort, {}, ONNXRUNTIME, reason=f"it did when saved (the model exported to "
-                                                    f"ONNX, {level})")
+                                                    f"ONNX, {_variant_text((level, ort.threads))})")
 
 
 class _LoadedBuild:

@@ -60,7 +60,10 @@ def assert_runs_the_fastest(m):
             if k != "build" and v < door.margin(k, m.plan) * m.times["build"]}
     best = min(beat, key=beat.get) if beat else None
     assert m.runs == (RUNS[best] if best else "build")
-    assert f"runs {best or 'the build'}: it measured" in m.summary()
+    how = f" ({door._variant_text((m._eager.level, m._eager.threads))})" \
+        if best == ONNXRUNTIME else ""
+    assert f"runs {best or 'the build'}{how}: it measured" in m.summary()
+    assert m.summary().endswith(m.runs_note)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,8 @@ def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_mo
     with torch.no_grad():
         torch.testing.assert_close(ort(x)[0], model(x), atol=1e-4, rtol=1e-4)
     m.run_eagerly(ort, dict(m.times), ONNXRUNTIME)  # as contend() does where ORT is fastest
-    assert m.runs == "onnxruntime" and "runs onnxruntime: it measured" in m.summary()
+    assert m.runs == "onnxruntime"
+    assert f"runs onnxruntime (ORT_ENABLE_ALL, {ort.threads} intra-op thread" in m.runs_note
     assert not m(x)[0].is_inference()  # ORT's arrays, which a caller may write into
     with pytest.raises(ValueError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float32\[2"):
         m(torch.randn(2, 3, 16, 16))

@@ -526,6 +526,12 @@ class AutoplaceModule(torch.nn.Module):
         self.times: dict[str, float] = {}
 
     @property
+    def runs_note(self) -> str:
+        """What calls run and why, in words, as :meth:`summary` ends (ONNX Runtime's graph
+        optimization level and threads where it runs); ``""`` before anything was timed."""
+        return self._runs_note
+
+    @property
     def runs(self) -> str:
         """``"build"``: calls run the plan's build; ``"eager"``, ``"torch.compile"`` or
         ``"onnxruntime"``: they run the model in PyTorch, eagerly or compiled, or the model
@@ -541,7 +547,9 @@ class AutoplaceModule(torch.nn.Module):
         self._eager, self._runs, self.times = model, "eager" if name == EAGER else name, times
         why = reason or (f"it measured {_against(times, name)}; "
                          f"{times['build'] / times[name]:.2f}x the build's speed")
-        self._runs_note = f"runs {name}: {why}; the build is kept for save()"
+        how = f" ({_variant_text((model.level, model.threads))})" \
+            if isinstance(model, OrtModel) else ""
+        self._runs_note = f"runs {name}{how}: {why}; the build is kept for save()"
 
     def keep_build(self, times: dict[str, float]) -> None:
         """Say in :meth:`summary` that calls run the build, which measured ``times["build"]``

@@ -282,7 +282,7 @@ def ort_threads() -> tuple[int, ...]:
     """The intra-op thread counts ONNX Runtime on the whole model is timed at: PyTorch's
     count (the threads the caller gives the model), and one where that is more. On a small
     graph, handing each node's work to other threads and waiting for them costs more than
-    they give, so a session on one thread can be the faster; which is, is measured."""
+    they give, so a session on one thread can be the faster: which is faster is measured."""
     return tuple(sorted({torch.get_num_threads(), 1}, reverse=True))
 
 
@@ -800,8 +800,8 @@ def _run_saved_onnx(module: AutoplaceModule, onnx: bytes, level: str, threads: i
         log.warning("%s ran ONNX Runtime when saved, which fails on its graph here (%s): the "
                     "loaded module runs the build", path, _reason(e))
         return
-    module.run_eagerly(ort, {}, ONNXRUNTIME, reason=f"it did when saved (the model exported to "
-                                                    f"ONNX, {_variant_text((level, ort.threads))})")
+    module.run_eagerly(ort, {}, ONNXRUNTIME,
+                       reason="it did when saved (the model exported to ONNX)")
 
 
 class _LoadedBuild:

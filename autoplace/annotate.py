@@ -191,8 +191,11 @@ def annotate_lifted(mod, plan: Plan, func_name: str = "main", *, lift_constants:
                     k = dev_of_node[span.nodes[0]]
                     args = [placed(v, k, out) for v in span.inputs]
                     types = [with_vdevice(v.ty, k) for v in span.outputs]
-                    call = _ort_call(mod, span, func_name, args, types, ort_threads,
-                                     dict(plan.ort_levels).get(plan.assignment[span.nodes[0]]))
+                    ort = plan.assignment[span.nodes[0]]
+                    call = _ort_call(mod, span, func_name, args, types,
+                                     dict(plan.ort_threads).get(ort, ort_threads),
+                                     dict(plan.ort_levels).get(ort),
+                                     fixed=ort in dict(plan.ort_threads))
                     if len(types) == 1:
                         nv = fresh(span.outputs[0], types[0])
                         out.append(relax.VarBinding(nv, call))
@@ -307,15 +310,19 @@ def _ort_spans(func, plan: Plan) -> dict:
 
 
 def _ort_call(mod, span, func_name: str, args, types, threads: int = 1,
-              level: str | None = None):
+              level: str | None = None, fixed: bool = False):
     """The call of ``span`` as a registered ORT session on ``threads`` intra-op threads, at
-    graph optimization ``level`` (None: the level that runs it fastest here)."""
-    from autoplace.backend.ort_segments import fastest_level, register, relax_call
+    graph optimization ``level``; with no level, the level, and unless ``fixed`` the thread
+    count (``threads`` or one), that run it fastest here."""
+    from autoplace.backend.ort_segments import fastest_variant, register, relax_call
     from autoplace.graph.segments import export
 
     segment = export(mod, span, func_name)
     if level is None:
-        level, _ = fastest_level(segment, threads, runs=5)
+        level, best, times = fastest_variant(segment, threads, runs=5)
+        if fixed:  # the fastest level at the plan's threads
+            level = min((lv for lv, t in times if t == threads), key=lambda lv: times[lv, threads])
+        threads = threads if fixed else best
     return relax_call(register(segment, threads, level), args, types)
 
 

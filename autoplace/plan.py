@@ -49,7 +49,10 @@ class Plan:
     group placed whole on a runtime device. ``ort_levels``: ``(device name, level)`` per ONNX
     Runtime device, the graph optimization level (``"all"``, ``"extended"``, ...) its segments
     were priced at, which a build gives their sessions; a device missing here is measured at
-    build (the level that runs its segment fastest).
+    build (the level that runs its segment fastest). ``ort_threads``: ``(device name, threads)``
+    per ONNX Runtime device, the intra-op threads its segments were priced at (the plan's, or
+    one where that ran faster); a device missing here runs the plan's threads, or where its
+    level is measured at build, the faster of those and one.
     """
 
     nodes: tuple[str, ...]
@@ -64,6 +67,7 @@ class Plan:
     threads: int | None = None
     groups: tuple[tuple[int, ...], ...] = ()
     ort_levels: tuple[tuple[str, str], ...] = ()
+    ort_threads: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         names = [d.name for d in self.devices]
@@ -102,6 +106,11 @@ class Plan:
                     or level not in ORT_LEVELS:
                 raise PlanError(f"ort_levels: ({name!r}, {level!r}) is not an ONNX Runtime "
                                 f"device of the plan with a level of {ORT_LEVELS}")
+        for name, t in self.ort_threads:
+            if name not in names or self.device(name).runtime != "ort" \
+                    or isinstance(t, bool) or not isinstance(t, int) or t < 1:
+                raise PlanError(f"ort_threads: ({name!r}, {t!r}) is not an ONNX Runtime "
+                                "device of the plan with a positive thread count")
 
     def _check_replicas(self, names: list[str]) -> None:
         reps = tuple(self.replicas)
@@ -213,6 +222,8 @@ class Plan:
             extra["groups"] = [list(g) for g in self.groups]
         if self.ort_levels:
             extra["ort_levels"] = dict(self.ort_levels)
+        if self.ort_threads:
+            extra["ort_threads"] = dict(self.ort_threads)
         return json.dumps({
             "format_version": 2 if extra else 1,
             "objective": self.objective,
@@ -251,6 +262,7 @@ class Plan:
                 threads=d.get("threads"),
                 groups=tuple(tuple(g) for g in d.get("groups") or ()),
                 ort_levels=tuple((d.get("ort_levels") or {}).items()),
+                ort_threads=tuple((d.get("ort_threads") or {}).items()),
             )
         except (KeyError, TypeError) as e:
             raise PlanError(f"not a plan: missing or malformed field {e}") from None

@@ -69,7 +69,6 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -263,7 +262,8 @@ def _worker_module(cfg: dict) -> dict:
         here = _here_ms(m, model.module, args, work, cfg)
         build_ms = here.pop("build")
     plan = m.plan  # the build's: the result's, or a close call's
-    return {"runs": m.runs, "runs_note": m.runs_note, "here_ms": here,
+    return {"runs": m.runs, "runs_note": m.runs_note, "ort_variant": m.ort_variant,
+            "here_ms": here,
             "times_ms": {k: v * 1e3 for k, v in m.times.items()},
             "ms": ms, "n": n, "build_ms": build_ms,
             "predicted_ms": None if plan.predicted_s is None else plan.predicted_s * 1e3,
@@ -681,6 +681,7 @@ def _module(m: dict | None, user, single) -> dict:
     if not m or "ms" not in m:
         return {"error": (m or {}).get("error", "no result")}
     return {"runs": m["runs"], "runs_note": m.get("runs_note", ""),
+            "ort_variant": m.get("ort_variant"),
             "ms": m["ms"], "build_ms": m["build_ms"],
             "eager_here_ms": (m.get("here_ms") or {}).get("eager"), "times_ms": m["times_ms"],
             "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
@@ -862,8 +863,9 @@ def _notes(pairs, args) -> list[str]:
                 notes.append(f"{at}{label}: {msg}")
         for key, m in s["modules"].items():
             if m.get("times_ms"):
-                how = re.match(r"runs [^(:]+(\([^)]*\))", m.get("runs_note") or "")
-                notes.append(f"{at}{key} runs {m['runs']}{' ' + how[1] if how else ''}; "
+                level, threads = m.get("ort_variant") or (None, 0)
+                how = f" ({level}, {threads} intra-op thread(s))" if level else ""
+                notes.append(f"{at}{key} runs {m['runs']}{how}; "
                              "optimize_module timed, in blocks in turn: "
                              + ", ".join(f"{k} {_ms(v)} ms" for k, v in m["times_ms"].items()))
         lines = _bottlenecks(row)

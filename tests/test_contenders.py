@@ -101,7 +101,7 @@ def test_onnxruntime_on_the_whole_model_matches_eager_and_takes_one_shape(cnn_mo
     with torch.no_grad():
         torch.testing.assert_close(ort(x)[0], model(x), atol=1e-4, rtol=1e-4)
     m.run_eagerly(ort, dict(m.times), ONNXRUNTIME)  # as contend() does where ORT is fastest
-    assert m.runs == "onnxruntime"
+    assert m.runs == "onnxruntime" and m.ort_variant == ("ORT_ENABLE_ALL", ort.threads)
     assert f"runs onnxruntime (ORT_ENABLE_ALL, {ort.threads} intra-op thread" in m.runs_note
     assert not m(x)[0].is_inference()  # ORT's arrays, which a caller may write into
     with pytest.raises(ValueError, match=r"takes float32\[1, 3, 16, 16\] on cpu, got float32\[2"):
@@ -142,6 +142,7 @@ def test_a_module_running_onnxruntime_saves_its_graph_and_loads_running_it(tmp_p
         mp.setitem(sys.modules, "onnxruntime", None)
         plain = load_module(tmp_path / "m.apmod")
     assert plain.runs == "build" and "ran ONNX Runtime when saved" in caplog.text
+    assert plain.ort_variant is None
     with torch.no_grad():
         torch.testing.assert_close(plain(x), model(x), atol=1e-4, rtol=1e-4)
 
@@ -289,8 +290,7 @@ def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_modul
     ort = [k.removeprefix(ONNXRUNTIME + " ") for k in timed[0] if k.startswith(ONNXRUNTIME)]
     assert sorted(ort) == sorted(f"{level}, {n} intra-op thread{'s' * (n > 1)}"
                                  for level in door.ORT_LEVELS for n in (2, 1))
-    assert m.runs == "onnxruntime" and m._eager.threads == 1
-    assert m._eager.level == "ORT_ENABLE_ALL"
+    assert m.runs == "onnxruntime" and m.ort_variant == ("ORT_ENABLE_ALL", 1)
     note = m.result.baseline_notes[ONNXRUNTIME]
     assert note.index("ORT_ENABLE_ALL, 1 intra-op thread: 0.01 ms") < note.index("against")
     assert "0.1 (ORT_ENABLE_ALL, 2 intra-op threads)" in note
@@ -301,7 +301,7 @@ def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_modul
     torch.set_num_threads(2)
     try:
         loaded = load_module(tmp_path / "one.apmod")
-        assert loaded.runs == "onnxruntime" and loaded._eager.threads == 1
+        assert loaded.runs == "onnxruntime" and loaded.ort_variant == ("ORT_ENABLE_ALL", 1)
         assert "ORT_ENABLE_ALL, 1 intra-op thread" in loaded.summary()
     finally:
         torch.set_num_threads(threads)

@@ -208,9 +208,12 @@ def test_optimize_over_three_runtimes_puts_a_segment_on_ort_and_matches_eager(br
     assert "ONNX Runtime segment" in res.summary()
     np.testing.assert_allclose(_run(mod, res.plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
     # the level the segments were priced at travels with the plan, through its JSON too
-    level = res.predictor.models["ort"].timings.level
-    assert res.plan.ort_levels == (("ort", level),)
-    assert Plan.from_json(res.plan.to_json()).ort_levels == res.plan.ort_levels
+    timings = res.predictor.models["ort"].timings
+    assert res.plan.ort_levels == (("ort", timings.level),)
+    assert res.plan.ort_threads == (("ort", timings.session_threads),)
+    again = Plan.from_json(res.plan.to_json())
+    assert again.ort_levels == res.plan.ort_levels
+    assert again.ort_threads == res.plan.ort_threads
 
 
 def test_a_build_gives_ort_segments_the_plans_level_and_measures_one_it_lacks(branchy,
@@ -219,26 +222,37 @@ def test_a_build_gives_ort_segments_the_plans_level_and_measures_one_it_lacks(br
     plan = Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
                                 ort_levels=(("ort", "basic"),))
     measured, registered = [], []
-    real_level, real_register = ort_segments.fastest_level, ort_segments.register
-    monkeypatch.setattr(ort_segments, "fastest_level",
-                        lambda *a, **k: measured.append(1) or real_level(*a, **k))
+    real_variant, real_register = ort_segments.fastest_variant, ort_segments.register
+    monkeypatch.setattr(ort_segments, "fastest_variant",
+                        lambda *a, **k: measured.append(1) or real_variant(*a, **k))
     monkeypatch.setattr(ort_segments, "register",
-                        lambda seg, threads, level: registered.append(level)
+                        lambda seg, threads, level: registered.append((level, threads))
                         or real_register(seg, threads, level))
     np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
-    assert registered == ["basic"] and not measured
+    assert [lv for lv, _ in registered] == ["basic"] and not measured
     autoplace.annotate(mod, Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes)))
-    assert measured and registered[-1] in ort_segments.LEVELS
+    assert measured and registered[-1][0] in ort_segments.LEVELS
+    # the plan's thread count for the device is what its sessions get, level given or not
+    for levels in ((("ort", "extended"),), ()):
+        autoplace.annotate(mod, Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
+                                                     ort_levels=levels,
+                                                     ort_threads=(("ort", 3),)))
+        assert registered[-1][1] == 3
     with pytest.raises(autoplace.plan.PlanError, match="ort_levels"):
         Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
                              ort_levels=(("cpu0", "all"),))
+    for bad in ((("cpu0", 1),), (("ort", 0),), (("ort", True),)):
+        with pytest.raises(autoplace.plan.PlanError, match="ort_threads"):
+            Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes), ort_threads=bad)
 
 
 def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branchy):
     _, _, mod, graph = branchy
     ort = Device.onnxruntime()
     timings = time_ort_device(mod, graph, ort, runs=5)
-    assert timings.level in ("all", "extended") and set(timings.levels_s) == {"all", "extended"}
+    assert timings.level in ("all", "extended")
+    assert set(timings.variants_s) == {("all", 1), ("extended", 1)}
+    assert timings.session_threads == 1
     assert timings.edge_s > 0 and timings.segments == 1
     cost = OrtCostModel(timings).predict(graph, ort)
     assert np.isfinite(cost).all() and cost.sum() > 0
@@ -252,6 +266,63 @@ def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branch
     # the reorders at a segment's edges grow with the tensor: per byte, from the profile
     assert timings.edge_byte_s >= 0 and found[("ort", "cpu0")].time(1 << 20) == pytest.approx(
         timings.edge_s + (1 << 20) * timings.edge_byte_s)
+
+
+def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branchy,
+                                                                         monkeypatch):
+    _, _, mod, graph = branchy
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    assert ort_segments.thread_options(1) == (1,)
+    assert ort_segments.thread_options(4) == (4, 1)
+    extended = ort_segments.session(seg.onnx, 1, "extended").get_session_options() \
+        .graph_optimization_level
+
+    def walls(sessions, feeds, runs):  # ORT_ENABLE_EXTENDED on one thread the fastest
+        opts = [s.get_session_options() for s in sessions]
+        return [[1e-3 if (o.intra_op_num_threads, o.graph_optimization_level) == (1, extended)
+                 else 2e-3] * 3 for o in opts]
+
+    monkeypatch.setattr(ort_segments, "_walls_in_turn", walls)
+    level, threads, times = ort_segments.fastest_variant(seg, 2, runs=3)
+    assert (level, threads) == ("extended", 1)
+    assert times == {("all", 2): 2e-3, ("all", 1): 2e-3, ("extended", 2): 2e-3,
+                     ("extended", 1): 1e-3}
+
+
+def test_segments_are_priced_and_stored_at_the_threads_that_ran_fastest(branchy, tmp_path,
+                                                                         monkeypatch):
+    from autoplace.profile import ProfileStore, ort_timings
+    from autoplace.profile.measurements import OverheadFit
+
+    _, _, mod, graph = branchy
+    ort, db = Device.onnxruntime(), tmp_path / "prof.db"
+    times = {("all", 2): 3e-4, ("all", 1): 2e-4, ("extended", 2): 4e-4, ("extended", 1): 5e-4}
+    monkeypatch.setattr(ort_segments, "fastest_variant", lambda seg, threads, runs: (
+        "all", 1, {k: v for k, v in times.items() if k[1] in (threads, 1)}))
+    profiled, called = [], []
+    real_profile = ort_segments.profile
+    monkeypatch.setattr(ort_segments, "profile", lambda seg, threads, *a, **k: (
+        profiled.append(threads) or real_profile(seg, threads, *a, **k)))
+    monkeypatch.setattr(ort_timings, "host_call",
+                        lambda threads, between: called.append(threads) or 1e-5)
+    first = time_ort_device(mod, graph, ort, threads=2, runs=3, db=db)
+    assert (first.threads, first.session_threads, first.level) == (2, 1, "all")
+    assert set(profiled) == {1} and called == [1]
+    assert "at 1 intra-op thread(s)" in OrtCostModel(first).describe(graph)
+    again = time_ort_device(mod, graph, ort, threads=2, runs=3, db=db)
+    assert again.stored and again.session_threads == 1 and again.variants_s == times
+    # a store written before the thread count was measured: its levels, at the threads given
+    with ProfileStore(db) as store:
+        fp = next(d.fingerprint for d in store.devices() if d.info["kind"] == "ort")
+        edge, = [f for f in store.overheads(fp) if f.kind == "ort_edge"]
+        old = {k: v for k, v in edge.detail.items() if k not in ("run_threads", "variants_s")}
+        store.put_overhead(OverheadFit(fp, "", "ort_edge", edge.seconds,
+                                       {**old, "levels_s": {"all": 3e-4, "extended": 4e-4}},
+                                       edge.measured_at))
+        before = ort_timings.stored(store, graph, ort, 2)
+    assert before.session_threads == 2
+    assert before.variants_s == {("all", 2): 3e-4, ("extended", 2): 4e-4}
 
 
 def test_an_ort_error_at_run_time_names_the_segments_ops(branchy):

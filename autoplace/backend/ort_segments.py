@@ -466,12 +466,25 @@ def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float],
     return out
 
 
-def fastest_level(segment: OrtSegment, threads: int = 1, runs: int = 10
-                  ) -> tuple[str, dict[str, float]]:
-    """The graph optimization level under which ``segment`` ran fastest here, and each level's
-    median seconds (``ORT_ENABLE_ALL`` is not always the fastest)."""
-    times = {lv: profile_whole(segment, threads, lv, runs) for lv in ("all", "extended")}
-    return min(times, key=times.get), times
+def thread_options(threads: int) -> tuple[int, ...]:
+    """The intra-op thread counts a session given ``threads`` is timed at: ``threads``, and one
+    where that is more. On a small graph, handing each node's work to other threads and waiting
+    for them costs more than they give, so one thread can be the faster: which is, is measured."""
+    return tuple(sorted({max(1, int(threads)), 1}, reverse=True))
+
+
+def fastest_variant(segment: OrtSegment, threads: int = 1, runs: int = 10
+                    ) -> tuple[str, int, dict[tuple[str, int], float]]:
+    """The graph optimization level and intra-op thread count (of :func:`thread_options`)
+    under which ``segment`` ran fastest here, and each variant's median seconds, keyed
+    ``(level, threads)``: ``ORT_ENABLE_ALL`` is not always the fastest, nor all the threads.
+    The variants are called in turn, so that all meet the same phases of the machine."""
+    variants = [(lv, t) for lv in ("all", "extended") for t in thread_options(threads)]
+    feeds = random_inputs(segment.inputs)
+    walls = _walls_in_turn([segment.session(t, lv) for lv, t in variants], feeds, runs)
+    times = {v: float(np.median(w)) for v, w in zip(variants, walls)}
+    level, best = min(times, key=times.get)
+    return level, best, times
 
 
 def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
@@ -490,16 +503,26 @@ WALLS_BUDGET_S = 0.5
 def _walls(sess, feeds: Sequence[np.ndarray], runs: int) -> list[float]:
     """Seconds of each of up to ``runs`` calls of ORT session ``sess`` on ``feeds``, after two
     warm-up calls: fewer (three at least) where they pass :data:`WALLS_BUDGET_S`."""
+    return _walls_in_turn([sess], feeds, runs)[0]
+
+
+def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int) -> list[list[float]]:
+    """Per ORT session of ``sessions`` (of one graph), the seconds of each of up to ``runs``
+    calls on ``feeds``, one call of each in turn, after two warm-up calls each: fewer rounds
+    (three at least) where each session's calls pass :data:`WALLS_BUDGET_S`."""
     import time
 
-    feed = dict(zip([i.name for i in sess.get_inputs()], feeds))
-    for _ in range(2):
-        sess.run(None, feed)
-    walls = []
-    while len(walls) < runs and (len(walls) < 3 or sum(walls) < WALLS_BUDGET_S):
-        t = time.perf_counter()
-        sess.run(None, feed)
-        walls.append(time.perf_counter() - t)
+    feed_of = [dict(zip([i.name for i in s.get_inputs()], feeds)) for s in sessions]
+    for sess, feed in zip(sessions, feed_of):
+        for _ in range(2):
+            sess.run(None, feed)
+    walls: list[list[float]] = [[] for _ in sessions]
+    while len(walls[0]) < runs and (len(walls[0]) < 3
+                                    or sum(walls[0]) < WALLS_BUDGET_S * len(sessions)):
+        for sess, feed, w in zip(sessions, feed_of, walls):
+            t = time.perf_counter()
+            sess.run(None, feed)
+            w.append(time.perf_counter() - t)
     return walls
 
 

@@ -73,12 +73,13 @@ class OrtCostModel:
 
     def describe(self, graph: OpGraph) -> str:
         t = self.timings
-        levels = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in t.levels_s.items())
+        tried = ", ".join(f"{lv} on {n} thread(s) {v * 1e6:.0f} us"
+                          for (lv, n), v in t.variants_s.items())
         runs = sum(np.isfinite(v) for v in t.ops.values())
         return (f"{runs} op(s) priced in {t.segments} ONNX Runtime segment(s) by its profiler "
-                f"at {t.threads} thread(s), graph optimization '{t.level}' (measured faster on "
-                f"the largest segment: {levels}); + {t.edge_s * 1e6:.1f} us per tensor "
-                f"entering or leaving a segment (half a call from the VM: "
+                f"at {t.session_threads} intra-op thread(s), graph optimization '{t.level}' "
+                f"(measured fastest on the largest segment: {tried}); + {t.edge_s * 1e6:.1f} us "
+                "per tensor entering or leaving a segment (half a call from the VM: "
                 f"{t.call_s * 1e6:.1f} us, with {t.between_bytes / 2**20:.1f} MB written "
                 f"between two calls) and {t.edge_byte_s * 1e12:.0f} us per MB of it "
                 "(ORT's reorders at the edges)")

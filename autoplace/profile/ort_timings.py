@@ -4,8 +4,8 @@ ORT's speed is in what it does across ops (a layout kept from conv to conv, batc
 activations fused), so a sum of single ops timed alone would misprice it. :func:`time_ort_device`
 exports every run of ops the device can take as one segment
 (:func:`autoplace.graph.segments.cut`, :func:`~autoplace.graph.segments.export`), measures which
-graph optimization level runs the largest fastest here, and profiles each segment with ORT's
-profiler: each op costs what its nodes of the optimized graph took
+graph optimization level and intra-op thread count run the largest fastest here, and profiles
+each segment with ORT's profiler at them: each op costs what its nodes of the optimized graph took
 (:func:`autoplace.backend.ort_segments.profile`). What entering and leaving a segment costs (the
 call from the VM, the layout reorders ORT adds at its edges) is charged per tensor that crosses
 (:attr:`OrtTimings.edge_s`, and per byte, :attr:`OrtTimings.edge_byte_s`: the reorders grow with
@@ -41,8 +41,10 @@ class OrtTimings:
     device cannot run it, ``why`` says so); ``edge_s``: one tensor entering or leaving a
     segment (half a call from the VM), plus ``edge_byte_s`` a byte of it (the layout reorders
     ORT adds at a segment's edges, per byte that crosses);
-    ``level``: the graph optimization level the segments run at, ``levels_s`` what the largest
-    segment took at each; ``segments``: how many were profiled; ``call_s``: one call from the
+    ``threads``: the threads the caller gave (what the timings are kept under);
+    ``level`` and ``run_threads``: the graph optimization level and intra-op thread count the
+    segments run at (None: ``threads``), ``variants_s`` what the largest segment took at each
+    ``(level, threads)`` timed; ``segments``: how many were profiled; ``call_s``: one call from the
     VM beyond its nodes, with ``between_bytes`` written by other ops between two calls
     (:func:`measure_call`); ``stored``: read from a profile store, not timed here."""
 
@@ -50,13 +52,19 @@ class OrtTimings:
     edge_s: float
     level: str
     threads: int = 1
-    levels_s: Mapping[str, float] = field(default_factory=dict)
+    variants_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
     segments: int = 0
     why: Mapping[int, str] = field(default_factory=dict)
     call_s: float = DEFAULT_CALL_S
     stored: bool = False
     edge_byte_s: float = 0.0
     between_bytes: int = 0
+    run_threads: int | None = None
+
+    @property
+    def session_threads(self) -> int:
+        """The intra-op threads the segments run at."""
+        return self.threads if self.run_threads is None else self.run_threads
 
 
 def runnable(graph: OpGraph, device: Device) -> list[bool]:
@@ -71,8 +79,9 @@ def runnable(graph: OpGraph, device: Device) -> list[bool]:
 def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "main",
                     threads: int = 1, runs: int = 10, db=None) -> OrtTimings:
     """The :class:`OrtTimings` of ``graph`` (of ``mod[func_name]``) on ORT device ``device``,
-    at ``threads`` intra-op threads. A run that cannot be exported is tried op by op; an op that
-    still fails is left to the other devices, with one warning naming it.
+    given ``threads`` (its segments run at those or, where the largest runs faster so, at
+    one). A run that cannot be exported is tried op by op; an op that still fails is left to
+    the other devices, with one warning naming it.
 
     With ``db`` (a profile store's path): where the store holds every op of ``graph`` for this
     device (its fingerprint: this CPU, ONNX Runtime's version, ``threads``), they are read from
@@ -135,12 +144,15 @@ def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTiming
         ops[n.index] = m.latency_s if m.ok else np.inf
         if not m.ok:
             why[n.index] = m.error or "ONNX Runtime did not run it"
-    return OrtTimings(ops, edge.seconds, level, threads,
-                      {k: float(v) for k, v in edge.detail.get("levels_s", {}).items()},
+    # stores written before the thread count was measured hold the levels at ``threads``
+    variants = {(str(lv), int(t)): float(v) for lv, t, v in edge.detail.get("variants_s", [])}
+    variants.update({(k, threads): float(v) for k, v in edge.detail.get("levels_s", {}).items()})
+    return OrtTimings(ops, edge.seconds, level, threads, variants,
                       int(edge.detail.get("segments", 0)), why,
                       float(edge.detail.get("call_s", DEFAULT_CALL_S)), stored=True,
                       edge_byte_s=float(edge.detail.get("byte_s", 0.0)),
-                      between_bytes=int(touched))
+                      between_bytes=int(touched),
+                      run_threads=int(edge.detail.get("run_threads", threads)))
 
 
 def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) -> None:
@@ -167,7 +179,8 @@ def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) ->
                             measured_at=now)
         store.put(m)
     store.put_overhead(OverheadFit(fp, "", "ort_edge", timings.edge_s, {
-        "level": timings.level, "levels_s": dict(timings.levels_s),
+        "level": timings.level, "run_threads": timings.session_threads,
+        "variants_s": [[lv, t, s] for (lv, t), s in timings.variants_s.items()],
         "segments": timings.segments, "call_s": timings.call_s,
         "byte_s": timings.edge_byte_s, "between_bytes": timings.between_bytes,
         "how": "half a call from the VM per tensor crossing, plus byte_s a byte of it for the "
@@ -177,7 +190,7 @@ def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) ->
 
 def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
            runs: int) -> OrtTimings:
-    from autoplace.backend.ort_segments import OrtSegmentError, fastest_level, profile
+    from autoplace.backend.ort_segments import OrtSegmentError, fastest_variant, profile
     from autoplace.graph.segments import cut, export
 
     on = runnable(graph, device)
@@ -199,24 +212,24 @@ def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
     if not segments:
         return OrtTimings(ops, DEFAULT_CALL_S / 2, "all", threads, why=why)
     largest = max(segments, key=lambda s: len(s.ops))
-    level, levels_s = fastest_level(largest, threads, runs)
+    level, run_threads, variants_s = fastest_variant(largest, threads, runs)
     flops = {n.name: n.flops for n in graph.nodes}
     added = []
     for seg in segments:
-        times = profile(seg, threads, level, runs, weights=flops)
+        times = profile(seg, run_threads, level, runs, weights=flops)
         for name, s in times.ops.items():
             ops[graph.index(name)] = s
         crossing = sum(_nbytes(s, d) for s, d in (*seg.inputs, *seg.outputs))
         if times.added_s > 0 and crossing:
             added.append(times.added_s / crossing)
     touched = between_bytes(graph)
-    call_s = host_call(threads, touched)
+    call_s = host_call(run_threads, touched)
     edge_s = call_s / 2
     for i in why:
         ops[i] = np.inf
-    return OrtTimings(ops, edge_s, level, threads, levels_s, len(segments), why, call_s,
+    return OrtTimings(ops, edge_s, level, threads, variants_s, len(segments), why, call_s,
                       edge_byte_s=float(np.median(added)) if added else 0.0,
-                      between_bytes=touched)
+                      between_bytes=touched, run_threads=run_threads)
 
 
 def _nbytes(shape, dtype: str) -> int:

@@ -28,7 +28,7 @@ from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
 from autoplace.backend import own_pool
-from autoplace.backend.ort_segments import onnx_export, own_run, session
+from autoplace.backend.ort_segments import onnx_export, own_run, session, thread_options
 from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices
@@ -280,10 +280,9 @@ ORT_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED")
 
 def ort_threads() -> tuple[int, ...]:
     """The intra-op thread counts ONNX Runtime on the whole model is timed at: PyTorch's
-    count (the threads the caller gives the model), and one where that is more. On a small
-    graph, handing each node's work to other threads and waiting for them costs more than
-    they give, so a session on one thread can be the faster: which is faster is measured."""
-    return tuple(sorted({torch.get_num_threads(), 1}, reverse=True))
+    count (the threads the caller gives the model), and one where that is more
+    (:func:`~autoplace.backend.ort_segments.thread_options`)."""
+    return thread_options(torch.get_num_threads())
 
 
 def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
@@ -530,6 +529,12 @@ class AutoplaceModule(torch.nn.Module):
         """What calls run and why, in words, as :meth:`summary` ends (ONNX Runtime's graph
         optimization level and threads where it runs); ``""`` before anything was timed."""
         return self._runs_note
+
+    @property
+    def ort_variant(self) -> tuple[str, int] | None:
+        """Where calls run ONNX Runtime on the whole model, its graph optimization level and
+        intra-op thread count (``("ORT_ENABLE_ALL", 1)``); None where they run anything else."""
+        return (self._eager.level, self._eager.threads) if self._runs == ONNXRUNTIME else None
 
     @property
     def runs(self) -> str:

@@ -248,15 +248,18 @@ def plan_of(graph: OpGraph, devices: Sequence[Device], sol: Solution, objective:
         objective=objective, predicted_s=float(sol.value), cost_sources=prices.sources,
         solver=sol.solver, threads=threads, groups=prices.groups,
         replicas=() if sol.replicas is None else tuple(devices[k].name for k in sol.replicas),
-        ort_levels=ort_levels(prices, {devices[k].name for k in sol.assignment}))
+        **ort_settings(prices, {devices[k].name for k in sol.assignment}))
 
 
-def ort_levels(prices: Prices, used) -> tuple[tuple[str, str], ...]:
-    """``(device name, level)`` of each ONNX Runtime device of ``used`` (names) that
-    ``prices`` priced at a graph optimization level."""
+def ort_settings(prices: Prices, used) -> dict:
+    """:class:`~autoplace.plan.Plan`'s ``ort_levels`` and ``ort_threads``: per ONNX Runtime
+    device of ``used`` (names) that ``prices`` priced, the graph optimization level and the
+    intra-op thread count its segments were priced at."""
     from autoplace.predict.ort_costs import OrtCostModel
 
     models = getattr(prices.model, "models", {})
-    return tuple((name, m.timings.level) for name, m in models.items()
-                 if name in used and isinstance(m, OrtCostModel))
+    timings = [(name, m.timings) for name, m in models.items()
+               if name in used and isinstance(m, OrtCostModel)]
+    return {"ort_levels": tuple((name, t.level) for name, t in timings),
+            "ort_threads": tuple((name, t.session_threads) for name, t in timings)}
 

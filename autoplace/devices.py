@@ -131,8 +131,9 @@ class Device:
         """PyTorch's kernels, called from the Relax VM (``runtime == "torch"``): it runs the ops
         the Relax importer lacks (:func:`autoplace.frontends.from_torch` turns them into
         PyTorch calls), and the Relax ops of
-        :data:`autoplace.backend.torch_equivalents.EQUIVALENTS` (conv2d, matmul, elementwise, softmax,
-        layer_norm, pools...) as their PyTorch equivalents, where its costs win;
+        :data:`autoplace.backend.torch_equivalents.EQUIVALENTS` (conv2d, matmul, attention,
+        elementwise, softmax, layer_norm, pools...) as their PyTorch equivalents, where its
+        costs win;
         ``fallback_only`` runs only the former. ``place`` is where its tensors live: ``"cpu"``
         (named ``"torch"``; the host's memory, which TVM's CPU devices share: no copy between
         them) or ``"cuda"`` (``"torch-cuda0"``: GPU ``index``'s memory, which TVM's CUDA device

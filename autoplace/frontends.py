@@ -67,8 +67,13 @@ def from_exported(exported: torch.export.ExportedProgram) -> tvm.IRModule:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
         with torch.no_grad():
-            # Decomposed once here, as the importer would, to see the ops it will convert.
-            program = exported.run_decompositions()
+            # Decomposed once here, as the importer would, to see the ops it will convert;
+            # attention kept whole where it imports as one op (:func:`_attention`).
+            table = None
+            if _attention_whole(exported):
+                table = torch.export.default_decompositions()
+                table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+            program = exported.run_decompositions(table)
             _fuse_complex(program)
             known = set(ExportedProgramImporter().convert_map)
             custom = {**_AS_PYTORCH, **_torch_fallbacks(program, known)}
@@ -266,8 +271,90 @@ def _cumsum(node, importer):
     return importer.block_builder.emit(relax.op.cumsum(importer.env[node.args[0]], dim, dtype))
 
 
+def _attention_args(node) -> tuple | None:
+    """``(query, key, value, mask, scale, causal)`` of a ``scaled_dot_product_attention`` node
+    that :func:`_attention` imports as one op: query, key and value 4-D of one float dtype with
+    the same batch and heads, a mask (or None) of rank at most 4 that is bool or of their dtype,
+    no dropout and no grouped heads; else None."""
+    import torch
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    defaults = (None, None, None, None, 0.0, False, None, False)
+    given = dict(zip(names, node.args)) | dict(node.kwargs)
+    q, k, v, mask, dropout, causal, scale, gqa = (given.get(n, d) for n, d in zip(names, defaults))
+    vals = [getattr(x, "meta", {}).get("val") for x in (q, k, v)]
+    if any(not isinstance(t, torch.Tensor) for t in vals) or dropout or gqa:
+        return None
+    if any(t.dim() != 4 or t.dtype != vals[0].dtype for t in vals) \
+            or not vals[0].dtype.is_floating_point \
+            or len({t.shape[0] for t in vals}) != 1 or len({t.shape[1] for t in vals}) != 1:
+        return None
+    if mask is not None:
+        m = getattr(mask, "meta", {}).get("val")
+        if not isinstance(m, torch.Tensor) or m.dim() > 4 \
+                or m.dtype not in (torch.bool, vals[0].dtype):
+            return None
+    if not isinstance(causal, bool) or (causal and mask is not None) \
+            or not (scale is None or isinstance(scale, (int, float))):
+        return None
+    return q, k, v, mask, scale, causal
+
+
+def _attention_whole(exported) -> bool:
+    """Whether ``exported`` has attention and :func:`_attention` imports all of it."""
+    import torch
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    nodes = [n for n in exported.graph.nodes if n.op == "call_function" and n.target is sdpa]
+    return bool(nodes) and all(_attention_args(n) is not None for n in nodes)
+
+
+def _attention(node, importer):
+    """``aten.scaled_dot_product_attention`` as one Relax ``nn.attention`` (which TVM builds,
+    and the torch and ONNX Runtime devices run as PyTorch's own attention), with the call's
+    scale, causal mask and mask: a bool mask becomes 0 where it keeps a key and -inf where it
+    hides one. A query row whose mask hides every key gives zeros, as PyTorch's attention does
+    (its softmax is "safe"), not the NaN a softmax over no key gives."""
+    from tvm import relax
+
+    args = _attention_args(node)
+    if args is None:
+        raise ValueError("this attention is not imported as one op")
+    q, k, v, mask, scale, causal = args
+    bb, env = importer.block_builder, importer.env
+    dtype = str(node.args[0].meta["val"].dtype).removeprefix("torch.")
+
+    def heads_second(x):  # BHSD <-> BSHD
+        return bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))
+
+    bias = None
+    if mask is not None:
+        bias = env[mask]
+        if str(bias.ty.dtype) == "bool":
+            bias = bb.emit(relax.op.where(bias, relax.const(0.0, dtype),
+                                          relax.const(float("-inf"), dtype)))
+        rank = len(mask.meta["val"].shape)
+        if rank < 4:
+            bias = bb.emit(relax.op.reshape(
+                bias, (1,) * (4 - rank) + tuple(mask.meta["val"].shape)))
+    out = bb.emit(relax.op.nn.attention(
+        heads_second(env[q]), heads_second(env[k]), heads_second(env[v]), bias,
+        None if scale is None else float(scale), "TopLeft" if causal else None))
+    out = heads_second(out)
+    if bias is not None:
+        # per row, whether any key is kept (a max over -inf alone is TVM's lowest finite value)
+        kept = bb.emit(relax.op.astype(bb.emit(relax.op.not_equal(
+            bias, relax.const(float("-inf"), dtype))), "int8"))
+        hidden = bb.emit(relax.op.equal(bb.emit(relax.op.max(kept, axis=-1, keepdims=True)),
+                                        relax.const(0, "int8")))
+        out = bb.emit(relax.op.where(hidden, relax.const(0.0, dtype), out))
+    return out
+
+
 # Converters of the aten ops whose import by TVM's own converter differs from PyTorch.
-_AS_PYTORCH = {"cumsum.default": _cumsum}
+_AS_PYTORCH = {"cumsum.default": _cumsum,
+               "scaled_dot_product_attention.default": _attention}
 
 
 def _has_effect(node) -> bool:

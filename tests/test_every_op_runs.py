@@ -3,6 +3,8 @@ decoder whose position ids are a running sum of its attention mask, an audio enc
 is two ``conv1d`` -- import, place over ``[cpu0, torch]`` and match eager; every op of them and
 of the zoo's PyTorch models is built by TVM or has a PyTorch equivalent."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -214,3 +216,65 @@ def test_every_op_of_pytorch_models_has_a_device_that_runs_it(imported):
             if not built[n.workload_key]:
                 lacking.append((name, n.name, n.op_type))
     assert lacking == []
+
+
+class Attention(torch.nn.Module):
+    """``scaled_dot_product_attention`` as a model calls it: ``kind`` says with which mask."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v, m):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if self.kind == "plain":
+            return sdpa(q, k, v)
+        if self.kind == "causal":
+            return sdpa(q, k, v, is_causal=True, scale=0.3)
+        if self.kind == "bool":
+            return sdpa(q, k, v, attn_mask=m > 0)
+        if self.kind == "float":  # a 3-D additive mask, as a model may pass one
+            return sdpa(q, k, v, attn_mask=torch.where(m[0] > 0, 0.0, float("-inf")), scale=0.2)
+        return sdpa(q, k[:, :1], v[:, :1], enable_gqa=True)  # grouped heads: decomposed
+
+
+def _attention_inputs():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    m = torch.randn(2, 1, 5, 5, generator=g)
+    m[0, 0, 2] = -1  # the third query of the first batch may see no key
+    return q, k, v, m
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal", "bool", "float", "gqa"])
+def test_attention_imports_as_one_op_that_each_device_runs_as_eager(kind):
+    # One op (nn.attention) where TVM's attention computes what PyTorch's does: TVM builds it,
+    # the torch device runs PyTorch's attention, ORT its export; a row the mask hides whole gives
+    # zeros as PyTorch's does, not NaN. Grouped heads are decomposed, as before.
+    model, inputs = Attention(kind), _attention_inputs()
+    mod = autoplace.from_torch(model, list(inputs))
+    graph = OpGraph.from_relax(mod)
+    whole = [n.op_type for n in graph.nodes if n.op_type.startswith("nn.attention")]
+    assert whole == ([] if kind == "gqa" else
+                     ["nn.attention_bias" if kind in ("bool", "float") else "nn.attention"])
+    with torch.no_grad():
+        want = model(*inputs).numpy()
+    assert not np.isnan(want).any()
+    devices = [Device.cpu(0), Device.torch()]
+    if importlib.util.find_spec("onnxruntime") is not None:
+        devices.append(Device.onnxruntime())
+    for dev in devices:
+        plan = autoplace.place(graph, devices, [("*", dev.name)]) if dev.name == "cpu0" else \
+            autoplace.place(graph, devices, [(f"name:{n.name}", dev.name) for n in graph.nodes
+                                             if dev.can_run(n.op_type)] + [("*", "cpu0")])
+        assert {d for n, d in zip(graph.nodes, plan.assignment) if n.op_type in whole} <= \
+            {dev.name}
+        got = autoplace.compile(mod, plan)(*[x.numpy() for x in inputs])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=dev.name)
+
+
+def test_attention_equivalent_takes_the_causal_mask_pytorch_has():
+    bshd = ((1, 5, 3, 8), "float32")
+    call = dict(inputs=[bshd] * 3, outputs=[bshd], node="lv0")
+    assert equivalent("nn.attention", {"scale": 0.5, "causal_mask": "TopLeft"}, **call)
+    assert equivalent("nn.attention", {"causal_mask": "BottomRight"}, **call) is None

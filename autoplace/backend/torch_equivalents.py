@@ -201,6 +201,31 @@ def _layer_norm(c: _Call) -> TorchOp | None:
                  float(c.attrs["epsilon"])])
 
 
+def bshd_attention(query, key, value, bias=None, scale=None, is_causal=False):
+    """PyTorch's ``scaled_dot_product_attention`` on Relax's layout (batch, sequence, heads,
+    features) in and out, ``bias`` added to the scores."""
+    import torch.nn.functional as F
+
+    def heads_second(x):
+        return x.transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(heads_second(query), heads_second(key),
+                                         heads_second(value), attn_mask=bias,
+                                         is_causal=is_causal, scale=scale)
+    return heads_second(out).contiguous()
+
+
+def _attention(c: _Call) -> TorchOp | None:
+    if c.attrs.get("window_size") is not None or c.attrs.get("causal_mask") not in (None,
+                                                                                  "TopLeft"):
+        return None
+    bias = Slot(3) if len(c.inputs) > 3 else None
+    scale = c.attrs.get("scale")
+    return c.op(bshd_attention, "torch.scaled_dot_product_attention",
+                [_X, Slot(1), Slot(2), bias, None if scale is None else float(scale),
+                 c.attrs.get("causal_mask") == "TopLeft"])
+
+
 def _batch_norm_call(c: _Call) -> TorchOp | None:
     a = c.attrs
     if a.get("training") or int(a["axis"]) != 1 or c.rank < 2 \
@@ -293,6 +318,7 @@ _BUILDERS = {
     "reshape": _reshape, "nn.conv2d": _conv2d, "nn.max_pool2d": _max_pool2d,
     "nn.avg_pool2d": _avg_pool2d, "nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
     "nn.conv1d": _conv1d, "cumsum": _cumsum_call,
+    "nn.attention": _attention, "nn.attention_bias": _attention,
     # masks and shapes, as attention builds its mask
     "astype": _astype, "where": _where, "full_like": _full_like, "broadcast_to": _broadcast_to,
     "zeros_like": _zeros_like, "ones_like": _zeros_like, "take": _take,

@@ -49,6 +49,10 @@ def count_flops(
 
     if base == "matmul":
         return 2.0 * out * in_shapes[0][-1]
+    if base in ("attention", "attention_bias"):  # (B, S, H, D) query, (B, S_kv, H, D) key
+        (b, s, h, d), s_kv = in_shapes[0], in_shapes[1][1]
+        scores = b * h * s * s_kv
+        return 2.0 * scores * d + 2.0 * out * s_kv + _NORMALIZE["softmax"] * scores
     if base in ("conv1d", "conv2d", "conv3d"):
         weight = in_shapes[1]
         layout = str(attrs.get("kernel_layout") or "OIHW")

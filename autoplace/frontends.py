@@ -274,8 +274,8 @@ def _cumsum(node, importer):
 def _attention_args(node) -> tuple | None:
     """``(query, key, value, mask, scale, causal)`` of a ``scaled_dot_product_attention`` node
     that :func:`_attention` imports as one op: query, key and value 4-D of one float dtype with
-    the same batch and heads, a mask (or None) of rank at most 4 that is bool or of their dtype,
-    no dropout and no grouped heads; else None."""
+    the same batch and heads, a mask (or None) of rank 1 to 4 that is bool or of their dtype and
+    ends with the keys' length, no dropout and no grouped heads; else None."""
     import torch
 
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
@@ -292,8 +292,8 @@ def _attention_args(node) -> tuple | None:
         return None
     if mask is not None:
         m = getattr(mask, "meta", {}).get("val")
-        if not isinstance(m, torch.Tensor) or m.dim() > 4 \
-                or m.dtype not in (torch.bool, vals[0].dtype):
+        if not isinstance(m, torch.Tensor) or not 1 <= m.dim() <= 4 \
+                or m.dtype not in (torch.bool, vals[0].dtype) or m.shape[-1] != vals[1].shape[2]:
             return None
     if not isinstance(causal, bool) or (causal and mask is not None) \
             or not (scale is None or isinstance(scale, (int, float))):

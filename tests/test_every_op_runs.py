@@ -235,6 +235,8 @@ class Attention(torch.nn.Module):
             return sdpa(q, k, v, attn_mask=m > 0)
         if self.kind == "float":  # a 3-D additive mask, as a model may pass one
             return sdpa(q, k, v, attn_mask=torch.where(m[0] > 0, 0.0, float("-inf")), scale=0.2)
+        if self.kind == "per_query":  # a mask broadcast over the keys: decomposed
+            return sdpa(q, k, v, attn_mask=m[..., :1] > 0)
         return sdpa(q, k[:, :1], v[:, :1], enable_gqa=True)  # grouped heads: decomposed
 
 
@@ -246,16 +248,17 @@ def _attention_inputs():
     return q, k, v, m
 
 
-@pytest.mark.parametrize("kind", ["plain", "causal", "bool", "float", "gqa"])
+@pytest.mark.parametrize("kind", ["plain", "causal", "bool", "float", "per_query", "gqa"])
 def test_attention_imports_as_one_op_that_each_device_runs_as_eager(kind):
     # One op (nn.attention) where TVM's attention computes what PyTorch's does: TVM builds it,
     # the torch device runs PyTorch's attention, ORT its export; a row the mask hides whole gives
-    # zeros as PyTorch's does, not NaN. Grouped heads are decomposed, as before.
+    # zeros as PyTorch's does, not NaN. Grouped heads, and a mask TVM's attention does not
+    # take (one broadcast over the keys), are decomposed, as before.
     model, inputs = Attention(kind), _attention_inputs()
     mod = autoplace.from_torch(model, list(inputs))
     graph = OpGraph.from_relax(mod)
     whole = [n.op_type for n in graph.nodes if n.op_type.startswith("nn.attention")]
-    assert whole == ([] if kind == "gqa" else
+    assert whole == ([] if kind in ("gqa", "per_query") else
                      ["nn.attention_bias" if kind in ("bool", "float") else "nn.attention"])
     with torch.no_grad():
         want = model(*inputs).numpy()

@@ -323,17 +323,20 @@ def _attention(node, importer):
         raise ValueError("this attention is not imported as one op")
     q, k, v, mask, scale, causal = args
     bb, env = importer.block_builder, importer.env
-    dtype = str(node.args[0].meta["val"].dtype).removeprefix("torch.")
+    dtype = str(q.meta["val"].dtype).removeprefix("torch.")
 
     def heads_second(x):  # BHSD <-> BSHD
         return bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))
 
-    bias = None
+    bias = keeps = None
     if mask is not None:
         bias = env[mask]
         if str(bias.ty.dtype) == "bool":
+            keeps = bias
             bias = bb.emit(relax.op.where(bias, relax.const(0.0, dtype),
                                           relax.const(float("-inf"), dtype)))
+        else:
+            keeps = bb.emit(relax.op.not_equal(bias, relax.const(float("-inf"), dtype)))
         rank = len(mask.meta["val"].shape)
         if rank < 4:
             bias = bb.emit(relax.op.reshape(
@@ -342,12 +345,11 @@ def _attention(node, importer):
         heads_second(env[q]), heads_second(env[k]), heads_second(env[v]), bias,
         None if scale is None else float(scale), "TopLeft" if causal else None))
     out = heads_second(out)
-    if bias is not None:
+    if keeps is not None:
         # per row, whether any key is kept (a max over -inf alone is TVM's lowest finite value)
-        kept = bb.emit(relax.op.astype(bb.emit(relax.op.not_equal(
-            bias, relax.const(float("-inf"), dtype))), "int8"))
-        hidden = bb.emit(relax.op.equal(bb.emit(relax.op.max(kept, axis=-1, keepdims=True)),
-                                        relax.const(0, "int8")))
+        kept = bb.emit(relax.op.max(bb.emit(relax.op.astype(keeps, "int8")), axis=-1,
+                                    keepdims=True))
+        hidden = bb.emit(relax.op.equal(kept, relax.const(0, "int8")))
         out = bb.emit(relax.op.where(hidden, relax.const(0.0, dtype), out))
     return out
 

@@ -338,13 +338,19 @@ def _installed(package: str) -> bool:
 
 
 def runtime_threads(devices) -> int:
-    """The intra-op threads an ONNX Runtime device's calls run at in a plan over ``devices``:
-    where one TVM CPU device is the only one, the threads of TVM's pool, which its kernels run
-    on (``TVM_NUM_THREADS``, else TVM's count of this machine's cores); with several, each CPU
-    device is a share of the cores, and a runtime call runs on one thread."""
+    """The threads a runtime device's calls (PyTorch's, ONNX Runtime's intra-op) run at in a
+    plan over ``devices``: where one TVM CPU device is the only one, PyTorch's thread count (the
+    threads a PyTorch user gives a model, ``torch.set_num_threads``; TVM's pool count where
+    PyTorch is not installed), since the VM runs one call at a time and each runtime has the
+    cores in turn; with several, each CPU device is a share of the cores, and a runtime call
+    runs on one thread."""
     cpus = {d.index for d in devices if d.runtime == "tvm" and not d.is_gpu}
     if len(cpus) != 1:
         return 1
+    if _installed("torch"):
+        import torch
+
+        return max(1, torch.get_num_threads())
     from autoplace.backend.threads import tvm_threads
 
     return max(1, tvm_threads())

@@ -1199,3 +1199,67 @@ def test_the_hand_off_is_charged_as_a_model_makes_it_and_kept_for_the_host(convn
     monkeypatch.setattr(torch_timings, "_stored_handoff", lambda p, c: 1e-6)
     low = time_torch_device(g, Device.torch(), between=between, profile=prof)
     np.testing.assert_allclose(low.handoffs, want)
+
+
+def test_pytorch_calls_from_the_vm_run_at_the_threads_they_are_priced_at(monkeypatch):
+    # A build calls PyTorch at the threads set around its call (the plan's), at one on a
+    # thread given a share of the cores, else at PyTorch's own count; PyTorch's count is left
+    # as it was each time.
+    import threading
+
+    import tvm
+
+    from autoplace.backend import calls_at, call_threads, limit_tvm_threads, process_cpus
+    from autoplace.devices import runtime_threads
+
+    seen = []
+
+    def probe(t):
+        seen.append(torch.get_num_threads())
+        return t + 1
+
+    op = torch_bridge.TorchOp(probe, "probe", (torch_bridge.Slot(0),), (),
+                              (((2, 3), "float32"),), False, "probe")
+    fn = tvm.get_global_func(torch_bridge.register(op))
+    a = tvm.runtime.tensor(np.zeros((2, 3), "float32"))
+    own = torch.get_num_threads()
+    fn(a)
+    with calls_at(3):
+        assert call_threads() == 3
+        np.testing.assert_array_equal(fn(a).numpy(), np.ones((2, 3)))
+    assert call_threads() is None
+
+    def worker():
+        limit_tvm_threads(1, process_cpus())
+        fn(a)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [own, 3, 1] and torch.get_num_threads() == own
+
+    # one CPU device: PyTorch's count; several share the cores: one
+    assert runtime_threads([Device.cpu(0), Device.torch()]) == own
+    assert runtime_threads([Device.cpu(0), Device.cpu(1), Device.torch()]) == 1
+
+    # a compiled model's calls run inside calls_at(the plan's threads)
+    import sys
+
+    compile_mod = sys.modules["autoplace.run.compile"]  # autoplace.run.compile: the function
+    given = []
+    real = compile_mod.calls_at
+
+    def spy(threads):
+        given.append(threads)
+        return real(threads)
+
+    monkeypatch.setattr(compile_mod, "calls_at", spy)
+    torch.manual_seed(0)
+    model, x = Split().eval(), torch.randn(1, 8, 16)
+    mod = autoplace.from_torch(model, [x])
+    plan = autoplace.place(OpGraph.from_relax(mod), [Device.cpu(0), Device.torch()],
+                           [("op:squeeze", "torch"), ("*", "cpu0")])
+    with torch.no_grad():
+        np.testing.assert_allclose(autoplace.compile(mod, plan)(x.numpy())[0],
+                                   model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert given == [own]

@@ -16,10 +16,22 @@ thread. So every thread autoplace runs or times a build on has its pool set up i
 workers by :func:`limit_tvm_threads`, and any other thread (the caller's, when a compiled model
 is called or a profile is measured) by :func:`own_pool`, with TVM's default count or the count
 a plan asks for (``plan.threads``).
+
+TVM's idle pool workers spin after each parallel kernel (hundreds of thousands of yields) before
+they sleep, on the cores a runtime device's call (PyTorch's, ONNX Runtime's) made from the same
+VM then needs: a PyTorch call on two threads waited for them. Importing autoplace sets
+``TVM_THREAD_POOL_SPIN_COUNT`` to 0 unless the environment sets it: an idle worker sleeps at
+once, and each parallel kernel pays its waking (a few microseconds). TVM reads it once, when the
+process's first pool starts; a pool started before autoplace was imported keeps spinning.
+
+The PyTorch calls a build makes run at :func:`call_threads`: the count :func:`calls_at` sets
+around a compiled model's call (the plan's, :func:`autoplace.devices.runtime_threads`), one on a
+thread :func:`limit_tvm_threads` gave a share of the cores, else PyTorch's own count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
@@ -29,8 +41,30 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# Which threads' TVM pools autoplace has set up, and with how many threads.
+# Which threads' TVM pools autoplace has set up, and with how many threads; the PyTorch
+# threads of the runtime calls made on them (``calls``).
 _pool = threading.local()
+
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+
+def call_threads() -> int | None:
+    """The PyTorch threads a runtime device's call made on the calling thread runs at: what
+    :func:`calls_at` set, one on a thread :func:`limit_tvm_threads` set up (a share of the
+    cores, beside other devices' threads), else None (PyTorch's own count)."""
+    return getattr(_pool, "calls", None)
+
+
+@contextlib.contextmanager
+def calls_at(threads: int | None):
+    """Within: :func:`call_threads` is ``threads`` on the calling thread (None: PyTorch's own
+    count), restored after."""
+    before = getattr(_pool, "calls", None)
+    _pool.calls = None if threads is None else max(1, int(threads))
+    try:
+        yield
+    finally:
+        _pool.calls = before
 
 
 def in_own_thread(fn: Callable[[], T]) -> T:
@@ -67,6 +101,7 @@ def limit_tvm_threads(n: int, cores: Sequence[int]) -> None:
         os.sched_setaffinity(0, cores)
     _share_cores(n, cores)
     _pool.kept = True
+    _pool.calls = 1
 
 
 def own_pool(threads: int | None = None) -> int:

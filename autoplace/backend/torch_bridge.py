@@ -171,20 +171,22 @@ def missing(names) -> list[str]:
 
 
 @contextlib.contextmanager
-def one_thread():
-    """Within: PyTorch runs on one thread (its count restored after; 0.1 us each way). A call
-    from the VM runs while TVM's pool workers still spin on the cores: a parallel PyTorch op
-    then waited for a core, 8 ms for a searchsorted of 8x32 values that takes 17 us alone
-    (benchmarks/torch_device.py, 2-core VM)."""
+def at_call_threads():
+    """Within: PyTorch runs on the threads a build's calls on the calling thread run at
+    (:func:`autoplace.backend.call_threads`: the plan's, one on a share of the cores, else
+    PyTorch's own count), its count restored after (0.1 us each way where it changes)."""
     import torch
 
-    before = torch.get_num_threads()
-    if before != 1:
-        torch.set_num_threads(1)
+    from autoplace.backend.threads import call_threads
+
+    want, before = call_threads(), torch.get_num_threads()
+    change = want is not None and want != before
+    if change:
+        torch.set_num_threads(want)
     try:
         yield
     finally:
-        if before != 1:
+        if change:
             torch.set_num_threads(before)
 
 
@@ -194,11 +196,13 @@ def _function(op: TorchOp):
     copied, since the VM takes a call's results as new tensors and may write another tensor into
     an input's memory once the input is dead, under a view it does not know of). Where the
     output shape is static, a result of another shape or dtype is an error naming the op, never
-    a tensor the build would misread. The op runs on one PyTorch thread (as :func:`one_thread`)
-    without autograd, both set and restored inline: every microsecond here is paid on every
-    call (the hand-off the cost model charges)."""
+    a tensor the build would misread. The op runs on the PyTorch threads of
+    :func:`at_call_threads` without autograd, both set and restored inline: every microsecond
+    here is paid on every call (the hand-off the cost model charges)."""
     import torch
     import tvm
+
+    from autoplace.backend.threads import call_threads
 
     expected = None if op.dynamic else [(tuple(s), getattr(torch, d)) for s, d in op.outputs]
     threads_now, set_threads = torch.get_num_threads, torch.set_num_threads
@@ -206,9 +210,10 @@ def _function(op: TorchOp):
     from_dlpack, to_tvm = torch.from_dlpack, tvm.runtime.from_dlpack
 
     def call(*args):
-        threads, grad = threads_now(), grad_now()
-        if threads != 1:
-            set_threads(1)
+        threads, want, grad = threads_now(), call_threads(), grad_now()
+        change = want is not None and want != threads
+        if change:
+            set_threads(want)
         if grad:
             set_grad(False)
         try:
@@ -220,7 +225,7 @@ def _function(op: TorchOp):
             raise TorchOpError(f"PyTorch op {op.name} (node {op.node!r}, {op.global_name}) "
                                f"raised {type(e).__name__}: {e}") from e
         finally:
-            if threads != 1:
+            if change:
                 set_threads(threads)
             if grad:
                 set_grad(True)

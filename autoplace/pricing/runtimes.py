@@ -158,6 +158,7 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
                    func_name: str = "main") -> dict:
     """The cost model of each runtime device of ``torch_devices`` (by name), its ops timed or
     read as :func:`with_runtime_costs` says: what that function charges."""
+    from autoplace.backend.threads import calls_at
     from autoplace.predict.torch_costs import TorchCostModel
     from autoplace.profile import check_present
     from autoplace.profile.torch_runner import preceding_bytes
@@ -179,10 +180,11 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
                 threads=runtime_threads(tvm_devices)))
             continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
-        timings = time_torch_device(graph, d, callers=callers, chains=chains,
-                                    profile=torch_profile(d, db=db, cost_model=costs.model),
-                                    others=_least_other(graph, torch_devices, models),
-                                    between=preceding_bytes(graph))
+        with calls_at(runtime_threads(tvm_devices)):  # the threads a build calls PyTorch at
+            timings = time_torch_device(graph, d, callers=callers, chains=chains,
+                                        profile=torch_profile(d, db=db, cost_model=costs.model),
+                                        others=_least_other(graph, torch_devices, models),
+                                        between=preceding_bytes(graph))
         models[d.name] = TorchCostModel(timings)
     return {d.name: models[d.name] for d in torch_devices}
 

@@ -3,10 +3,10 @@
 A node placed on a torch device runs as one PyTorch call from the Relax VM
 (:mod:`autoplace.backend.torch_bridge`): the ATen op the model exported where the importer lacked
 it, or the PyTorch equivalent of a Relax op. :class:`TorchRunner` times that call in eager
-PyTorch, on random inputs of the workload's shapes on the device's CPU or GPU, and on one PyTorch
-thread as the VM calls it,
-so that a campaign (:func:`autoplace.profile.run_campaign`) stores PyTorch's time of each workload
-beside the TVM devices' rows. A workload PyTorch has no call for is :class:`OpFailed` (stored as
+PyTorch, on random inputs of the workload's shapes on the device's CPU or GPU, and on the PyTorch
+threads a build's calls run at (:func:`autoplace.backend.call_threads`: the plan's, or PyTorch's
+own count), so that a campaign (:func:`autoplace.profile.run_campaign`) stores PyTorch's time of
+each workload beside the TVM devices' rows. A workload PyTorch has no call for is :class:`OpFailed` (stored as
 unsupported there), as a workload that does not build is on a TVM device.
 """
 
@@ -149,10 +149,10 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
                           rng: np.random.Generator | None = None, place: str = "cpu"
                           ) -> tuple[Timing, Timing | None]:
     """``node``'s PyTorch call ``op`` timed in eager PyTorch on random inputs of its shapes
-    (:func:`random_torch_inputs`) on device ``place``, on one PyTorch thread and without
-    autograd, as the VM calls it; and, for a conv or 2-D matmul on the CPU, the same with its
-    weight packed once (each copy's own, :func:`~autoplace.backend.torch_calls.packed_call`), else
-    None. Whatever the op raises on those inputs is raised.
+    (:func:`random_torch_inputs`) on device ``place``, on the PyTorch threads and without
+    autograd the VM calls it with (:func:`~autoplace.backend.torch_bridge.at_call_threads`);
+    and, for a conv or 2-D matmul on the CPU, the same with its weight packed once (each copy's
+    own, :func:`~autoplace.backend.torch_calls.packed_call`), else None. Whatever the op raises on those inputs is raised.
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
     cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
@@ -163,13 +163,13 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
 
     import torch
 
-    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_bridge import at_call_threads
     from autoplace.backend.torch_calls import packed_call
 
     tensors = random_torch_inputs(node, rng or np.random.default_rng(0), place)
     copies = _copies(sum(t.numel() * t.element_size() for t in tensors), place)
     sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
-    with one_thread(), torch.no_grad():
+    with at_call_threads(), torch.no_grad():
         plain = call_timing(lambda c=itertools.cycle(sets): op.call(next(c)), policy, place)
         first = packed_call(op, node.op_type, tensors[1], tensors[0].shape) \
             if len(tensors) == 2 else None
@@ -191,14 +191,15 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     or batch norm and its activation, if any: :func:`~autoplace.graph.chains.fused_chains`)
     as a build runs it (:func:`~autoplace.backend.torch_calls.with_fused_tail`: weight and bias
     held, the faster of oneDNN's fused call and the plain one, chosen on the first copy), timed
-    on random data, weight and bias on device ``place``, on one PyTorch thread; each call reads
+    on random data, weight and bias on device ``place``, on the threads a build's calls run at;
+    each call reads
     another copy of them (:func:`_copies`), as :func:`time_plain_and_packed` does. Whatever the
     call raises is raised."""
     import itertools
 
     import torch
 
-    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_bridge import at_call_threads
     from autoplace.backend.torch_calls import Fastest, fold_batch_norm, with_fused_tail
     from autoplace.graph.chains import chain_activation
 
@@ -217,7 +218,7 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     w0 = w0.numpy()
     if norm:  # gamma, beta, mean, variance: folded as a build folds them
         w0, b0 = fold_batch_norm(w0, None, b0, b0, b0, b0 + 0.5, 1e-5)
-    with one_thread(), torch.no_grad():
+    with at_call_threads(), torch.no_grad():
         for _ in range(_copies(sum(t.nbytes for t in (*anchor.inputs, bias)), place)):
             x, w, b = x0.clone(), w0.copy(), b0.copy()  # a copy of its own, in memory
             call = with_fused_tail(op, anchor.op_type, w, b, act, x.shape, last, place,
@@ -264,12 +265,12 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
     model the next call is another op's, its code and data no longer in the caches."""
     import torch
 
-    from autoplace.backend.torch_bridge import one_thread
+    from autoplace.backend.torch_bridge import at_call_threads
     from autoplace.backend.torch_calls import holding_constants
 
     rng = rng or np.random.default_rng(0)
     calls, ran, nbytes = [], [], 0
-    with one_thread(), torch.no_grad():
+    with at_call_threads(), torch.no_grad():
         for node in nodes:
             op = torch_op_for(node)
             if op is None:
@@ -307,8 +308,9 @@ class TorchRunner:
     ``info()``, ``check()``, ``measure(mod)``), so that campaigns, drift checks and passes treat it
     as any device. Its fingerprint's ``info`` has ``kind`` ``"torch"``, its place (``cpu`` or
     ``cuda``), the PyTorch version, the calls it makes
-    (:data:`~autoplace.backend.torch_bridge.CALLS`), the CPU model or the GPU's name and one thread
-    (the VM calls PyTorch on one); no TVM target or version (its timings involve neither).
+    (:data:`~autoplace.backend.torch_bridge.CALLS`), the CPU model or the GPU's name and the
+    PyTorch threads its calls are timed at (:func:`autoplace.backend.call_threads`, else
+    PyTorch's count); no TVM target or version (its timings involve neither).
     """
 
     def __init__(self, device: Device, spec: str | None = None):
@@ -332,12 +334,14 @@ class TorchRunner:
     def info(self) -> dict[str, Any]:
         import torch
 
+        from autoplace.backend.threads import call_threads
         from autoplace.backend.torch_bridge import CALLS
 
         hardware = (_cpu_model() if self.device.target == "cpu"
                     else torch.cuda.get_device_name(self.device.torch_place))
         return {"kind": "torch", "place": self.device.target, "target": None, "calls": CALLS,
-                "hardware": hardware, "torch": torch.__version__, "threads": 1,
+                "hardware": hardware, "torch": torch.__version__,
+                "threads": call_threads() or torch.get_num_threads(),
                 "host": platform.node(), "remote": None}
 
     def check(self) -> None:

@@ -184,18 +184,22 @@ def kept_dir(place: str = "cpu"):
     """Where this host keeps the PyTorch calls and chains it timed (seconds by workload key),
     so that another model with the same workloads times none of them: a folder of the
     calibration cache entry of this host's CPU
-    (:func:`~autoplace.profile.calibration_cache.cache_entry`), per PyTorch version and
-    :data:`~autoplace.backend.torch_bridge.CALLS`; None for a GPU's calls (not kept)."""
+    (:func:`~autoplace.profile.calibration_cache.cache_entry`), per PyTorch version,
+    :data:`~autoplace.backend.torch_bridge.CALLS` and the threads the calls run at
+    (:func:`autoplace.backend.call_threads`, else PyTorch's count); None for a GPU's calls (not
+    kept)."""
     if place != "cpu":
         return None
     import torch
 
+    from autoplace.backend.threads import call_threads
     from autoplace.backend.torch_bridge import CALLS
     from autoplace.devices import Device
     from autoplace.profile.calibration_cache import cache_entry
 
     _, entry = cache_entry(Device.cpu(0))
-    return entry / f"torch_calls-{torch.__version__}-c{CALLS}"
+    threads = call_threads() or torch.get_num_threads()
+    return entry / f"torch_calls-{torch.__version__}-c{CALLS}-t{threads}"
 
 
 def _kept_path(folder, key: str):
@@ -306,7 +310,7 @@ def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile 
 def time_torch_node(node, op: TorchOp, policy: TimingPolicy = TORCH_POLICY,
                     place: str = "cpu") -> float:
     """Median seconds of ``node``'s PyTorch call ``op`` in eager PyTorch on random inputs of
-    its shapes on device ``place``, on one PyTorch thread as the VM runs it (a few microseconds
+    its shapes on device ``place``, on the PyTorch threads the VM runs it at (a few microseconds
     where it fails on them: logged)."""
     try:
         return time_torch_call(node, op, policy, place=place).median_s
@@ -357,7 +361,8 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
     import tvm
     from tvm import relax
 
-    from autoplace.backend.torch_bridge import Slot, TorchOp, one_thread, register, relax_call
+    from autoplace.backend.torch_bridge import (Slot, TorchOp, at_call_threads, register,
+                                               relax_call)
 
     if between_bytes:
         calls = min(calls, 8)  # each writes the bytes: a few do
@@ -400,7 +405,7 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
             for _ in range(calls):
                 v = torch.relu(v)
 
-        with one_thread(), torch.no_grad():  # the VM's calls run on one PyTorch thread too
+        with at_call_threads(), torch.no_grad():  # as the VM calls PyTorch
             eager_s = call_timing(eager, policy, place).median_s
             if between_bytes and not gpu:
                 from autoplace.profile.cold_calls import cold_call_seconds

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from autoplace.annotate import annotate_lifted, vm_devices
-from autoplace.backend import lowering_pipeline, own_pool, to_numpy
+from autoplace.backend import calls_at, lowering_pipeline, own_pool, to_numpy
 from autoplace.backend.tensors import InputSlot
+from autoplace.devices import runtime_threads
 from autoplace.plan import Plan
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class CompiledModel:
         object.__setattr__(self, "_input_devices", input_devices)
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
+        object.__setattr__(self, "_calls", runtime_threads(self.plan.devices))
 
     @property
     def num_inputs(self) -> int:
@@ -74,7 +76,9 @@ class CompiledModel:
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
         costs were measured (:func:`autoplace.backend.own_pool`: TVM's default count, or the
-        plan's ``threads``; nothing is done when it already is). Each input is copied into a
+        plan's ``threads``; nothing is done when it already is), and its PyTorch calls run at
+        the threads they were priced at (:func:`autoplace.devices.runtime_threads` when the
+        model was built). Each input is copied into a
         tensor the model keeps for it, so calls from several threads at once are not allowed
         (nor does TVM's VM allow them)."""
         if len(inputs) != self.num_inputs:
@@ -83,7 +87,8 @@ class CompiledModel:
                             f"got {len(inputs)}")
         own_pool(self.plan.threads)
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
-        return _flatten(self._fn(*args, *self._consts))
+        with calls_at(self._calls):
+            return _flatten(self._fn(*args, *self._consts))
 
     @property
     def input_devices(self) -> tuple:
@@ -94,7 +99,8 @@ class CompiledModel:
         """One call on TVM tensors already on their :attr:`input_devices`: nothing is copied in
         or out; the outputs are the VM's own tensors, on the devices the plan left them."""
         own_pool(self.plan.threads)
-        return flat_tensors(self._fn(*args, *self._consts))
+        with calls_at(self._calls):
+            return flat_tensors(self._fn(*args, *self._consts))
 
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so

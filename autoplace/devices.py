@@ -356,6 +356,16 @@ def runtime_threads(devices) -> int:
     return max(1, tvm_threads())
 
 
+def torch_threads(devices) -> int:
+    """The PyTorch threads a torch device's calls run at in a plan over ``devices``:
+    :func:`runtime_threads`, but one where the plan has an ONNX Runtime device too. After a
+    call on several threads PyTorch's OpenMP workers spin for milliseconds, on the cores an ORT
+    session's threads need next (docs/runtimes.md says by how much)."""
+    if any(d.runtime == "ort" for d in devices):
+        return 1
+    return runtime_threads(devices)
+
+
 def _on_host(name: str, host: str | None) -> str:
     """A device's default name: ``name``, prefixed by its host's (``"node1-cpu0"``)."""
     return name if host is None else f"{host}-{name}"

@@ -1210,7 +1210,7 @@ def test_pytorch_calls_from_the_vm_run_at_the_threads_they_are_priced_at(monkeyp
     import tvm
 
     from autoplace.backend import calls_at, call_threads, limit_tvm_threads, process_cpus
-    from autoplace.devices import runtime_threads
+    from autoplace.devices import runtime_threads, torch_threads
 
     seen = []
 
@@ -1238,9 +1238,12 @@ def test_pytorch_calls_from_the_vm_run_at_the_threads_they_are_priced_at(monkeyp
     t.join()
     assert seen == [own, 3, 1] and torch.get_num_threads() == own
 
-    # one CPU device: PyTorch's count; several share the cores: one
-    assert runtime_threads([Device.cpu(0), Device.torch()]) == own
-    assert runtime_threads([Device.cpu(0), Device.cpu(1), Device.torch()]) == 1
+    # one CPU device: PyTorch's count; several share the cores, or an ORT device's threads
+    # need them next: one
+    assert torch_threads([Device.cpu(0), Device.torch()]) == own
+    assert torch_threads([Device.cpu(0), Device.cpu(1), Device.torch()]) == 1
+    assert torch_threads([Device.cpu(0), Device.torch(), Device.onnxruntime()]) == 1
+    assert runtime_threads([Device.cpu(0), Device.torch(), Device.onnxruntime()]) == own
 
     # a compiled model's calls run inside calls_at(the plan's threads)
     import sys

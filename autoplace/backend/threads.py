@@ -25,7 +25,7 @@ once, and each parallel kernel pays its waking (a few microseconds). TVM reads i
 process's first pool starts; a pool started before autoplace was imported keeps spinning.
 
 The PyTorch calls a build makes run at :func:`call_threads`: the count :func:`calls_at` sets
-around a compiled model's call (the plan's, :func:`autoplace.devices.runtime_threads`), one on a
+around a compiled model's call (the plan's, :func:`autoplace.devices.torch_threads`), one on a
 thread :func:`limit_tvm_threads` gave a share of the cores, else PyTorch's own count.
 """
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoplace.devices import Device, runtime_threads
+from autoplace.devices import Device, runtime_threads, torch_threads
 from autoplace.graph import OpGraph
 from autoplace.pricing.auto import fingerprints
 from autoplace.pricing.prices import Prices, check_runnable
@@ -180,7 +180,7 @@ def runtime_models(graph: OpGraph, costs: Prices, tvm_devices: Sequence[Device],
                 threads=runtime_threads(tvm_devices)))
             continue
         callers = fingerprints([t for t in tvm_devices if t.memory == d.memory])
-        with calls_at(runtime_threads(tvm_devices)):  # the threads a build calls PyTorch at
+        with calls_at(torch_threads([*tvm_devices, *torch_devices])):  # as a build calls it
             timings = time_torch_device(graph, d, callers=callers, chains=chains,
                                         profile=torch_profile(d, db=db, cost_model=costs.model),
                                         others=_least_other(graph, torch_devices, models),

@@ -31,7 +31,7 @@ from autoplace.backend import calls_at, own_pool
 from autoplace.backend.ort_segments import onnx_export, own_run, session, thread_options
 from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.torch_bridge import called, missing
-from autoplace.devices import Device, local_devices, runtime_threads
+from autoplace.devices import Device, local_devices, torch_threads
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
 from autoplace.run.compile import flat_tensors
@@ -830,7 +830,7 @@ class _LoadedBuild:
         self._fn = self._vm[func_name]
         self.input_devices = tuple(devices[k] for k in positions)
         self._consts = [tvm.runtime.tensor(value, devices[k]) for value, k in consts]
-        self._calls = runtime_threads(plan.devices)  # as a CompiledModel calls PyTorch
+        self._calls = torch_threads(plan.devices)  # as a CompiledModel calls PyTorch
 
     def call_tensors(self, *args) -> list:
         own_pool(self.plan.threads)

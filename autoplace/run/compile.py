@@ -10,7 +10,7 @@ import numpy as np
 from autoplace.annotate import annotate_lifted, vm_devices
 from autoplace.backend import calls_at, lowering_pipeline, own_pool, to_numpy
 from autoplace.backend.tensors import InputSlot
-from autoplace.devices import runtime_threads
+from autoplace.devices import torch_threads
 from autoplace.plan import Plan
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class CompiledModel:
         object.__setattr__(self, "_input_devices", input_devices)
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
-        object.__setattr__(self, "_calls", runtime_threads(self.plan.devices))
+        object.__setattr__(self, "_calls", torch_threads(self.plan.devices))
 
     @property
     def num_inputs(self) -> int:
@@ -77,7 +77,7 @@ class CompiledModel:
         """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
         costs were measured (:func:`autoplace.backend.own_pool`: TVM's default count, or the
         plan's ``threads``; nothing is done when it already is), and its PyTorch calls run at
-        the threads they were priced at (:func:`autoplace.devices.runtime_threads` when the
+        the threads they were priced at (:func:`autoplace.devices.torch_threads` when the
         model was built). Each input is copied into a
         tensor the model keeps for it, so calls from several threads at once are not allowed
         (nor does TVM's VM allow them)."""

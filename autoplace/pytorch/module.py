@@ -830,7 +830,7 @@ class _LoadedBuild:
         self._fn = self._vm[func_name]
         self.input_devices = tuple(devices[k] for k in positions)
         self._consts = [tvm.runtime.tensor(value, devices[k]) for value, k in consts]
-        self._calls = torch_threads(plan.devices)  # as a CompiledModel calls PyTorch
+        self._calls = torch_threads(plan.used_devices())  # as a CompiledModel calls PyTorch
 
     def call_tensors(self, *args) -> list:
         own_pool(self.plan.threads)

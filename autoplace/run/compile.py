@@ -67,7 +67,7 @@ class CompiledModel:
         object.__setattr__(self, "_input_devices", input_devices)
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
-        object.__setattr__(self, "_calls", torch_threads(self.plan.devices))
+        object.__setattr__(self, "_calls", torch_threads(self.plan.used_devices()))
 
     @property
     def num_inputs(self) -> int:
@@ -77,8 +77,9 @@ class CompiledModel:
         """The outputs of one call, on the calling thread; its TVM pool is set up as the plan's
         costs were measured (:func:`autoplace.backend.own_pool`: TVM's default count, or the
         plan's ``threads``; nothing is done when it already is), and its PyTorch calls run at
-        the threads they were priced at (:func:`autoplace.devices.torch_threads` when the
-        model was built). Each input is copied into a
+        :func:`autoplace.devices.torch_threads` of the devices the plan uses (when the model was
+        built): as they were priced, or on more threads where the plan was priced with an ONNX
+        Runtime device it then put nothing on. Each input is copied into a
         tensor the model keeps for it, so calls from several threads at once are not allowed
         (nor does TVM's VM allow them)."""
         if len(inputs) != self.num_inputs:

@@ -6,8 +6,9 @@ it, or the PyTorch equivalent of a Relax op. :class:`TorchRunner` times that cal
 PyTorch, on random inputs of the workload's shapes on the device's CPU or GPU, and on the PyTorch
 threads a build's calls run at (:func:`autoplace.backend.call_threads`: the plan's, or PyTorch's
 own count), so that a campaign (:func:`autoplace.profile.run_campaign`) stores PyTorch's time of
-each workload beside the TVM devices' rows. A workload PyTorch has no call for is :class:`OpFailed` (stored as
-unsupported there), as a workload that does not build is on a TVM device.
+each workload beside the TVM devices' rows. A workload PyTorch has no call for is
+:class:`OpFailed` (stored as unsupported there), as a workload that does not build is on a TVM
+device.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def time_plain_and_packed(node: OpNode, op: TorchOp, policy: TimingPolicy,
     (:func:`random_torch_inputs`) on device ``place``, on the PyTorch threads and without
     autograd the VM calls it with (:func:`~autoplace.backend.torch_bridge.at_call_threads`);
     and, for a conv or 2-D matmul on the CPU, the same with its weight packed once (each copy's
-    own, :func:`~autoplace.backend.torch_calls.packed_call`), else None. Whatever the op raises on those inputs is raised.
+    own, :func:`~autoplace.backend.torch_calls.packed_call`), else None. Whatever the op raises
+    on those inputs is raised.
 
     Each call reads another copy of the inputs, as many copies as fill twice the last-level
     cache (:func:`cache_bytes`; at most 64): in a model an op's weights were last read a whole
@@ -192,9 +194,8 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
     as a build runs it (:func:`~autoplace.backend.torch_calls.with_fused_tail`: weight and bias
     held, the faster of oneDNN's fused call and the plain one, chosen on the first copy), timed
     on random data, weight and bias on device ``place``, on the threads a build's calls run at;
-    each call reads
-    another copy of them (:func:`_copies`), as :func:`time_plain_and_packed` does. Whatever the
-    call raises is raised."""
+    each call reads another copy of them (:func:`_copies`), as :func:`time_plain_and_packed`
+    does. Whatever the call raises is raised."""
     import itertools
 
     import torch

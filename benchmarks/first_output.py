@@ -5,11 +5,13 @@ own, from the model in memory to its first output, at ``--threads`` threads:
 
 - Inductor, by default and frozen (``torch._inductor.config.freezing``), each with an empty
   ``TORCHINDUCTOR_CACHE_DIR``;
-- ``optimize_module(model, inputs)`` with the defaults, on an empty ``AUTOPLACE_CACHE_DIR``
-  (``new host``: the host's overheads measured and its CPU calibrated, as on a machine that never
-  ran autoplace), and on a cache a first model (``--warm-with``, another model) filled (``known
-  host``: what the host and that model left: overheads, calibration entry, code counts, PyTorch
-  calls, the ORT call); where its seconds went (``result.steps_s``) and what it runs.
+- ``optimize_module(model, inputs)`` with the defaults (frozen ``torch.compile`` among its
+  contenders), on an empty ``AUTOPLACE_CACHE_DIR`` (``new host``: the host's overheads measured
+  and its CPU calibrated, as on a machine that never ran autoplace), and on a cache a first model
+  (``--warm-with``, another model) filled (``known host``: what the host and that model left:
+  overheads, calibration entry, code counts, PyTorch calls, the ORT call; Inductor's cache
+  emptied again), with the defaults and with ``torch_compile=False``; where its seconds went
+  (``result.steps_s``) and what it runs.
 
 The rounds alternate the contenders, so that each sees the machine alike; the medians over
 ``--rounds`` are printed, with the ratios to each Inductor (issue 52's target: within 1.5x of
@@ -54,7 +56,7 @@ def _child(kind: str, model: str, threads: int) -> dict:
     from autoplace.pytorch.module import optimize_module
 
     t = time.perf_counter()
-    mod = optimize_module(m.module, inputs)
+    mod = optimize_module(m.module, inputs, torch_compile=kind != "autoplace-no-inductor")
     mod(*inputs)
     return {"s": time.perf_counter() - t, "runs": mod.runs,
             "steps": {k: round(v, 1) for k, v in mod.result.steps_s.items()}}
@@ -83,17 +85,20 @@ def main(argv=None) -> None:
     print(f"load average at start: {os.getloadavg()}, threads {args.threads}")
     for model in args.models:
         got: dict[str, list] = {}
+        known = f"host known (after {args.warm_with})"
         contenders = [("inductor", "inductor"), ("inductor frozen", "inductor-frozen"),
-                      ("autoplace, new host", "autoplace"),
-                      (f"autoplace, host known (after {args.warm_with})", "autoplace")]
+                      ("autoplace, new host", "autoplace"), (f"autoplace, {known}", "autoplace"),
+                      (f"autoplace, {known}, torch_compile=False", "autoplace-no-inductor")]
         for r in range(args.rounds):
             for key, kind in contenders:
                 env = {"TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-"),
                        "AUTOPLACE_CACHE_DIR": tempfile.mkdtemp(prefix="autoplace-")}
-                if key.startswith("autoplace, host known"):
-                    warm = _run("autoplace", args.warm_with, args.threads, env)
+                if known in key:
+                    warm = _run(kind, args.warm_with, args.threads, env)
                     if "error" in warm:
                         print(f"  {args.warm_with} (to fill the cache) failed: {warm['error']}")
+                    # Inductor's cache as empty as the Inductor rows': autoplace's alone is known
+                    env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
                 res = _run(kind, model, args.threads, env)
                 got.setdefault(key, []).append(res)
                 print(f"  round {r + 1} {model} {key}: "

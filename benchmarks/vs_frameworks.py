@@ -41,9 +41,10 @@ framework's threads, and TVM's pool):
    each kernel's share of the run (timed with the VM's instrument hook).
 4. autoplace as a user calls it, each module in a process of its own: ``optimize_module(model,
    inputs)`` with the defaults (``module.runs``: the build, or the contender that measured
-   faster; ``module.times``: what each measured), and the mixes: ``optimize_module`` over
-   ``[--device, torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and
-   (where the store holds any) with them. Each: the module's latency (what it runs, called
+   faster, frozen ``torch.compile`` among them; ``module.times``: what each measured), and the
+   mixes: ``optimize_module`` over ``[--device, torch:cpu]`` and over ``[--device, torch:cpu,
+   ort:cpu]``, without records and (where the store holds any) with them, Inductor not compiled
+   (``torch_compile=False``: their builds are what is compared). Each: the module's latency (what it runs, called
    back to back as the frameworks are); the build's own latency and its measured/predicted,
    the build timed with the module, eager and ORT in blocks turn by turn in the same process
    (each called back to back for 0.1 s, in turn, 11 rounds); the ops on each device; and the
@@ -245,9 +246,9 @@ def _worker_module(cfg: dict) -> dict:
     work = Path(cfg["work"])
     args = tuple(torch.from_numpy(x) for x in _load_arrays(work / "inputs.npz"))
     ref = _load_arrays(work / "torch.npz")
-    given = {} if cfg["devices"] is None else {
+    given = {} if cfg["devices"] is None else {  # a mix: its build is what is compared
         "devices": [autoplace.Device.from_spec(s) for s in cfg["devices"]],
-        "db": cfg["db"] if cfg["tuned"] else None}
+        "db": cfg["db"] if cfg["tuned"] else None, "torch_compile": False}
     t0 = time.perf_counter()
     m = autoplace.optimize_module(model.module, args, **given)
     optimize_s = time.perf_counter() - t0

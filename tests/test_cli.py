@@ -26,11 +26,12 @@ def test_demo_builds_runs_and_reports_the_difference():
     assert float(ran.group(5)) < 1e-4
 
 
-def test_demo_of_a_pytorch_model_runs_it_against_eager_and_onnxruntime():
+def test_demo_of_a_pytorch_model_runs_it_against_eager_onnxruntime_and_torch_compile():
     r = _run("demo", "--model", "zoo:resnet", "--time-limit", "2")
     assert r.returncode == 0, r.stderr
-    assert "pytorch eager" in r.stdout and "onnxruntime" in r.stdout  # the contenders' times
-    said = re.search(r"the module runs (build|pytorch eager|onnxruntime|eager).*: max "
+    for contender in ("pytorch eager", "onnxruntime", "torch.compile"):  # their times
+        assert f"baseline {contender}" in r.stdout, r.stdout[-800:]
+    said = re.search(r"the module runs (build|eager|onnxruntime|torch\.compile).*: max "
                      r"\|difference\| from eager = (\S+)", r.stdout)
     assert said, r.stdout[-800:]
     assert float(said.group(2)) < 1e-3

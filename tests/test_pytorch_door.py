@@ -19,7 +19,8 @@ from autoplace import Device  # noqa: E402
 from autoplace.pytorch import ModuleFileError, load_module, optimize_module  # noqa: E402
 
 CPU = [Device.cpu(0)]
-FAST = dict(cost_model=autoplace.RooflineCostModel(), db=None)  # where the costs do not matter
+# Where the costs do not matter; Inductor only where a test asks for it.
+FAST = dict(cost_model=autoplace.RooflineCostModel(), db=None, torch_compile=False)
 
 
 @pytest.fixture(autouse=True)
@@ -291,13 +292,14 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
     monkeypatch.setattr(module_mod, "_compiled",
                         lambda m, inputs: compiled.append(m) or (lambda *a: m(*a)))
     monkeypatch.setattr(module_mod, "_blocks", _timed(build=2.0, eager=1.5, compiled=1.0))
-    m = optimize_module(model, (x,), CPU, **FAST, torch_compile=True)
+    by_default = {k: v for k, v in FAST.items() if k != "torch_compile"}
+    m = optimize_module(model, (x,), CPU, **by_default)
     assert compiled == [model] and m.runs == "torch.compile"
     assert m.result.baselines["torch.compile"] == pytest.approx(1e-3)
     assert "baseline torch.compile" in m.summary() and "runs torch.compile" in m.summary()
     with torch.no_grad():
         torch.testing.assert_close(m(x), model(x))
-    # Not asked for: not compiled, not among the baselines.
+    # Asked not to: not compiled, not among the baselines.
     compiled.clear()
     m = optimize_module(model, (x,), CPU, **FAST)
     assert compiled == [] and "torch.compile" not in m.result.baselines and m.runs == "eager"
@@ -307,7 +309,7 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
     monkeypatch.setattr(torch, "compile", lambda *a, **k: (_ for _ in ()).throw(
         RuntimeError("no C++ compiler")))
     with caplog.at_level("WARNING"):
-        m = optimize_module(model, (x,), CPU, **FAST, torch_compile=True)
+        m = optimize_module(model, (x,), CPU, **dict(FAST, torch_compile=True))
     assert "torch.compile of the model failed" in caplog.text and "no C++ compiler" in caplog.text
     assert m.runs == "build" and "torch.compile" not in m.result.baselines
 

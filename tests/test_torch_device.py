@@ -383,7 +383,7 @@ def test_a_relax_op_without_a_pytorch_equivalent_costs_inf_on_the_torch_device()
 def test_a_module_from_pytorch_has_eager_among_its_baselines():
     model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8)
     m = autoplace.optimize_module(model, (x,), [Device.cpu(0)], cost_model=RooflineCostModel(),
-                                  calibrate=False, db=None)
+                                  calibrate=False, db=None, torch_compile=False)
     with torch.no_grad():  # the same call, timed here: a baseline in ms is 1000 times over
         assert 0 < m.result.baselines["pytorch eager"] < 50 * fastest_call_s(lambda: model(x))
     line = next(ln for ln in m.summary().splitlines() if "baseline pytorch eager" in ln)

@@ -40,10 +40,11 @@ class AutoplaceBackend:
     example_inputs)``. :attr:`graphs` records each graph it was given, in order."""
 
     def __init__(self, devices: Sequence[Device] | None = None, *, strict: bool = False,
-                 eager_fallback: bool = True, **optimize_kwargs):
+                 eager_fallback: bool = True, torch_compile: bool = True, **optimize_kwargs):
         self.devices = None if devices is None else list(devices)
         self.strict = strict
         self.eager_fallback = eager_fallback
+        self.torch_compile = torch_compile
         self.optimize_kwargs = optimize_kwargs
         self.graphs: list[GraphRecord] = []
 
@@ -121,7 +122,8 @@ class AutoplaceBackend:
             module = AutoplaceModule(build_of(res), [TensorSpec.of(t) for t in inputs],
                                      result=res)
             if eager_s is not None:
-                contend(module, eager, inputs, eager_s, note, onnx_source=wrapper)
+                contend(module, eager, inputs, eager_s, note, onnx_source=wrapper,
+                        torch_compile=self.torch_compile)
             return module
 
         if not computed:  # every output is an input or a constant
@@ -287,7 +289,8 @@ def _storage(node):
 
 
 def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = False,
-                   eager_fallback: bool = True, **optimize_kwargs) -> AutoplaceBackend:
+                   eager_fallback: bool = True, torch_compile: bool = True,
+                   **optimize_kwargs) -> AutoplaceBackend:
     """A ``torch.compile`` backend that places and builds every graph with autoplace.
 
     >>> fast = torch.compile(model.eval(), backend=autoplace.dynamo_backend())  # doctest: +SKIP
@@ -306,10 +309,10 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
     logged warning saying why; ``strict=True`` raises instead. The backend's ``.graphs`` says
     what it did with each graph.
 
-    Each graph's build is timed in blocks in turn against the graph run as Dynamo gave it and ONNX
-    Runtime on the graph (where onnxruntime is installed), and the fastest of those that beat
-    the build by their margin runs (``optimize_module``'s contenders, without ``torch.compile``:
-    ``record.module.runs`` and ``.summary()`` say which).
+    Each graph's build is timed in blocks in turn against the graph run as Dynamo gave it, ONNX
+    Runtime on the graph (where onnxruntime is installed) and the graph compiled by Inductor
+    with freezing, and the fastest of those that beat the build by their margin runs
+    (``optimize_module``'s contenders: ``record.module.runs`` and ``.summary()`` say which).
 
     Parameters
     ----------
@@ -321,19 +324,22 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
         Raise instead of running a graph in PyTorch.
     eager_fallback : bool
         Time the contenders and run the fastest; False: run every build, timing nothing.
+    torch_compile : bool
+        Compile each graph with Inductor as a contender; False leaves it out, for a sooner
+        first output.
     **optimize_kwargs
         Passed to :func:`autoplace.optimize` for every graph: ``objective``, ``cost_model``,
         ``db`` (tuned records), ``solver``, ...
     """
     return AutoplaceBackend(devices, strict=strict, eager_fallback=eager_fallback,
-                            **optimize_kwargs)
+                            torch_compile=torch_compile, **optimize_kwargs)
 
 
 def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, *, options=None,
                       mode=None):
     """``torch.compile(model, backend="autoplace")``: :func:`dynamo_backend` with its defaults
     (registered under the ``torch_dynamo_backends`` entry point), or with
-    ``options={"devices": [...], "strict": True, "eager_fallback": False, "db": ...}`` (its
+    ``options={"devices": [...], "strict": True, "torch_compile": False, "db": ...}`` (its
     arguments). ``mode`` has no meaning here and is refused unless ``"default"``."""
     if mode not in (None, "default"):
         raise ValueError(f"torch.compile mode {mode!r}: the autoplace backend has no modes; "

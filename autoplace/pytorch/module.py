@@ -96,7 +96,7 @@ def margin(contender: str, plan: Plan) -> float:
 
 
 def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[Device] | None = None,
-                    *, eager_fallback: bool = True, torch_compile: bool = False,
+                    *, eager_fallback: bool = True, torch_compile: bool = True,
                     **optimize_kwargs) -> AutoplaceModule:
     """Export ``model``, place and build it with :func:`autoplace.optimize`, and return a module
     that runs the build on torch tensors.
@@ -112,9 +112,10 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     The whole-model alternatives a PyTorch user has are contenders (:func:`contend`): the
     model's own eager call (timed before anything is built, and again beside the build), ONNX
     Runtime on the model exported to ONNX where onnxruntime is installed and the inputs are on
-    the CPU (at the graph optimization level that measured faster here), and, with
-    ``torch_compile``, the model compiled by ``torch.compile`` with Inductor's freezing (tens
-    of seconds for its first call). They are timed with the build in blocks in turn, recorded
+    the CPU (at the graph optimization level that measured faster here), and the model
+    compiled by ``torch.compile`` with Inductor's freezing (its compile takes about what
+    Inductor's takes alone; ``torch_compile=False`` leaves it out, for a sooner first output).
+    They are timed with the build in blocks in turn, recorded
     among the baselines, and where one of a model in eval mode ran faster than the build by
     more than 3 % (ONNX Runtime: by its :func:`margin`), the module runs the fastest instead
     (``module.runs`` is ``"eager"``, ``"onnxruntime"`` or ``"torch.compile"``; ``summary()``
@@ -155,7 +156,7 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
 
 
 def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eager_s: float,
-            note: str, *, eager_fallback: bool = True, torch_compile: bool = False,
+            note: str, *, eager_fallback: bool = True, torch_compile: bool = True,
             onnx_source=None) -> None:
     """Check ``module``'s build against ``model`` run eagerly on ``inputs`` and time it against
     the whole-model alternatives a PyTorch user has, making ``module`` run the fastest of
@@ -167,9 +168,9 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     blocks in turn with the build (:func:`_blocks`): eager; ONNX Runtime on the whole model where
     onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
     as ``model``, is exported where given), at each graph optimization level and intra-op
-    thread count (:func:`ort_threads`) in the same rounds, the fastest kept; with
-    ``torch_compile``, Inductor with freezing
-    (:func:`_compiled`). Each is recorded among the result's baselines.
+    thread count (:func:`ort_threads`) in the same rounds, the fastest kept; and, unless
+    ``torch_compile`` is False, Inductor with freezing (:func:`_compiled`). Each is recorded
+    among the result's baselines.
     ``eager_fallback=False`` keeps the build and times no contender."""
     module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
     error = _output_error(module.run_flat, model, inputs)
@@ -258,18 +259,25 @@ def _output_error(run_flat, model: torch.nn.Module, inputs) -> float | None:
 def _compiled(model: torch.nn.Module, inputs):
     """``torch.compile(model)`` with Inductor's freezing (weights folded in as constants, as
     PyTorch advises for inference on a CPU) after its first call (which compiles it), or None
-    where it fails (a warning says why)."""
+    where it fails or its outputs differ from eager's (a warning says why)."""
     from torch._inductor import config
 
+    training = model.training
     try:
         with config.patch(freezing=True):
             compiled = torch.compile(model)
             with torch.inference_mode():
                 compiled(*inputs)
+            error = _output_error(lambda xs: pytree.tree_leaves(compiled(*xs)), model, inputs)
+        if error is None or error > MISMATCH:
+            raise ValueError("its outputs could not be checked against eager's" if error is None
+                             else f"its outputs differ from eager's (relative error {error:.2g})")
     except Exception as e:  # noqa: BLE001 - Inductor fails in many ways (no C++ compiler...)
         log.warning("torch.compile of the model failed, so it is not among the baselines: %s",
                     _reason(e))
         return None
+    finally:
+        model.train(training)
     return compiled
 
 

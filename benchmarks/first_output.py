@@ -5,12 +5,11 @@ own, from the model in memory to its first output, at ``--threads`` threads:
 
 - Inductor, by default and frozen (``torch._inductor.config.freezing``), each with an empty
   ``TORCHINDUCTOR_CACHE_DIR``;
-- ``optimize_module(model, inputs)`` with the defaults (frozen ``torch.compile`` among its
-  contenders), on an empty ``AUTOPLACE_CACHE_DIR`` (``new host``: the host's overheads measured
-  and its CPU calibrated, as on a machine that never ran autoplace), and on a cache a first model
-  (``--warm-with``, another model) filled (``known host``: what the host and that model left:
+- ``optimize_module(model, inputs)`` with the defaults, on an empty ``AUTOPLACE_CACHE_DIR``
+  (``new host``: the host's overheads measured and its CPU calibrated, as on a machine that
+  never ran autoplace), and on a cache a first model (``--warm-with``, another model) filled (``known host``: what the host and that model left:
   overheads, calibration entry, code counts, PyTorch calls, the ORT call; Inductor's cache
-  emptied again), with the defaults and with ``torch_compile=False``; where its seconds went
+  emptied again), with the defaults and with ``torch_compile=True``; where its seconds went
   (``result.steps_s``) and what it runs.
 
 The rounds alternate the contenders, so that each sees the machine alike; the medians over
@@ -56,7 +55,7 @@ def _child(kind: str, model: str, threads: int) -> dict:
     from autoplace.pytorch.module import optimize_module
 
     t = time.perf_counter()
-    mod = optimize_module(m.module, inputs, torch_compile=kind != "autoplace-no-inductor")
+    mod = optimize_module(m.module, inputs, torch_compile=True if kind == "autoplace-inductor" else None)
     mod(*inputs)
     return {"s": time.perf_counter() - t, "runs": mod.runs,
             "steps": {k: round(v, 1) for k, v in mod.result.steps_s.items()}}
@@ -88,7 +87,7 @@ def main(argv=None) -> None:
         known = f"host known (after {args.warm_with})"
         contenders = [("inductor", "inductor"), ("inductor frozen", "inductor-frozen"),
                       ("autoplace, new host", "autoplace"), (f"autoplace, {known}", "autoplace"),
-                      (f"autoplace, {known}, torch_compile=False", "autoplace-no-inductor")]
+                      (f"autoplace, {known}, torch_compile=True", "autoplace-inductor")]
         for r in range(args.rounds):
             for key, kind in contenders:
                 env = {"TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-"),

@@ -40,16 +40,15 @@ framework's threads, and TVM's pool):
    output (the model's Relax module made, the build, the first call), and for the tuned build
    each kernel's share of the run (timed with the VM's instrument hook).
 4. autoplace as a user calls it, each module in a process of its own: ``optimize_module(model,
-   inputs)`` with the defaults (``module.runs``: the build, or the contender that measured
-   faster, frozen ``torch.compile`` among them; ``module.times``: what each measured), and the
-   mixes: ``optimize_module`` over ``[--device, torch:cpu]`` and over ``[--device, torch:cpu,
-   ort:cpu]``, without records and (where the store holds any) with them, Inductor not compiled
-   (``torch_compile=False``: their builds are what is compared). Each: the module's latency (what it runs, called
-   back to back as the frameworks are); the build's own latency and its measured/predicted,
-   the build timed with the module, eager and ORT in blocks turn by turn in the same process
-   (each called back to back for 0.1 s, in turn, 11 rounds); the ops on each device; and the
-   time to the first output: ``optimize_module`` and the first call, split where it went (the
-   module's ``result.steps_s``).
+   inputs)`` with the defaults (``module.runs``: the build, or the contender that measured faster;
+   ``module.times``: what each measured), and the mixes: ``optimize_module`` over ``[--device,
+   torch:cpu]`` and over ``[--device, torch:cpu, ort:cpu]``, without records and (where the store
+   holds any) with them, Inductor not compiled (``torch_compile=False``: their builds are what is
+   compared). Each: the module's latency (what it runs, called back to back as the frameworks are);
+   the build's own latency and its measured/predicted, the build timed with the module, eager and
+   ORT in blocks turn by turn in the same process (each called back to back for 0.1 s, in turn, 11
+   rounds); the ops on each device; and the time to the first output: ``optimize_module`` and the
+   first call, split where it went (the module's ``result.steps_s``).
 
 Targets (issue 52; printed, not asserted), as speed-ups, the other's median over autoplace's:
 with the defaults, the module runs >= 0.97x the fastest of eager, frozen ``torch.compile`` and

@@ -27,7 +27,7 @@ def test_demo_builds_runs_and_reports_the_difference():
 
 
 def test_demo_of_a_pytorch_model_runs_it_against_eager_onnxruntime_and_torch_compile():
-    r = _run("demo", "--model", "zoo:resnet", "--time-limit", "2")
+    r = _run("demo", "--model", "zoo:resnet", "--time-limit", "2", "--torch-compile")
     assert r.returncode == 0, r.stderr
     for contender in ("pytorch eager", "onnxruntime", "torch.compile"):  # their times
         assert f"baseline {contender}" in r.stdout, r.stdout[-800:]

@@ -292,8 +292,7 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
     monkeypatch.setattr(module_mod, "_compiled",
                         lambda m, inputs: compiled.append(m) or (lambda *a: m(*a)))
     monkeypatch.setattr(module_mod, "_blocks", _timed(build=2.0, eager=1.5, compiled=1.0))
-    by_default = {k: v for k, v in FAST.items() if k != "torch_compile"}
-    m = optimize_module(model, (x,), CPU, **by_default)
+    m = optimize_module(model, (x,), CPU, **dict(FAST, torch_compile=True))
     assert compiled == [model] and m.runs == "torch.compile"
     assert m.result.baselines["torch.compile"] == pytest.approx(1e-3)
     assert "baseline torch.compile" in m.summary() and "runs torch.compile" in m.summary()
@@ -303,6 +302,14 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
     compiled.clear()
     m = optimize_module(model, (x,), CPU, **FAST)
     assert compiled == [] and "torch.compile" not in m.result.baselines and m.runs == "eager"
+    # By default: not where ONNX Runtime on the whole model is a contender; where it is not
+    # (not installed, an export that fails), Inductor is the user's best framework: compiled.
+    by_default = {k: v for k, v in FAST.items() if k != "torch_compile"}
+    m = optimize_module(model, (x,), CPU, **by_default)
+    assert compiled == []
+    monkeypatch.setattr(module_mod, "_onnxruntime", lambda *a, **k: None)
+    m = optimize_module(model, (x,), CPU, **by_default)
+    assert compiled == [model] and m.runs == "torch.compile"
     # Where Inductor fails, a warning says why and the module runs what measured fastest.
     monkeypatch.undo()
     monkeypatch.setattr(module_mod, "_blocks", _timed(build=1.0, eager=2.0, compiled=0.1))

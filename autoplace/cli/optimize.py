@@ -215,8 +215,8 @@ def _torch_installed() -> bool:
 def _demo_pytorch(args, spec: str, model, inputs) -> int:
     """``optimize_module`` of zoo model ``spec`` (a PyTorch model) over ``--device`` (this
     machine's CPU and runtimes by default): the plan, what it measured against eager, ONNX
-    Runtime on the whole model and frozen ``torch.compile``, which runs, and its outputs against
-    eager's."""
+    Runtime on the whole model and (``--torch-compile``) frozen ``torch.compile``, which runs,
+    and its outputs against eager's."""
     import torch
 
     from autoplace.pytorch import optimize_module
@@ -227,7 +227,7 @@ def _demo_pytorch(args, spec: str, model, inputs) -> int:
         model, inputs, devices, solver=args.solver, time_limit=args.time_limit,
         pins=options.rules(args.rule), cost_model=options.cost_model(args),
         baseline_guard=not getattr(args, "no_guard", False), calibrate=not args.no_calibrate,
-        db=None if args.no_profile else "auto", torch_compile=not args.no_torch_compile)
+        db=None if args.no_profile else "auto", torch_compile=args.torch_compile)
     took = time.perf_counter() - t0
     with torch.inference_mode():
         got, want = module(*inputs), model(*inputs)
@@ -282,12 +282,13 @@ def _cmd_optimize(args) -> int:
 def register_cli(sub) -> None:
     """Add the ``demo`` and ``optimize`` subcommands to an argparse subparsers object."""
     p = sub.add_parser("demo", help="place a zoo model over this machine's CPU and runtimes, run "
-                                    "it against eager PyTorch, ONNX Runtime and torch.compile",
+                                    "it against eager PyTorch and ONNX Runtime",
                        epilog=EPILOG_DEMO, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_run_options(p)
-    p.add_argument("--no-torch-compile", action="store_true",
-                   help="for a PyTorch model: leave torch.compile (Inductor, frozen) out of the "
-                        "contenders, for a sooner first output")
+    p.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="for a PyTorch model: compile it with torch.compile (Inductor, frozen) "
+                        "among the contenders, or not (default: where ONNX Runtime is not "
+                        "installed)")
     p.set_defaults(func=_cmd_demo, device=None)
 
     p = sub.add_parser("optimize", help="optimize a model's placement, build and run it",

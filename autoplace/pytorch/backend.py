@@ -40,7 +40,8 @@ class AutoplaceBackend:
     example_inputs)``. :attr:`graphs` records each graph it was given, in order."""
 
     def __init__(self, devices: Sequence[Device] | None = None, *, strict: bool = False,
-                 eager_fallback: bool = True, torch_compile: bool = True, **optimize_kwargs):
+                 eager_fallback: bool = True, torch_compile: bool | None = None,
+                 **optimize_kwargs):
         self.devices = None if devices is None else list(devices)
         self.strict = strict
         self.eager_fallback = eager_fallback
@@ -289,7 +290,7 @@ def _storage(node):
 
 
 def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = False,
-                   eager_fallback: bool = True, torch_compile: bool = True,
+                   eager_fallback: bool = True, torch_compile: bool | None = None,
                    **optimize_kwargs) -> AutoplaceBackend:
     """A ``torch.compile`` backend that places and builds every graph with autoplace.
 
@@ -311,8 +312,9 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
 
     Each graph's build is timed in blocks in turn against the graph run as Dynamo gave it, ONNX
     Runtime on the graph (where onnxruntime is installed) and the graph compiled by Inductor
-    with freezing, and the fastest of those that beat the build by their margin runs
-    (``optimize_module``'s contenders: ``record.module.runs`` and ``.summary()`` say which).
+    with freezing (``torch_compile``), and the fastest of those that beat the build by their
+    margin runs (``optimize_module``'s contenders: ``record.module.runs`` and ``.summary()``
+    say which).
 
     Parameters
     ----------
@@ -324,9 +326,10 @@ def dynamo_backend(devices: Sequence[Device] | None = None, *, strict: bool = Fa
         Raise instead of running a graph in PyTorch.
     eager_fallback : bool
         Time the contenders and run the fastest; False: run every build, timing nothing.
-    torch_compile : bool
-        Compile each graph with Inductor as a contender; False leaves it out, for a sooner
-        first output.
+    torch_compile : bool, optional
+        Compile each graph with Inductor (frozen) as a contender: True always, False never;
+        by default, where ONNX Runtime on the graph is not a contender
+        (:func:`~autoplace.pytorch.module.optimize_module`).
     **optimize_kwargs
         Passed to :func:`autoplace.optimize` for every graph: ``objective``, ``cost_model``,
         ``db`` (tuned records), ``solver``, ...
@@ -339,7 +342,7 @@ def autoplace_backend(gm: torch.fx.GraphModule, example_inputs: Sequence, *, opt
                       mode=None):
     """``torch.compile(model, backend="autoplace")``: :func:`dynamo_backend` with its defaults
     (registered under the ``torch_dynamo_backends`` entry point), or with
-    ``options={"devices": [...], "strict": True, "torch_compile": False, "db": ...}`` (its
+    ``options={"devices": [...], "strict": True, "torch_compile": True, "db": ...}`` (its
     arguments). ``mode`` has no meaning here and is refused unless ``"default"``."""
     if mode not in (None, "default"):
         raise ValueError(f"torch.compile mode {mode!r}: the autoplace backend has no modes; "

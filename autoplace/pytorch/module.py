@@ -96,7 +96,7 @@ def margin(contender: str, plan: Plan) -> float:
 
 
 def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[Device] | None = None,
-                    *, eager_fallback: bool = True, torch_compile: bool = True,
+                    *, eager_fallback: bool = True, torch_compile: bool | None = None,
                     **optimize_kwargs) -> AutoplaceModule:
     """Export ``model``, place and build it with :func:`autoplace.optimize`, and return a module
     that runs the build on torch tensors.
@@ -112,19 +112,19 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
     The whole-model alternatives a PyTorch user has are contenders (:func:`contend`): the
     model's own eager call (timed before anything is built, and again beside the build), ONNX
     Runtime on the model exported to ONNX where onnxruntime is installed and the inputs are on
-    the CPU (at the graph optimization level that measured faster here), and the model
-    compiled by ``torch.compile`` with Inductor's freezing (its compile takes about what
-    Inductor's takes alone; ``torch_compile=False`` leaves it out, for a sooner first output).
-    They are timed with the build in blocks in turn, recorded
-    among the baselines, and where one of a model in eval mode ran faster than the build by
-    more than 3 % (ONNX Runtime: by its :func:`margin`), the module runs the fastest instead
-    (``module.runs`` is ``"eager"``, ``"onnxruntime"`` or ``"torch.compile"``; ``summary()``
-    gives the times). A contender that fails to export, build or compile, or whose outputs
-    differ from eager's, is left out with a warning saying why. ``eager_fallback=False`` keeps
-    the build whatever it measured, and times no contender. The build's outputs are checked
-    against eager's on the example inputs first: where they differ (relative error above
-    :data:`MISMATCH`), a warning says so, and the module runs the model eagerly unless
-    ``eager_fallback=False`` or the model is in training mode.
+    the CPU (at the graph optimization level that measured faster here), and the model compiled
+    by ``torch.compile`` with Inductor's freezing: with ``torch_compile=True``, or by default
+    where ONNX Runtime on the whole model is not among them (not installed, inputs off the CPU,
+    an export that fails), its compile taking about what Inductor's takes alone. They are timed
+    with the build in blocks in turn, recorded among the baselines, and where one of a model in
+    eval mode ran faster than the build by more than 3 % (ONNX Runtime: by its :func:`margin`),
+    the module runs the fastest instead (``module.runs`` is ``"eager"``, ``"onnxruntime"`` or
+    ``"torch.compile"``; ``summary()`` gives the times). A contender that fails to export, build
+    or compile, or whose outputs differ from eager's, is left out with a warning saying why.
+    ``eager_fallback=False`` keeps the build whatever it measured, and times no contender. The
+    build's outputs are checked against eager's on the example inputs first: where they differ
+    (relative error above :data:`MISMATCH`), a warning says so, and the module runs the model
+    eagerly unless ``eager_fallback=False`` or the model is in training mode.
 
     >>> m = autoplace.optimize_module(model.eval(), (x,))     # doctest: +SKIP
     >>> y = m(x)                                               # a torch tensor
@@ -156,7 +156,7 @@ def optimize_module(model: torch.nn.Module, example_inputs, devices: Sequence[De
 
 
 def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eager_s: float,
-            note: str, *, eager_fallback: bool = True, torch_compile: bool = True,
+            note: str, *, eager_fallback: bool = True, torch_compile: bool | None = None,
             onnx_source=None) -> None:
     """Check ``module``'s build against ``model`` run eagerly on ``inputs`` and time it against
     the whole-model alternatives a PyTorch user has, making ``module`` run the fastest of
@@ -168,9 +168,9 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     blocks in turn with the build (:func:`_blocks`): eager; ONNX Runtime on the whole model where
     onnxruntime is installed (:func:`_onnxruntime`; ``onnx_source``, what computes the same
     as ``model``, is exported where given), at each graph optimization level and intra-op
-    thread count (:func:`ort_threads`) in the same rounds, the fastest kept; and, unless
-    ``torch_compile`` is False, Inductor with freezing (:func:`_compiled`). Each is recorded
-    among the result's baselines.
+    thread count (:func:`ort_threads`) in the same rounds, the fastest kept; and Inductor with
+    freezing (:func:`_compiled`) where ``torch_compile`` is True, or None and ORT is not among
+    them. Each is recorded among the result's baselines.
     ``eager_fallback=False`` keeps the build and times no contender."""
     module.result = with_measured_baseline(module.result, EAGER, eager_s, note)
     error = _output_error(module.run_flat, model, inputs)
@@ -187,7 +187,10 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
         return
     rivals, notes = {EAGER: model}, {}
     variants = _onnxruntime(model, inputs, onnx_source) or {}
-    if torch_compile:
+    # By default Inductor only where ORT is no contender: ORT on the whole model ran every model
+    # measured so far faster than frozen Inductor (docs/results.md, "Frozen torch.compile among
+    # the contenders"), and Inductor's compile can double the time to the first output.
+    if torch_compile or (torch_compile is None and not variants):
         compiled = _compiled(model, inputs)
         if compiled is not None:
             rivals[COMPILED] = compiled

@@ -7,10 +7,10 @@ own, from the model in memory to its first output, at ``--threads`` threads:
   ``TORCHINDUCTOR_CACHE_DIR``;
 - ``optimize_module(model, inputs)`` with the defaults, on an empty ``AUTOPLACE_CACHE_DIR``
   (``new host``: the host's overheads measured and its CPU calibrated, as on a machine that
-  never ran autoplace), and on a cache a first model (``--warm-with``, another model) filled (``known host``: what the host and that model left:
-  overheads, calibration entry, code counts, PyTorch calls, the ORT call; Inductor's cache
-  emptied again), with the defaults and with ``torch_compile=True``; where its seconds went
-  (``result.steps_s``) and what it runs.
+  never ran autoplace), and on a cache a first model (``--warm-with``, another model) filled
+  (``known host``: what the host and that model left: overheads, calibration entry, code
+  counts, PyTorch calls, the ORT call; Inductor's cache emptied again), with the defaults and
+  with ``torch_compile=True``; where its seconds went (``result.steps_s``) and what it runs.
 
 The rounds alternate the contenders, so that each sees the machine alike; the medians over
 ``--rounds`` are printed, with the ratios to each Inductor (issue 52's target: within 1.5x of
@@ -55,7 +55,8 @@ def _child(kind: str, model: str, threads: int) -> dict:
     from autoplace.pytorch.module import optimize_module
 
     t = time.perf_counter()
-    mod = optimize_module(m.module, inputs, torch_compile=True if kind == "autoplace-inductor" else None)
+    forced = kind == "autoplace-inductor"
+    mod = optimize_module(m.module, inputs, torch_compile=True if forced else None)
     mod(*inputs)
     return {"s": time.perf_counter() - t, "runs": mod.runs,
             "steps": {k: round(v, 1) for k, v in mod.result.steps_s.items()}}

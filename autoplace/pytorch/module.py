@@ -265,23 +265,26 @@ def _compiled(model: torch.nn.Module, inputs):
     where it fails or its outputs differ from eager's (a warning says why)."""
     from torch._inductor import config
 
-    training = model.training
     try:
         with config.patch(freezing=True):
             compiled = torch.compile(model)
             with torch.inference_mode():
                 compiled(*inputs)
-            error = _output_error(lambda xs: pytree.tree_leaves(compiled(*xs)), model, inputs)
-        if error is None or error > MISMATCH:
-            raise ValueError("its outputs could not be checked against eager's" if error is None
-                             else f"its outputs differ from eager's (relative error {error:.2g})")
+            _check_outputs(compiled, model, inputs)
     except Exception as e:  # noqa: BLE001 - Inductor fails in many ways (no C++ compiler...)
         log.warning("torch.compile of the model failed, so it is not among the baselines: %s",
                     _reason(e))
         return None
-    finally:
-        model.train(training)
     return compiled
+
+
+def _check_outputs(contender, model: torch.nn.Module, inputs) -> None:
+    """Raise ValueError where ``contender``'s outputs on ``inputs`` differ from ``model``'s
+    eager ones (:func:`_output_error` above :data:`MISMATCH`) or cannot be compared."""
+    error = _output_error(lambda xs: pytree.tree_leaves(contender(*xs)), model, inputs)
+    if error is None or error > MISMATCH:
+        raise ValueError("its outputs could not be checked against eager's" if error is None
+                         else f"its outputs differ from eager's (relative error {error:.2g})")
 
 
 #: ONNX Runtime's graph optimization levels timed against each other on the whole model
@@ -317,11 +320,7 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
         onnx = onnx_bytes(model if source is None else source, inputs)
         sessions = {(level, t): OrtModel(onnx, level, spec, t)
                     for level in ORT_LEVELS for t in ort_threads()}
-        first = next(iter(sessions.values()))
-        error = _output_error(lambda xs: pytree.tree_leaves(first(*xs)), model, inputs)
-        if error is None or error > MISMATCH:
-            raise ValueError("its outputs could not be checked against eager's" if error is None
-                             else f"its outputs differ from eager's (relative error {error:.2g})")
+        _check_outputs(next(iter(sessions.values())), model, inputs)
     except Exception as e:  # noqa: BLE001 - an exporter or a runtime that fails: no contender
         log.warning("ONNX Runtime on the whole model is not among the contenders: %s",
                     _reason(e))

@@ -7,7 +7,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/autoplace demo
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # The benchmarks, one line each; run one with `$(PY) -m benchmarks NAME` (benchmarks/README.md).
 bench: $(VENV)/.installed

@@ -55,10 +55,39 @@ def build_candidate(mod, target, params):
     return build(mod, target=target)
 
 
+def import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics (``tvm.s_tir.tensor_intrin``), which MetaSchedule's
+    ``TuneContext`` imports, in seconds rather than minutes.
+
+    Each of their hundreds of TVMScript functions takes ``inspect.stack()``, and for every
+    frame of a file that is no module's (``<frozen importlib._bootstrap>`` and the like, many in
+    an import) ``inspect.getmodule`` walks all of ``sys.modules`` before it finds none. During
+    the import such frames are answered None at once: what that walk ends with."""
+    import inspect
+    import sys
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    walk = inspect.getmodule
+
+    def getmodule(obj, _filename=None):
+        if inspect.isframe(obj) and obj.f_code.co_filename.startswith("<"):
+            return None
+        return walk(obj, _filename)
+
+    inspect.getmodule = getmodule
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.getmodule = walk
+
+
 def tune_one(workload, target, database, folder, name, trials, runner, builder,
               cost_model) -> None:
     """One MetaSchedule round of ``trials`` candidates of ``workload``, into ``database``."""
     from tvm.s_tir import meta_schedule as ms
+
+    import_tensor_intrinsics()
 
     work = folder / "work"
     work.mkdir(parents=True, exist_ok=True)

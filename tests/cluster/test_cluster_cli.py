@@ -1,5 +1,6 @@
 """``autoplace cluster`` and ``--device HOST/cpu:0``."""
 
+import functools
 import json
 
 import pytest
@@ -36,7 +37,16 @@ def test_cluster_lists_hosts(ray_cluster, capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_cluster_measures_links_into_a_store(ray_cluster, capsys, tmp_path):
+def test_cluster_measures_links_into_a_store(ray_cluster, capsys, tmp_path, monkeypatch):
+    # The command's own measurements, at fewer sizes and calls than its defaults: the
+    # measurements themselves are tested at their modules (test_cluster_links, _calls, _objects).
+    from autoplace.cluster import calls, links, objects
+
+    for module, name, small in [(links, "measure_host_links", dict(sizes=(4096, 2**20),
+                                                                   repeats=3)),
+                                (calls, "measure_call_overheads", dict(calls=40)),
+                                (objects, "measure_object_costs", dict(count=20))]:
+        monkeypatch.setattr(module, name, functools.partial(getattr(module, name), **small))
     db = str(tmp_path / "prof.db")
     assert main(["cluster", "--measure-links", "--db", db]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING
 
-from autoplace.backend.ort_segments import LEVELS as ORT_LEVELS
+from autoplace.backend.ort_segments import LEVELS as ORT_LEVELS, level_parts
 from autoplace.devices import Device
 from autoplace.solve.problem import OBJECTIVES
 
@@ -103,9 +103,10 @@ class Plan:
             raise PlanError("groups must be disjoint tuples of node indices of the plan")
         for name, level in self.ort_levels:
             if name not in names or self.device(name).runtime != "ort" \
-                    or level not in ORT_LEVELS:
+                    or not _ort_level(level):
                 raise PlanError(f"ort_levels: ({name!r}, {level!r}) is not an ONNX Runtime "
-                                f"device of the plan with a level of {ORT_LEVELS}")
+                                f"device of the plan with a level of {ORT_LEVELS} (and the "
+                                "fusions it disables after a '-' each)")
         for name, t in self.ort_threads:
             if name not in names or self.device(name).runtime != "ort" \
                     or isinstance(t, bool) or not isinstance(t, int) or t < 1:
@@ -295,3 +296,12 @@ def _with_host(device: Device) -> str:
     if host is None or device.name.startswith(f"{host}-"):
         return device.name
     return f"{device.name}@{host}"
+
+
+def _ort_level(level) -> bool:
+    """Whether ``level`` is an ONNX Runtime level a plan can carry (:func:`level_parts`)."""
+    try:
+        level_parts(level)
+    except (ValueError, AttributeError):
+        return False
+    return True

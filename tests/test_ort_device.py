@@ -231,7 +231,7 @@ def test_a_build_gives_ort_segments_the_plans_level_and_measures_one_it_lacks(br
     np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
     assert [lv for lv, _ in registered] == ["basic"] and not measured
     autoplace.annotate(mod, Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes)))
-    assert measured and registered[-1][0] in ort_segments.LEVELS
+    assert measured and ort_segments.level_parts(registered[-1][0])[0] in ort_segments.LEVELS
     # the plan's thread count for the device is what its sessions get, level given or not
     for levels in ((("ort", "extended"),), ()):
         autoplace.annotate(mod, Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
@@ -250,8 +250,12 @@ def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branch
     _, _, mod, graph = branchy
     ort = Device.onnxruntime()
     timings = time_ort_device(mod, graph, ort, runs=5)
-    assert timings.level in ("all", "extended")
-    assert set(timings.variants_s) == {("all", 1), ("extended", 1)}
+    level, _ = ort_segments.level_parts(timings.level)
+    assert level in ("all", "extended")
+    # both levels, then the fusions ORT made at the faster one, each disabled
+    assert {("all", 1), ("extended", 1)} <= set(timings.variants_s)
+    assert {ort_segments.level_parts(lv)[0] for lv, _ in timings.variants_s
+            if lv not in ("all", "extended")} <= {level}
     assert timings.session_threads == 1
     assert timings.edge_s > 0 and timings.segments == 1
     cost = OrtCostModel(timings).predict(graph, ort)
@@ -286,8 +290,89 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
     monkeypatch.setattr(ort_segments, "_walls_in_turn", walls)
     level, threads, times = ort_segments.fastest_variant(seg, 2, runs=3)
     assert (level, threads) == ("extended", 1)
-    assert times == {("all", 2): 2e-3, ("all", 1): 2e-3, ("extended", 2): 2e-3,
-                     ("extended", 1): 1e-3}
+    levels = {("all", 2): 2e-3, ("all", 1): 2e-3, ("extended", 2): 2e-3, ("extended", 1): 1e-3}
+    assert {k: times[k] for k in levels} == levels
+    # then, at that level and count, the fusions ORT made there, each disabled (no faster here)
+    assert {lv for lv, t in times if (lv, t) not in levels} == {"extended-ConvActivationFusion"}
+
+
+class SkipNorm(torch.nn.Module):
+    """A linear layer, a residual add and a layer norm: ORT fuses the add and the norm into one
+    ``SkipLayerNormalization`` node."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(x + self.lin(x))
+
+
+@pytest.fixture(scope="module")
+def skip_norm():
+    torch.manual_seed(0)
+    model, x = SkipNorm().eval(), torch.randn(1, 16, 32)
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    return model, x, mod, graph, export(mod, span)
+
+
+def test_a_level_names_the_fusions_it_disables_and_ort_runs_without_them(skip_norm, tmp_path):
+    model, x, mod, graph, seg = skip_norm
+    assert ort_segments.level_parts("ORT_ENABLE_ALL") == ("all", ())
+    assert ort_segments.level_parts("extended-SkipLayerNormFusion") == (
+        "extended", ("SkipLayerNormFusion",))
+    assert ort_segments.level_text("all-SkipLayerNormFusion-MatMulAddFusion") == (
+        "all without SkipLayerNormFusion, MatMulAddFusion")
+    for bad, says in (("fast", "one of"), ("all-NoSuchFusion", "NoSuchFusion")):
+        with pytest.raises(ValueError, match=says):
+            ort_segments.level_parts(bad)
+    kinds = {}
+    for level in ("extended", "extended-SkipLayerNormFusion"):
+        path = str(tmp_path / f"{level}.onnx")
+        sess = ort_segments.session(seg.onnx, 1, level, optimized=path)
+        kinds[level] = ort_segments._node_kinds(path)
+        got, = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+        np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
+    assert kinds["extended"]["com.microsoft:SkipLayerNormalization"] == 1
+    assert kinds["extended-SkipLayerNormFusion"]["com.microsoft:SkipLayerNormalization"] == 0
+    # a plan carries such a level, through its JSON too, and its build runs the segment so
+    plan = Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
+                                ort_levels=(("ort", "extended-SkipLayerNormFusion"),))
+    assert Plan.from_json(plan.to_json()).ort_levels == plan.ort_levels
+    np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+    assert [n.endswith("_extended-SkipLayerNormFusion")
+            for n in ort_segments.called(autoplace.annotate(mod, plan))] == [True]
+    with pytest.raises(autoplace.plan.PlanError, match="ort_levels"):
+        Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
+                             ort_levels=(("ort", "extended-NoSuchFusion"),))
+
+
+@pytest.mark.parametrize("without, disabled", [(0.9, True), (0.99, False)])
+def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
+        skip_norm, monkeypatch, without, disabled):
+    seg = skip_norm[-1]
+    real = ort_segments.session
+
+    def tagged(model, threads, level, *args, **kwargs):  # each session knows its level
+        sess = real(model, threads, level, *args, **kwargs)
+        sess.autoplace_level = level
+        return sess
+
+    def walls(sessions, feeds, runs):  # 'extended' the fastest level; without the fusion: x
+        def seconds(level):
+            base = 1e-3 if level.startswith("extended") else 2e-3
+            return base * (without if "SkipLayerNormFusion" in level else 1.0)
+        return [[seconds(s.autoplace_level)] * 3 for s in sessions]
+
+    monkeypatch.setattr(ort_segments, "session", tagged)
+    monkeypatch.setattr(ort_segments, "_walls_in_turn", walls)
+    level, threads, times = ort_segments.fastest_variant(seg, 1, runs=3)
+    assert times[("extended-SkipLayerNormFusion", 1)] == pytest.approx(without * 1e-3)
+    assert level == ("extended-SkipLayerNormFusion" if disabled else "extended")
+    assert threads == 1
 
 
 def test_segments_are_priced_and_stored_at_the_threads_that_ran_fastest(branchy, tmp_path,

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,32 @@ from autoplace.backend.tensors import ALIGN, aligned_empty
 PREFIX = "autoplace.ort_segment."
 #: Graph optimization levels by name (``SessionOptions.graph_optimization_level``).
 LEVELS = ("all", "extended", "basic")
+#: ONNX Runtime's graph transformers that fuse several nodes into one kernel, by the name
+#: ``disabled_optimizers`` takes, and the ops their fused nodes are (``"domain:op_type"``; a
+#: domain alone for all its ops). A fused kernel is not faster than the nodes it replaces on
+#: every CPU: where the optimized graph has one, :func:`fastest_variant` times the graph with
+#: that transformer disabled too. A level names the transformers it disables after a ``-``
+#: each: ``"extended-SkipLayerNormFusion"`` (:func:`level_parts`).
+FUSIONS = {
+    "SkipLayerNormFusion": ("com.microsoft:SkipLayerNormalization",
+                            "com.microsoft:SkipSimplifiedLayerNormalization"),
+    "LayerNormFusion": ("com.microsoft:SimplifiedLayerNormalization",),
+    "MatMulScaleFusion": ("com.microsoft:FusedMatMul",),
+    "MatMulAddFusion": ("ai.onnx:Gemm",),
+    "GemmActivationFusion": ("com.microsoft:FusedGemm",),
+    "GeluFusion": ("com.microsoft:Gelu",),
+    "BiasGeluFusion": ("com.microsoft:BiasGelu",),
+    "FastGeluFusion": ("com.microsoft:FastGelu",),
+    "QuickGeluFusion": ("com.microsoft:QuickGelu",),
+    "BiasSoftmaxFusion": ("com.microsoft:BiasSoftmax",),
+    "AttentionFusion": ("com.microsoft:Attention",),
+    "EmbedLayerNormFusion": ("com.microsoft:EmbedLayerNormalization",),
+    "ConvActivationFusion": ("com.microsoft:FusedConv",),
+    "NchwcTransformer": ("com.microsoft.nchwc",),
+}
+#: How much faster a graph must run with a fusion disabled for :func:`fastest_variant` to keep
+#: it disabled: ORT's own choice stands where the two are within the noise of their timing.
+FUSION_MARGIN = 0.03
 _SCOPED = r"/(op_[^/]+)/"  # an ONNX node name's op scope (see scope())
 #: How a session's threads wait (:func:`session`) and how the VM calls it (:func:`register`),
 #: part of what its timings are kept under.
@@ -78,7 +105,7 @@ class OrtSegment:
 
     def session(self, threads: int = 1, level: str = "all"):
         """An ORT CPU session of the segment on ``threads`` intra-op threads at graph
-        optimization ``level`` (:data:`LEVELS`)."""
+        optimization ``level`` (:func:`level_parts`)."""
         return session(self.onnx, threads, level)
 
 
@@ -129,14 +156,13 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     """An ORT session of ONNX ``model`` on the CPU execution provider: ``threads`` intra-op
     threads that spin while a call runs and stop when it ends (with ``spin_after``, go on
     spinning for a while after it, ORT's default), one inter-op thread, graph
-    optimization ``level`` (one of :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``);
+    optimization ``level`` (one of :data:`LEVELS`, or ORT's name, ``"ORT_ENABLE_ALL"``; with
+    the fusions it disables, :func:`level_parts`);
     profiled into files of ``profile_prefix`` where given, its optimized graph saved at
     ``optimized`` where given."""
     import onnxruntime as ort
 
-    level = level.removeprefix("ORT_ENABLE_").lower()
-    if level not in LEVELS:
-        raise ValueError(f"graph optimization level {level!r}: one of {LEVELS}")
+    level, disabled = level_parts(level)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, int(threads))
     opts.inter_op_num_threads = 1
@@ -153,7 +179,30 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     if profile_prefix is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    more = {"disabled_optimizers": list(disabled)} if disabled else {}
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"], **more)
+
+
+def level_parts(level: str) -> tuple[str, tuple[str, ...]]:
+    """A level's graph optimization level (of :data:`LEVELS`; ORT's name, ``"ORT_ENABLE_ALL"``,
+    is taken too) and the graph transformers it disables (:data:`FUSIONS`), from
+    ``"<level>[-<transformer>...]"``. A ValueError names what is wrong with any other text."""
+    base, *disabled = str(level).split("-")
+    base = base.removeprefix("ORT_ENABLE_").lower()
+    if base not in LEVELS:
+        raise ValueError(f"graph optimization level {level!r}: one of {LEVELS}, then the "
+                         f"transformers it disables after a '-' each (of {sorted(FUSIONS)})")
+    unknown = [f for f in disabled if f not in FUSIONS]
+    if unknown:
+        raise ValueError(f"graph optimization level {level!r} disables {unknown}: not among "
+                         f"the fusions autoplace times ({sorted(FUSIONS)})")
+    return base, tuple(disabled)
+
+
+def level_text(level: str) -> str:
+    """A level in words: ``"extended without SkipLayerNormFusion"``."""
+    base, disabled = level_parts(level)
+    return base + (f" without {', '.join(disabled)}" if disabled else "")
 
 
 def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
@@ -238,7 +287,8 @@ def register(segment: OrtSegment, threads: int = 1, level: str = "all") -> str:
 
 def called(mod) -> list[str]:
     """The global names of the ORT segments module ``mod`` (or its text) calls, sorted."""
-    return sorted(set(re.findall(re.escape(PREFIX) + r"[0-9a-f]{16}_\d+_[a-z]+", str(mod))))
+    return sorted(set(re.findall(re.escape(PREFIX) + r"[0-9a-f]{16}_\d+_[a-z]+(?:-[A-Za-z]+)*",
+                                 str(mod))))
 
 
 def saved(name: str) -> tuple[bytes, dict]:
@@ -477,14 +527,68 @@ def fastest_variant(segment: OrtSegment, threads: int = 1, runs: int = 10
                     ) -> tuple[str, int, dict[tuple[str, int], float]]:
     """The graph optimization level and intra-op thread count (of :func:`thread_options`)
     under which ``segment`` ran fastest here, and each variant's median seconds, keyed
-    ``(level, threads)``: ``ORT_ENABLE_ALL`` is not always the fastest, nor all the threads.
-    The variants are called in turn, so that all meet the same phases of the machine."""
+    ``(level, threads)``: ``ORT_ENABLE_ALL`` is not always the fastest, nor all the threads,
+    nor every fusion ORT makes (:func:`slower_fusions`: the level returned names those it
+    disables). The variants are called in turn, so that all meet the same phases of the
+    machine."""
     variants = [(lv, t) for lv in ("all", "extended") for t in thread_options(threads)]
     feeds = random_inputs(segment.inputs)
     walls = _walls_in_turn([segment.session(t, lv) for lv, t in variants], feeds, runs)
     times = {v: float(np.median(w)) for v, w in zip(variants, walls)}
     level, best = min(times, key=times.get)
-    return level, best, times
+    disabled, timed = slower_fusions(segment.onnx, level, best, feeds, runs)
+    times.update({(lv, best): s for lv, s in timed.items()})
+    return "-".join((level, *disabled)), best, times
+
+
+def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.ndarray],
+                   runs: int = 10) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The fusions of :data:`FUSIONS` (by transformer name) that ONNX model ``model`` runs
+    faster without, here, at graph optimization ``level`` on ``threads`` intra-op threads,
+    on ``feeds``; and the median seconds of each variant timed, by level (``level`` itself,
+    ``"<level>-<transformer>"`` per fusion tried, and their combination where several win).
+    A fusion is tried where ORT's optimized graph has its fused nodes and disabling it
+    changes that graph; it is kept disabled where that runs at least :data:`FUSION_MARGIN`
+    faster than ``level``, timed in turn with it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "base.onnx")
+        sessions = {level: session(model, threads, level, optimized=path)}
+        have = _node_kinds(path)
+        for name, makes in FUSIONS.items():
+            if not any(k in makes or k.split(":")[0] in makes for k in have):
+                continue
+            variant = f"{level}-{name}"
+            path = os.path.join(tmp, f"{name}.onnx")
+            sess = session(model, threads, variant, optimized=path)
+            if _node_kinds(path) != have:  # an empty kinds (unreadable) differs too: timed
+                sessions[variant] = sess
+    if len(sessions) == 1:
+        return (), {}
+    walls = _walls_in_turn(list(sessions.values()), feeds, runs)
+    times = {lv: float(np.median(w)) for lv, w in zip(sessions, walls)}
+    bar = (1 - FUSION_MARGIN) * times[level]
+    kept = sorted((lv for lv in times if lv != level and times[lv] < bar), key=times.get)
+    disabled = tuple(lv.split("-", 1)[1] for lv in kept)
+    if len(disabled) > 1:  # each wins alone: together too, or the best of them alone
+        both = "-".join((level, *disabled))
+        single = kept[0]
+        walls = _walls_in_turn([session(model, threads, both), sessions[single]], feeds, runs)
+        times[both], again = (float(np.median(w)) for w in walls)
+        if times[both] >= again:
+            disabled = (single.split("-", 1)[1],)
+    return disabled, times
+
+
+def _node_kinds(path: str) -> Counter:
+    """``"domain:op_type"`` of each node of the ONNX model saved at ``path``, counted (empty
+    where it cannot be read)."""
+    import onnx
+
+    try:
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - then nothing is known of it
+        return Counter()
+    return Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in graph.node)
 
 
 def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,

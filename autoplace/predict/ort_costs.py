@@ -72,12 +72,15 @@ class OrtCostModel:
         return [self.source if np.isfinite(c) else "unsupported" for c in cost]
 
     def describe(self, graph: OpGraph) -> str:
+        from autoplace.backend.ort_segments import level_text
+
         t = self.timings
-        tried = ", ".join(f"{lv} on {n} thread(s) {v * 1e6:.0f} us"
+        tried = ", ".join(f"{level_text(lv)} on {n} thread(s) {v * 1e6:.0f} us"
                           for (lv, n), v in t.variants_s.items())
         runs = sum(np.isfinite(v) for v in t.ops.values())
         return (f"{runs} op(s) priced in {t.segments} ONNX Runtime segment(s) by its profiler "
-                f"at {t.session_threads} intra-op thread(s), graph optimization '{t.level}' "
+                f"at {t.session_threads} intra-op thread(s), graph optimization "
+                f"'{level_text(t.level)}' "
                 f"(measured fastest on the largest segment: {tried}); + {t.edge_s * 1e6:.1f} us "
                 "per tensor entering or leaving a segment (half a call from the VM: "
                 f"{t.call_s * 1e6:.1f} us, with {t.between_bytes / 2**20:.1f} MB written "

@@ -105,7 +105,8 @@ def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "ma
 
 def ort_info(device: Device, threads: int = 1) -> dict:
     """What makes an ORT device's figures comparable: the CPU, ONNX Runtime's and PyTorch's
-    (its exporter's) versions, the thread count (fingerprinted by
+    (its exporter's) versions, the thread count, the variants timed to choose the session's
+    (:func:`~autoplace.backend.ort_segments.fastest_variant`) (fingerprinted by
     :func:`~autoplace.profile.measure.fingerprint`)."""
     import platform
 
@@ -117,7 +118,8 @@ def ort_info(device: Device, threads: int = 1) -> dict:
 
     return {"kind": "ort", "place": device.target, "target": None, "hardware": _cpu_model(),
             "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-            "threads": threads, "wait": THREADS_WAIT, "host": platform.node(), "remote": None}
+            "threads": threads, "wait": THREADS_WAIT, "host": platform.node(), "remote": None,
+            "variants": "levels, threads, fusions"}
 
 
 def stored(store, graph: OpGraph, device: Device, threads: int = 1) -> OrtTimings | None:

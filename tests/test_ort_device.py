@@ -282,7 +282,7 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
     extended = ort_segments.session(seg.onnx, 1, "extended").get_session_options() \
         .graph_optimization_level
 
-    def walls(sessions, feeds, runs):  # ORT_ENABLE_EXTENDED on one thread the fastest
+    def walls(sessions, feeds, runs, warm=2):  # ORT_ENABLE_EXTENDED on one thread the fastest
         opts = [s.get_session_options() for s in sessions]
         return [[1e-3 if (o.intra_op_num_threads, o.graph_optimization_level) == (1, extended)
                  else 2e-3] * 3 for o in opts]
@@ -350,7 +350,7 @@ def test_a_level_names_the_fusions_it_disables_and_ort_runs_without_them(skip_no
                              ort_levels=(("ort", "extended-NoSuchFusion"),))
 
 
-@pytest.mark.parametrize("without, disabled", [(0.9, True), (0.99, False)])
+@pytest.mark.parametrize("without, disabled", [(0.9, True), (0.99, False), (1.5, False)])
 def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
         skip_norm, monkeypatch, without, disabled):
     seg = skip_norm[-1]
@@ -361,18 +361,37 @@ def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
         sess.autoplace_level = level
         return sess
 
-    def walls(sessions, feeds, runs):  # 'extended' the fastest level; without the fusion: x
+    def walls(sessions, feeds, runs, warm=2):  # 'extended' the fastest; without the fusion: x
         def seconds(level):
             base = 1e-3 if level.startswith("extended") else 2e-3
             return base * (without if "SkipLayerNormFusion" in level else 1.0)
         return [[seconds(s.autoplace_level)] * 3 for s in sessions]
 
+    rounds = []
     monkeypatch.setattr(ort_segments, "session", tagged)
-    monkeypatch.setattr(ort_segments, "_walls_in_turn", walls)
+    monkeypatch.setattr(ort_segments, "_walls_in_turn", lambda sessions, feeds, runs, warm=2: (
+        rounds.append([s.autoplace_level for s in sessions]) or walls(sessions, feeds, runs)))
     level, threads, times = ort_segments.fastest_variant(seg, 1, runs=3)
     assert times[("extended-SkipLayerNormFusion", 1)] == pytest.approx(without * 1e-3)
     assert level == ("extended-SkipLayerNormFusion" if disabled else "extended")
     assert threads == 1
+    # the levels, then one call of each fusion's variant (the linear's Gemm is one too) after
+    # the level's, then those whose first call was not far slower timed in turn with it
+    assert rounds[1][0] == "extended" and "extended-SkipLayerNormFusion" in rounds[1]
+    assert rounds[2][0] == "extended"
+    assert ("extended-SkipLayerNormFusion" in rounds[2]) == (
+        without <= 1 + ort_segments.EARLY_DROP)
+
+
+@pytest.mark.parametrize("share, tried", [(0.02, False), (0.5, True)])
+def test_a_fusion_is_tried_only_where_its_nodes_take_enough_of_the_call_to_win(
+        skip_norm, monkeypatch, share, tried):
+    # without its fused nodes, at most their time is saved: under the margin, nothing to win
+    monkeypatch.setattr(ort_segments, "_kind_shares", lambda *a: {
+        "com.microsoft:SkipLayerNormalization": share, "ai.onnx:MatMul": 1 - share})
+    feeds = ort_segments.random_inputs(skip_norm[-1].inputs)
+    _, times = ort_segments.slower_fusions(skip_norm[-1].onnx, "extended", 1, feeds, runs=3)
+    assert ("extended-SkipLayerNormFusion" in times) == tried
 
 
 def test_segments_are_priced_and_stored_at_the_threads_that_ran_fastest(branchy, tmp_path,

@@ -549,15 +549,20 @@ def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.nd
     faster without, here, at graph optimization ``level`` on ``threads`` intra-op threads,
     on ``feeds``; and the median seconds of each variant timed, by level (``level`` itself,
     ``"<level>-<transformer>"`` per fusion tried, and their combination where several win).
-    A fusion is tried where ORT's optimized graph has its fused nodes and disabling it
-    changes that graph; it is kept disabled where that runs at least :data:`FUSION_MARGIN`
-    faster than ``level``, timed in turn with it."""
+
+    A fusion is tried where its fused nodes took at least :data:`FUSION_MARGIN` of a call of
+    ORT's optimized graph under its profiler (without them, at most their time is saved) and
+    disabling it changes that graph. Each is called once in turn with ``level`` first, and
+    one more than :data:`EARLY_DROP` slower is dropped then; the rest are timed in turn with
+    ``level``, and kept disabled where they run at least :data:`FUSION_MARGIN` faster."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "base.onnx")
-        sessions = {level: session(model, threads, level, optimized=path)}
+        profiled = session(model, threads, level, os.path.join(tmp, "p"), optimized=path)
         have = _node_kinds(path)
+        share = _kind_shares(profiled, feeds, _node_kind_of(path))
+        sessions = {level: session(model, threads, level)}
         for name, makes in FUSIONS.items():
-            if not any(k in makes or k.split(":")[0] in makes for k in have):
+            if sum(v for k, v in share.items() if _made_by(k, makes)) < FUSION_MARGIN:
                 continue
             variant = f"{level}-{name}"
             path = os.path.join(tmp, f"{name}.onnx")
@@ -566,10 +571,15 @@ def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.nd
                 sessions[variant] = sess
     if len(sessions) == 1:
         return (), {}
-    walls = _walls_in_turn(list(sessions.values()), feeds, runs)
-    times = {lv: float(np.median(w)) for lv, w in zip(sessions, walls)}
-    bar = (1 - FUSION_MARGIN) * times[level]
-    kept = sorted((lv for lv in times if lv != level and times[lv] < bar), key=times.get)
+    first = dict(zip(sessions, _walls_in_turn(list(sessions.values()), feeds, 1, warm=1)))
+    sessions = {lv: s for lv, s in sessions.items()
+                if first[lv][0] <= (1 + EARLY_DROP) * first[level][0]}
+    times = {lv: float(w[0]) for lv, w in first.items() if lv not in sessions}
+    if len(sessions) > 1:
+        walls = _walls_in_turn(list(sessions.values()), feeds, runs, warm=0)
+        times.update({lv: float(np.median(w)) for lv, w in zip(sessions, walls)})
+    bar = (1 - FUSION_MARGIN) * times[level] if level in sessions and len(sessions) > 1 else 0
+    kept = sorted((lv for lv in sessions if lv != level and times[lv] < bar), key=times.get)
     disabled = tuple(lv.split("-", 1)[1] for lv in kept)
     if len(disabled) > 1:  # each wins alone: together too, or the best of them alone
         both = "-".join((level, *disabled))
@@ -581,16 +591,56 @@ def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.nd
     return disabled, times
 
 
-def _node_kinds(path: str) -> Counter:
-    """``"domain:op_type"`` of each node of the ONNX model saved at ``path``, counted (empty
-    where it cannot be read)."""
+#: How much slower than the level's one call a fusion's variant's first call may be and still
+#: be timed further (:func:`slower_fusions`).
+EARLY_DROP = 0.15
+
+
+def _made_by(kind: str, makes: Sequence[str]) -> bool:
+    """Whether a node of ``kind`` (``"domain:op_type"``) is among a fusion's ``makes``."""
+    return kind in makes or kind.split(":")[0] in makes
+
+
+def _kind_shares(sess, feeds: Sequence[np.ndarray], kind_of: Mapping[str, str]
+                 ) -> dict[str, float]:
+    """Per ``"domain:op_type"`` (``kind_of``: by node name), the share of a call of profiled
+    session ``sess`` on ``feeds`` its nodes took (one call after a warm-up; empty where the
+    profile cannot be read)."""
+    feed = dict(zip([i.name for i in sess.get_inputs()], feeds))
+    for _ in range(2):
+        sess.run(None, feed)
+    try:
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    start = runs[-1]["ts"] if runs else 0
+    spent: Counter = Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") == "Node" and name.endswith("_kernel_time") and e.get("ts", 0) >= start:
+            spent[kind_of.get(name[: -len("_kernel_time")], "?")] += e.get("dur", 0)
+    total = sum(spent.values())
+    return {k: v / total for k, v in spent.items()} if total else {}
+
+
+def _node_kind_of(path: str) -> dict[str, str]:
+    """Per node name of the ONNX model saved at ``path``, its ``"domain:op_type"`` (empty where
+    it cannot be read)."""
     import onnx
 
     try:
         graph = onnx.load(path, load_external_data=False).graph
     except Exception:  # noqa: BLE001 - then nothing is known of it
-        return Counter()
-    return Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in graph.node)
+        return {}
+    return {n.name: f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in graph.node}
+
+
+def _node_kinds(path: str) -> Counter:
+    """``"domain:op_type"`` of each node of the ONNX model saved at ``path``, counted (empty
+    where it cannot be read)."""
+    return Counter(_node_kind_of(path).values())
 
 
 def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
@@ -612,15 +662,16 @@ def _walls(sess, feeds: Sequence[np.ndarray], runs: int) -> list[float]:
     return _walls_in_turn([sess], feeds, runs)[0]
 
 
-def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int) -> list[list[float]]:
+def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int, warm: int = 2
+                   ) -> list[list[float]]:
     """Per ORT session of ``sessions`` (of one graph), the seconds of each of up to ``runs``
-    calls on ``feeds``, one call of each in turn, after two warm-up calls each: fewer rounds
-    (three at least) where all the calls pass :data:`WALLS_BUDGET_S` a session."""
+    calls on ``feeds``, one call of each in turn, after ``warm`` warm-up calls each: fewer
+    rounds (three at least) where all the calls pass :data:`WALLS_BUDGET_S` a session."""
     import time
 
     feed_of = [dict(zip([i.name for i in s.get_inputs()], feeds)) for s in sessions]
     for sess, feed in zip(sessions, feed_of):
-        for _ in range(2):
+        for _ in range(warm):
             sess.run(None, feed)
     walls: list[list[float]] = [[] for _ in sessions]
     while len(walls[0]) < runs and (len(walls[0]) < 3

@@ -355,3 +355,44 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
     plain = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)
     assert door.margin(ONNXRUNTIME, plain.plan) == door.EAGER_MARGIN
 
+
+
+class SkipNorm(torch.nn.Module):
+    """A linear layer, a residual add and a layer norm: ORT fuses the add and the norm into one
+    ``SkipLayerNormalization`` node."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(x + self.lin(x))
+
+
+def test_ort_on_the_whole_model_is_timed_without_the_fusions_its_device_measured_slower(
+        monkeypatch):
+    from autoplace.backend import ort_segments
+
+    model, x = SkipNorm().eval(), torch.randn(1, 16, 32)
+    # the ORT device's search found the fused node slower than the two it replaces
+    monkeypatch.setattr(ort_segments, "slower_fusions",
+                        lambda *a, **k: (("SkipLayerNormFusion",), {}))
+    timed = []
+
+    def blocks(contenders, inputs):  # without the fusion, ORT on the whole model the fastest
+        timed.append(list(contenders))
+        return {k: 1e-5 if "without SkipLayerNormFusion" in k else 1e-3 for k in contenders}
+
+    monkeypatch.setattr(door, "_blocks", blocks)
+    m = optimize_module(model, (x,), [Device.cpu(0), Device.onnxruntime()], **FAST)
+    assert door.disabled_fusions(m.result) == ("SkipLayerNormFusion",)
+    ort = {k.removeprefix(ONNXRUNTIME + " ") for k in timed[0] if k.startswith(ONNXRUNTIME)}
+    assert {f"ORT_ENABLE_ALL without SkipLayerNormFusion, {n} intra-op thread{'s' * (n > 1)}"
+            for n in door.ort_threads()} <= ort
+    assert m.runs == "onnxruntime"
+    assert m.ort_variant[0] == "ORT_ENABLE_ALL-SkipLayerNormFusion"
+    assert "ORT_ENABLE_ALL without SkipLayerNormFusion" in m.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)

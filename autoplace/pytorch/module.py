@@ -28,7 +28,8 @@ from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
 from autoplace.backend import calls_at, own_pool
-from autoplace.backend.ort_segments import onnx_export, own_run, session, thread_options
+from autoplace.backend.ort_segments import (level_parts, onnx_export, own_run, session,
+                                             thread_options)
 from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices, torch_threads
@@ -186,7 +187,7 @@ def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eage
     if not eager_fallback or model.training:
         return
     rivals, notes = {EAGER: model}, {}
-    variants = _onnxruntime(model, inputs, onnx_source) or {}
+    variants = _onnxruntime(model, inputs, onnx_source, disabled_fusions(module.result)) or {}
     # By default Inductor only where ORT is no contender: ORT on the whole model ran every model
     # measured so far faster than frozen Inductor (docs/results.md, "Frozen torch.compile among
     # the contenders"), and Inductor's compile can double the time to the first output.
@@ -299,12 +300,14 @@ def ort_threads() -> tuple[int, ...]:
     return thread_options(torch.get_num_threads())
 
 
-def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
-                 ) -> dict[tuple[str, int], OrtModel] | None:
+def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None,
+                 disabled: Sequence[str] = ()) -> dict[tuple[str, int], OrtModel] | None:
     """ONNX Runtime on the whole ``model`` (exported from ``source`` where given), as a
     contender: per graph optimization level of :data:`ORT_LEVELS` and intra-op thread count
     of :func:`ort_threads`, a callable of torch tensors that returns what the model returns
-    (:class:`OrtModel`); None where onnxruntime is not installed or an input is not on the
+    (:class:`OrtModel`); and where ``disabled`` names fusions of ORT's
+    (:data:`~autoplace.backend.ort_segments.FUSIONS`), ``ORT_ENABLE_ALL`` without them too, at
+    each thread count. None where onnxruntime is not installed or an input is not on the
     CPU, and None with one warning saying why where the export or a session fails or its
     outputs differ from eager's."""
     if any(x.device.type != "cpu" for x in inputs):
@@ -318,8 +321,9 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
         with torch.inference_mode():
             spec = pytree.tree_structure(model.eval()(*inputs))
         onnx = onnx_bytes(model if source is None else source, inputs)
+        levels = [*ORT_LEVELS, *(["-".join((ORT_LEVELS[0], *disabled))] if disabled else [])]
         sessions = {(level, t): OrtModel(onnx, level, spec, t)
-                    for level in ORT_LEVELS for t in ort_threads()}
+                    for level in levels for t in ort_threads()}
         _check_outputs(next(iter(sessions.values())), model, inputs)
     except Exception as e:  # noqa: BLE001 - an exporter or a runtime that fails: no contender
         log.warning("ONNX Runtime on the whole model is not among the contenders: %s",
@@ -330,6 +334,18 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None
     return sessions
 
 
+def disabled_fusions(result) -> tuple[str, ...]:
+    """The fusions of ORT's that ``result``'s ONNX Runtime devices run without (measured slower
+    on the model's largest segment, :func:`~autoplace.backend.ort_segments.fastest_variant`):
+    ORT on the whole model is timed without them too."""
+    from autoplace.predict.ort_costs import OrtCostModel
+
+    models = getattr(result.predictor, "models", None) or {}
+    off = [f for m in models.values() if isinstance(m, OrtCostModel)
+           for f in level_parts(m.timings.level)[1]]
+    return tuple(dict.fromkeys(off))
+
+
 def _variant_name(variant: tuple[str, int]) -> str:
     """The name ORT at graph optimization level and thread count ``variant`` is timed under
     among the contenders."""
@@ -337,8 +353,11 @@ def _variant_name(variant: tuple[str, int]) -> str:
 
 
 def _variant_text(variant: tuple[str, int]) -> str:
-    """``'ORT_ENABLE_ALL, 2 intra-op threads'``."""
+    """``'ORT_ENABLE_ALL, 2 intra-op threads'``; ``'ORT_ENABLE_ALL without
+    SkipLayerNormFusion, 1 intra-op thread'``."""
     level, threads = variant
+    base, *off = level.split("-")
+    level = base + (f" without {', '.join(off)}" if off else "")
     return f"{level}, {threads} intra-op thread{'s' * (threads != 1)}"
 
 

@@ -357,25 +357,13 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
 
 
 
-class SkipNorm(torch.nn.Module):
-    """A linear layer, a residual add and a layer norm: ORT fuses the add and the norm into one
-    ``SkipLayerNormalization`` node."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(32, 32)
-        self.norm = torch.nn.LayerNorm(32)
-
-    def forward(self, x):
-        return self.norm(x + self.lin(x))
-
-
 def test_ort_on_the_whole_model_is_timed_without_the_fusions_its_device_measured_slower(
         monkeypatch):
+    from torch_models import skip_norm
+
     from autoplace.backend import ort_segments
 
-    model, x = SkipNorm().eval(), torch.randn(1, 16, 32)
+    model, x = skip_norm()
     # the ORT device's search found the fused node slower than the two it replaces
     monkeypatch.setattr(ort_segments, "slower_fusions",
                         lambda *a, **k: (("SkipLayerNormFusion",), {}))

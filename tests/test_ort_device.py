@@ -296,23 +296,11 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
     assert {lv for lv, t in times if (lv, t) not in levels} == {"extended-ConvActivationFusion"}
 
 
-class SkipNorm(torch.nn.Module):
-    """A linear layer, a residual add and a layer norm: ORT fuses the add and the norm into one
-    ``SkipLayerNormalization`` node."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(32, 32)
-        self.norm = torch.nn.LayerNorm(32)
-
-    def forward(self, x):
-        return self.norm(x + self.lin(x))
-
-
 @pytest.fixture(scope="module")
 def skip_norm():
-    torch.manual_seed(0)
-    model, x = SkipNorm().eval(), torch.randn(1, 16, 32)
+    from torch_models import skip_norm
+
+    model, x = skip_norm()
     mod = autoplace.from_torch(model, (x,))
     graph = OpGraph.from_relax(mod)
     span, = cut(mod["main"], [True] * len(graph.nodes))

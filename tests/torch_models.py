@@ -39,3 +39,22 @@ class Lacking(torch.nn.Module):
         s = torch.searchsorted(torch.arange(10.0), y.flatten()) + 1
         n = torch.nonzero(x > 0.5).float().sum(0)
         return a, d, s, n
+
+
+class SkipNorm(torch.nn.Module):
+    """A linear layer, a residual add and a layer norm: ORT fuses the add and the norm into one
+    ``SkipLayerNormalization`` node."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(x + self.lin(x))
+
+
+def skip_norm():
+    """``(model, example input)`` of :class:`SkipNorm`, seeded."""
+    torch.manual_seed(0)
+    return SkipNorm().eval(), torch.randn(1, 16, 32)

@@ -302,6 +302,6 @@ def _ort_level(level) -> bool:
     """Whether ``level`` is an ONNX Runtime level a plan can carry (:func:`level_parts`)."""
     try:
         level_parts(level)
-    except (ValueError, AttributeError):
+    except ValueError:
         return False
     return True

@@ -200,8 +200,10 @@ def level_parts(level: str) -> tuple[str, tuple[str, ...]]:
 
 
 def level_text(level: str) -> str:
-    """A level in words: ``"extended without SkipLayerNormFusion"``."""
-    base, disabled = level_parts(level)
+    """A level in words, its graph optimization level as written: ``"extended without
+    SkipLayerNormFusion"``, ``"ORT_ENABLE_ALL without SkipLayerNormFusion"``."""
+    _, disabled = level_parts(level)
+    base = str(level).split("-")[0]
     return base + (f" without {', '.join(disabled)}" if disabled else "")
 
 
@@ -469,17 +471,13 @@ def _split(events, ops: Sequence[str], calls: int, skip: int,
     """Per op, its nodes' mean seconds a call over the calls after the first ``skip`` of
     ``calls`` (with the nodes ``owners`` gives it), the same of the nodes no op owns, the
     ops that own a fusion named after them (``"fused ..."``), and per op its nodes a call."""
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    runs = _model_runs(events)
     kept = runs[skip:] if len(runs) == calls else runs
     start = min((e["ts"] for e in kept), default=0)
     per_op, other, forward = dict.fromkeys(ops, 0.0), 0.0, set()
     nodes = dict.fromkeys(ops, 0.0)
-    for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") \
-                or e.get("ts", 0) < start:
-            continue
-        node = e["name"][: -len("_kernel_time")]
-        seconds = e["dur"] * 1e-6 / max(1, len(kept))
+    for node, dur in _kernel_times(events, start):
+        seconds = dur * 1e-6 / max(1, len(kept))
         op = op_of(node, ops) or (owners or {}).get(node)
         if op is None:
             other += seconds
@@ -489,6 +487,20 @@ def _split(events, ops: Sequence[str], calls: int, skip: int,
             if node.startswith("fused "):
                 forward.add(op)
     return per_op, other, frozenset(forward), nodes
+
+
+def _model_runs(events) -> list[dict]:
+    """The events of ORT's profile (``events``, its JSON) that are whole calls of the session."""
+    return [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+
+
+def _kernel_times(events, start: float = 0):
+    """``(node name, microseconds)`` of each node's kernel in ORT's profile ``events``, from
+    time stamp ``start`` on."""
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") == "Node" and name.endswith("_kernel_time") and e.get("ts", 0) >= start:
+            yield name[: -len("_kernel_time")], e.get("dur", 0)
 
 
 def _unfused(per_op: dict, segment: OrtSegment, weights: Mapping[str, float],
@@ -534,17 +546,19 @@ def fastest_variant(segment: OrtSegment, threads: int = 1, runs: int = 10
     which decides (the times returned for them are from that round)."""
     variants = [(lv, t) for lv in ("all", "extended") for t in thread_options(threads)]
     feeds = random_inputs(segment.inputs)
-    walls = _walls_in_turn([segment.session(t, lv) for lv, t in variants], feeds, runs)
+    sessions = [segment.session(t, lv) for lv, t in variants]
+    walls = _walls_in_turn(sessions, feeds, runs)
     times = {v: float(np.median(w)) for v, w in zip(variants, walls)}
     level, best = min(times, key=times.get)
-    disabled, timed = slower_fusions(segment.onnx, level, best, feeds, runs)
+    disabled, timed = slower_fusions(segment.onnx, level, best, feeds, runs,
+                                     base=sessions[variants.index((level, best))])
     # the fusions' variants were timed in a round of their own, against the level again
     times.update({(lv, best): s for lv, s in timed.items() if lv != level})
     return "-".join((level, *disabled)), best, times
 
 
 def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.ndarray],
-                   runs: int = 10) -> tuple[tuple[str, ...], dict[str, float]]:
+                   runs: int = 10, base=None) -> tuple[tuple[str, ...], dict[str, float]]:
     """The fusions of :data:`FUSIONS` (by transformer name) that ONNX model ``model`` runs
     faster without, here, at graph optimization ``level`` on ``threads`` intra-op threads,
     on ``feeds``; and the median seconds of each variant timed, by level (``level`` itself,
@@ -554,13 +568,16 @@ def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.nd
     ORT's optimized graph under its profiler (without them, at most their time is saved) and
     disabling it changes that graph. Each is called once in turn with ``level`` first, and
     one more than :data:`EARLY_DROP` slower is dropped then; the rest are timed in turn with
-    ``level``, and kept disabled where they run at least :data:`FUSION_MARGIN` faster."""
+    ``level``, and kept disabled where they run at least :data:`FUSION_MARGIN` faster.
+    ``base``: a session of ``model`` at ``level`` and ``threads`` already made, timed as the
+    level (one is made where None)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "base.onnx")
         profiled = session(model, threads, level, os.path.join(tmp, "p"), optimized=path)
-        have = _node_kinds(path)
-        share = _kind_shares(profiled, feeds, _node_kind_of(path))
-        sessions = {level: session(model, threads, level)}
+        kind_of = _node_kind_of(path)
+        have = Counter(kind_of.values())
+        share = _kind_shares(profiled, feeds, kind_of)
+        sessions = {level: base if base is not None else session(model, threads, level)}
         for name, makes in FUSIONS.items():
             if sum(v for k, v in share.items() if _made_by(k, makes)) < FUSION_MARGIN:
                 continue
@@ -614,13 +631,10 @@ def _kind_shares(sess, feeds: Sequence[np.ndarray], kind_of: Mapping[str, str]
             events = json.load(f)
     except (OSError, ValueError):
         return {}
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    start = runs[-1]["ts"] if runs else 0
+    runs = _model_runs(events)
     spent: Counter = Counter()
-    for e in events:
-        name = e.get("name", "")
-        if e.get("cat") == "Node" and name.endswith("_kernel_time") and e.get("ts", 0) >= start:
-            spent[kind_of.get(name[: -len("_kernel_time")], "?")] += e.get("dur", 0)
+    for node, dur in _kernel_times(events, runs[-1]["ts"] if runs else 0):
+        spent[kind_of.get(node, "?")] += dur
     total = sum(spent.values())
     return {k: v / total for k, v in spent.items()} if total else {}
 
@@ -666,7 +680,8 @@ def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int, warm: int =
                    ) -> list[list[float]]:
     """Per ORT session of ``sessions`` (of one graph), the seconds of each of up to ``runs``
     calls on ``feeds``, one call of each in turn, after ``warm`` warm-up calls each: fewer
-    rounds (three at least) where all the calls pass :data:`WALLS_BUDGET_S` a session."""
+    rounds (three at least, where ``runs`` allows) where all the calls pass
+    :data:`WALLS_BUDGET_S` a session."""
     import time
 
     feed_of = [dict(zip([i.name for i in s.get_inputs()], feeds)) for s in sessions]

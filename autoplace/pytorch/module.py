@@ -28,8 +28,8 @@ from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
 from autoplace.backend import calls_at, own_pool
-from autoplace.backend.ort_segments import (level_parts, onnx_export, own_run, session,
-                                             thread_options)
+from autoplace.backend.ort_segments import (level_parts, level_text, onnx_export, own_run,
+                                             session, thread_options)
 from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices, torch_threads
@@ -356,9 +356,7 @@ def _variant_text(variant: tuple[str, int]) -> str:
     """``'ORT_ENABLE_ALL, 2 intra-op threads'``; ``'ORT_ENABLE_ALL without
     SkipLayerNormFusion, 1 intra-op thread'``."""
     level, threads = variant
-    base, *off = level.split("-")
-    level = base + (f" without {', '.join(off)}" if off else "")
-    return f"{level}, {threads} intra-op thread{'s' * (threads != 1)}"
+    return f"{level_text(level)}, {threads} intra-op thread{'s' * (threads != 1)}"
 
 
 def onnx_bytes(model, inputs: Sequence[torch.Tensor]) -> bytes:

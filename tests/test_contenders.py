@@ -319,6 +319,10 @@ def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_modul
 def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypatch):
     # The build's ORT segments are cut from the model ORT runs whole: as fast, it is the same
     # work without the VM's calls between segments. Against eager, the build keeps a tie.
+    from autoplace.backend import ort_segments
+
+    # ORT's fusions kept, whatever this machine measures: the contenders are the ones listed
+    monkeypatch.setattr(ort_segments, "slower_fusions", lambda *a, **k: ((), {}))
     model, x = cnn(), torch.randn(1, 3, 16, 16)
     ort = Device.onnxruntime()
     m = optimize_module(model, (x,), CPU + [ort], **FAST, pins=[("op:nn.conv2d", "ort")],
@@ -354,7 +358,6 @@ def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypa
     # Without ORT in the plan, ORT keeps the margin eager has.
     plain = optimize_module(model, (x,), CPU, **FAST, eager_fallback=False)
     assert door.margin(ONNXRUNTIME, plain.plan) == door.EAGER_MARGIN
-
 
 
 def test_ort_on_the_whole_model_is_timed_without_the_fusions_its_device_measured_slower(

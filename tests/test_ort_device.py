@@ -184,6 +184,37 @@ def test_hard_swish_as_torch_export_splits_it_is_one_onnx_node_again(monkeypatch
     monkeypatch.setitem(sys.modules, "onnxscript", None)
     plain, replaced = ort_segments.refuse(seg.onnx)
     assert plain == seg.onnx and replaced == {}
+def test_a_mean_over_every_spatial_axis_is_a_global_average_pool_again():
+    # torch.export writes adaptive_avg_pool2d(x, 1) as a mean over the last two axes; the
+    # segment gives ORT the GlobalAveragePool it was (which keeps the convs' blocked layout),
+    # under the mean's own scope. A mean over one spatial axis stays a mean.
+    class Squeeze(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.c1(x))
+            s = torch.sigmoid(self.c2(torch.nn.functional.adaptive_avg_pool2d(y, 1)))
+            return y * s + y.mean(dim=3, keepdim=True)
+
+    import onnx
+
+    torch.manual_seed(0)
+    model, x = Squeeze().eval(), torch.randn(1, 3, 12, 12)
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    seg = export(mod, span)
+    nodes = {n.name: n.op_type for n in onnx.load_from_string(seg.onnx).graph.node}
+    means = [n.name for n in graph.nodes if n.op_type == "mean"]
+    assert len(means) == 2
+    kinds = [{nodes[o] for o in seg.onnx_nodes[m]} for m in means]
+    assert {"GlobalAveragePool"} in kinds and {"ReduceMean"} in kinds
+    got = seg.session().run(None, {"in0": x.numpy()})[0]
+    np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
+
+
 def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
     model, x, mod, graph = branchy
     pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")

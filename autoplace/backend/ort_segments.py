@@ -209,21 +209,31 @@ def level_text(level: str) -> str:
 
 def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
     """``model`` (an exported segment) with the ops that ``torch.export``'s decompositions split
-    put back together, by onnxscript's rewrite rules where onnxscript is installed: a clip
-    written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times that).
-    ORT fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across it;
-    the ops it came from it runs one by one, each between layout reorders. A node the rules
+    put back together. A mean over every spatial axis (an adaptive average pool to one pixel,
+    as ``torch.export`` writes it) becomes the global average pool it was: ORT keeps the
+    blocked layout of the convs around a ``GlobalAveragePool`` and reorders it back and forth
+    around a ``ReduceMean``. Then, by onnxscript's rewrite rules where onnxscript is installed:
+    a clip written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times
+    that). ORT fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across
+    it; the ops it came from it runs one by one, each between layout reorders. A node the rules
     make is named in the scope of the op whose output it gives (the op that computed that
     tensor before), so :func:`op_of` knows it; and per such node, the scopes of the exported
-    nodes it replaced. ``model`` unchanged where onnxscript is missing or the rules fail."""
+    nodes it replaced. ``model`` unchanged where nothing applies (the rules fail, or onnxscript
+    is missing)."""
+    import onnx
+
     try:
-        import onnx
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+    except Exception:  # noqa: BLE001 - the rewrites are an optimization: the segment as exported
+        return model, {}
+    if _global_pools(proto):
+        model = proto.SerializeToString()
+    try:
         from onnxscript import rewriter
         from onnxscript.rewriter.rules import common as rules
     except ImportError:
         return model, {}
     try:
-        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
         fused = rewriter.rewrite(proto, pattern_rewrite_rules=[
             rules.successive_clip_rule, rules.successive_relu_rule,
             rules.successive_clip_relu_rule, rules.successive_relu_clip_rule,
@@ -250,6 +260,41 @@ def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
                     todo.append(producer[t])
         replaced[node.name] = tuple(sorted(scopes))
     return fused.SerializeToString(), replaced
+
+
+def _global_pools(proto) -> int:
+    """Make each ``ReduceMean`` of ``proto`` (a shape-inferred ONNX model) that averages a float
+    tensor of rank 3 or more over all its spatial axes (every axis after the channels) and keeps
+    them a ``GlobalAveragePool``, in place, under the same node name; returns how many."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = proto.graph
+    types = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
+    made = 0
+    for n in graph.node:
+        if n.op_type != "ReduceMean" or n.domain not in ("", "ai.onnx") or not n.input:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        ty = types.get(n.input[0])
+        if ty is None or ty.elem_type not in floats or not ty.HasField("shape"):
+            continue
+        rank = len(ty.shape.dim)
+        axes = attrs.get("axes")
+        if axes is None and len(n.input) > 1 and n.input[1] in consts:
+            axes = consts[n.input[1]].reshape(-1).tolist()
+        if rank < 3 or axes is None or attrs.get("keepdims", 1) != 1 \
+                or sorted(int(a) % rank for a in axes) != list(range(2, rank)):
+            continue
+        n.op_type = "GlobalAveragePool"
+        del n.input[1:]
+        del n.attribute[:]
+        made += 1
+    return made
 
 
 def scope(node: str) -> str:

@@ -18,10 +18,14 @@ fingerprint at that count (:func:`fingerprint_at`); :func:`kernel_costs` reads t
 
 Kernels run slower inside a model than each one timed alone, back to back with itself (the VM
 dispatches each; its inputs and weights are no longer where its last call left them in the
-caches). So each tuned model is also built whole and timed in one call of the VM on each CPU
-device and count (:func:`time_builds`, schedule :data:`BUILD`), and where a store has that time
-and every kernel of the build, the build's kernels are charged their times scaled by the
-ratio of the two (:func:`in_build_factor`).
+caches), and not alike: a tuned matmul whose weights and inputs a layer norm just pushed out
+loses more than an untuned kernel that was slow anyway. So each tuned model is also built whole
+and timed in one call of the VM on each CPU device and count (:func:`time_builds`, schedule
+:data:`BUILD`), with each kernel's share of an instrumented run of that build (schedule
+``BUILD:<kernel key>`` under the build's workload); where a store has these and every kernel
+of the build, each kernel is charged its time in the build, the shares scaled to the whole
+build's time (:func:`in_build_factor`), and where it has the build's time alone, the kernels'
+times alone scaled by the ratio of the two.
 """
 
 from __future__ import annotations
@@ -202,16 +206,52 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
         if not (retime or again) and old is not None:
             continue
         store.add_workloads([KernelWorkload(key, 0.0, 0, 0, op_type="build")])
+        inside: list[Measurement] = []
         try:
-            t = run(partial(time_model, mod, device, records=records, instrumented_runs=1))
+            t = run(partial(time_model, mod, device, records=records,
+                            instrumented_runs=INSTRUMENTED_RUNS))
             m = Measurement(key, fp, "ok", t.median, t.min, cv=t.cv, schedule=BUILD)
+            inside = _in_build_rows(mod, device, key, fp, t)
         except Exception as e:  # noqa: BLE001 - the kernels' times are charged unscaled
             log.warning("%s: the whole build did not run (%s); its kernels' times are charged "
                         "as timed alone", device.name, e)
             m = Measurement(key, fp, "unsupported", schedule=BUILD, error=str(e))
-        store.put(fastest(old, m) if again else m)
+        kept = fastest(old, m) if again else m
+        store.put(kept)
+        if kept.min_s == m.min_s:  # the shares of the run whose time the build keeps
+            for row in inside:
+                store.put(row)
         timed += 1
     return timed
+
+
+#: Instrumented runs of a whole build (:func:`time_builds`) that each kernel's share of it is
+#: the median of.
+INSTRUMENTED_RUNS = 3
+
+
+def in_build_schedule(kernel: str) -> str:
+    """The schedule under which a build's workload keeps kernel ``kernel``'s (key's) seconds a
+    call in an instrumented run of the build."""
+    return f"{BUILD}:{kernel}"
+
+
+def _in_build_rows(mod, device: Device, key: str, fp: str, timing) -> list[Measurement]:
+    """Per kernel of ``mod``'s build (``timing``: its :class:`ModelTiming`), its seconds a call
+    in the instrumented runs, as rows of the build's workload ``key``; none where a kernel the
+    run names is not one of the build's."""
+    _, funcs = _kernel_funcs(mod, device)
+    seconds: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for k in timing.kernels:
+        if k.name not in funcs:
+            return []
+        kk = kernel_key(kernel_workload(funcs[k.name]))
+        seconds[kk] = seconds.get(kk, 0.0) + k.seconds
+        calls[kk] = calls.get(kk, 0) + k.calls
+    return [Measurement(key, fp, "ok", s / calls[kk], s / calls[kk],
+                        repeats=timing.instrumented_runs, schedule=in_build_schedule(kk))
+            for kk, s in seconds.items() if calls[kk]]
 
 
 def _with_records(kernels, records: KernelRecords, target) -> list[tuple]:
@@ -356,7 +396,8 @@ def kernel_costs(mod: tvm.IRModule, graph: OpGraph, device: Device, threads: int
         spread[keep] = kernel_spread(sp, t.build_spread)  # one kernel per anchor
     out[~np.isfinite(cost)] = np.inf
     return out, spread, (f"its build's {t.kernels} kernels timed with {threads} threads in {db}"
-                         + ("" if t.factor == 1.0 else
+                         + (", each as it ran in the whole build" if t.shares else
+                            "" if t.factor == 1.0 else
                             f", x{t.factor:.2f} as the whole build ran"))
 
 
@@ -367,7 +408,9 @@ class _Timed:
     the default schedule's; ``spread``: its timing's, :attr:`Measurement.spread`); how many calls
     with a record are untimed, and how many failed; ``kernels``: the calls; ``factor``:
     :func:`in_build_factor`; ``build_spread``: the whole build's timing spread when it set the
-    factor, else None."""
+    factor, else None; ``shares``: whether ``found`` has each kernel's seconds in an
+    instrumented run of the build (the factor scales their sum to the build's time), not
+    alone."""
 
     found: list
     untimed_tuned: int
@@ -375,6 +418,7 @@ class _Timed:
     kernels: int
     factor: float
     build_spread: float | None = None
+    shares: bool = False
 
     @property
     def complete(self) -> bool:
@@ -397,6 +441,7 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
     ``fp``: each kernel with its best record in ``records``, else as :data:`DEFAULT_KERNEL`."""
     target, funcs = _kernel_funcs(mod, device)
     found, untimed_tuned, failed, kernels = [], 0, 0, 0
+    found_keys: list[str] = []
     for name, nodes in groups:
         if not nodes:
             continue
@@ -407,21 +452,30 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
         record = records.best(func, target)
         tuned = record is not None and not isinstance(record, str)
         schedule = tuned_schedule(record) if tuned else DEFAULT_KERNEL
-        m = store.measurement(fp, kernel_key(kernel_workload(func)), schedule)
+        kk = kernel_key(kernel_workload(func))
+        m = store.measurement(fp, kk, schedule)
         if m is None:
             untimed_tuned += tuned
         elif m.ok:
             found.append((nodes, m.latency_s, tuned, m.spread))
+            found_keys.append(kk)
         else:
             failed += 1
-    factor, build_spread = 1.0, None
+    factor, build_spread, shares = 1.0, None, False
     if len(found) == kernels and kernels:
         keys = sorted(kernel_key(kernel_workload(funcs[name])) for name, _ in groups
                       if name in funcs)
         build = store.measurement(fp, _key_of(keys), BUILD)
+        inside = [store.measurement(fp, _key_of(keys), in_build_schedule(k))
+                  for k in dict.fromkeys(found_keys)] if build is not None and build.ok else []
+        if inside and all(m is not None and m.ok for m in inside):
+            in_build = {k: m.latency_s for k, m in zip(dict.fromkeys(found_keys), inside)}
+            found = [(nodes, in_build[k], tuned, sp)
+                     for (nodes, _, tuned, sp), k in zip(found, found_keys)]
+            shares = True
         factor = in_build_factor(build, sum(seconds for _, seconds, *_ in found))
         build_spread = build.spread if factor != 1.0 else None
-    return _Timed(found, untimed_tuned, failed, kernels, factor, build_spread)
+    return _Timed(found, untimed_tuned, failed, kernels, factor, build_spread, shares)
 
 
 def kernel_spread(spread: float | None, build_spread: float | None) -> float:
@@ -435,9 +489,9 @@ def kernel_spread(spread: float | None, build_spread: float | None) -> float:
 
 
 def in_build_factor(build: Measurement | None, kernels_s: float) -> float:
-    """How many times as long as its kernels timed alone (``kernels_s``, their sum) a build ran
-    whole (``build``, its :data:`BUILD` row): what each of its kernels is charged times its own
-    time. 1.0 without a timed build."""
+    """How many times as long as its kernels (``kernels_s``, their sum: timed alone, or their
+    shares of an instrumented run) a build ran whole (``build``, its :data:`BUILD` row): what
+    each of its kernels is charged times its own time. 1.0 without a timed build."""
     if build is None or not build.ok or not kernels_s > 0:
         return 1.0
     return float(build.latency_s / kernels_s)

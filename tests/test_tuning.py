@@ -526,6 +526,19 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     shares_s = sum(m.latency_s for m in shares)
     assert sorted(cost[charged]) == pytest.approx(
         sorted(m.latency_s * build.latency_s / shares_s for m in shares))
+    # A kernel the instrumented run never called (a later pass made it a view) costs the build
+    # nothing: here, as if the row sum had been one.
+    import sqlite3
+
+    gone = shares[0]
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM measurements WHERE device = ? AND workload = ? AND schedule = ?",
+                    (gone.device, gone.workload, gone.schedule))
+    cost, _, _ = kernel_costs(mod, whole.graph, CPU, threads, whole.problem.cost[:, 0], db,
+                              records)
+    assert sorted(cost[cost > 0]) == pytest.approx([build.latency_s])
+    with ProfileStore(db) as store:
+        store.put(gone)
     assert sorted(spread[charged]) == pytest.approx(
         sorted(np.hypot(m.spread, build.spread) for m in kernel_rows))
     assert all(m.spread > 0 for m in kernel_rows) and build.spread > 0

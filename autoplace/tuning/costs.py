@@ -466,11 +466,13 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
         keys = sorted(kernel_key(kernel_workload(funcs[name])) for name, _ in groups
                       if name in funcs)
         build = store.measurement(fp, _key_of(keys), BUILD)
-        inside = [store.measurement(fp, _key_of(keys), in_build_schedule(k))
-                  for k in dict.fromkeys(found_keys)] if build is not None and build.ok else []
-        if inside and all(m is not None and m.ok for m in inside):
-            in_build = {k: m.latency_s for k, m in zip(dict.fromkeys(found_keys), inside)}
-            found = [(nodes, in_build[k], tuned, sp)
+        inside = {k: store.measurement(fp, _key_of(keys), in_build_schedule(k))
+                  for k in dict.fromkeys(found_keys)} if build is not None and build.ok else {}
+        # A kernel the instrumented run never called (a later pass made it a view) has no
+        # share: it costs the build nothing.
+        if any(m is not None for m in inside.values()) \
+                and all(m is None or m.ok for m in inside.values()):
+            found = [(nodes, 0.0 if inside[k] is None else inside[k].latency_s, tuned, sp)
                      for (nodes, _, tuned, sp), k in zip(found, found_keys)]
             shares = True
         factor = in_build_factor(build, sum(seconds for _, seconds, *_ in found))

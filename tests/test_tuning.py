@@ -526,8 +526,8 @@ def test_kernels_timed_with_the_threads_of_two_devices_predict_the_all_threads_b
     shares_s = sum(m.latency_s for m in shares)
     assert sorted(cost[charged]) == pytest.approx(
         sorted(m.latency_s * build.latency_s / shares_s for m in shares))
-    # A kernel the instrumented run never called (a later pass made it a view) costs the build
-    # nothing: here, as if the row sum had been one.
+    # A kernel the instrumented run of the build never called costs the build nothing: here,
+    # as if the row sum had been one.
     import sqlite3
 
     gone = shares[0]

@@ -468,7 +468,8 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
         build = store.measurement(fp, _key_of(keys), BUILD)
         inside = {k: store.measurement(fp, _key_of(keys), in_build_schedule(k))
                   for k in dict.fromkeys(found_keys)} if build is not None and build.ok else {}
-        # A kernel the instrumented run never called (a later pass made it a view) has no
+        # A kernel of the groups that the instrumented run of the build never called (with
+        # tuning records applied, a build can call fewer kernels than its groups) has no
         # share: it costs the build nothing.
         if any(m is not None for m in inside.values()) \
                 and all(m is None or m.ok for m in inside.values()):

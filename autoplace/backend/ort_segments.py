@@ -209,10 +209,10 @@ def level_text(level: str) -> str:
 
 def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
     """``model`` (an exported segment) with the ops that ``torch.export``'s decompositions split
-    put back together. A mean over every spatial axis (an adaptive average pool to one pixel,
-    as ``torch.export`` writes it) becomes the global average pool it was: ORT keeps the
-    blocked layout of the convs around a ``GlobalAveragePool`` and reorders it back and forth
-    around a ``ReduceMean``. Then, by onnxscript's rewrite rules where onnxscript is installed:
+    put back together. A mean over every spatial axis of an image (an adaptive average pool to
+    one pixel, as ``torch.export`` writes it) becomes the global average pool it was: ORT keeps
+    the blocked layout of the convs around a ``GlobalAveragePool`` and reorders it back and
+    forth around a ``ReduceMean``. Then, by onnxscript's rewrite rules where onnxscript is installed:
     a clip written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times
     that). ORT fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across
     it; the ops it came from it runs one by one, each between layout reorders. A node the rules
@@ -264,8 +264,10 @@ def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
 
 def _global_pools(proto) -> int:
     """Make each ``ReduceMean`` of ``proto`` (a shape-inferred ONNX model) that averages a float
-    tensor of rank 3 or more over all its spatial axes (every axis after the channels) and keeps
-    them a ``GlobalAveragePool``, in place, under the same node name; returns how many."""
+    tensor of rank 4 or more over all its spatial axes (every axis after the channels) and keeps
+    them a ``GlobalAveragePool``, in place, under the same node name; returns how many. A mean
+    over the last axis of a rank-3 tensor (a norm's, in a transformer) stays a mean: ORT's norm
+    fusions look for it."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = proto.graph
@@ -287,7 +289,7 @@ def _global_pools(proto) -> int:
         axes = attrs.get("axes")
         if axes is None and len(n.input) > 1 and n.input[1] in consts:
             axes = consts[n.input[1]].reshape(-1).tolist()
-        if rank < 3 or axes is None or attrs.get("keepdims", 1) != 1 \
+        if rank < 4 or axes is None or attrs.get("keepdims", 1) != 1 \
                 or sorted(int(a) % rank for a in axes) != list(range(2, rank)):
             continue
         n.op_type = "GlobalAveragePool"

@@ -208,18 +208,17 @@ def level_text(level: str) -> str:
 
 
 def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
-    """``model`` (an exported segment) with the ops that ``torch.export``'s decompositions split
-    put back together. A mean over every spatial axis of an image (an adaptive average pool to
-    one pixel, as ``torch.export`` writes it) becomes the global average pool it was: ORT keeps
-    the blocked layout of the convs around a ``GlobalAveragePool`` and reorders it back and
-    forth around a ``ReduceMean``. Then, by onnxscript's rewrite rules where onnxscript is installed:
-    a clip written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times
-    that). ORT fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across
-    it; the ops it came from it runs one by one, each between layout reorders. A node the rules
-    make is named in the scope of the op whose output it gives (the op that computed that
-    tensor before), so :func:`op_of` knows it; and per such node, the scopes of the exported
-    nodes it replaced. ``model`` unchanged where nothing applies (the rules fail, or onnxscript
-    is missing)."""
+    """``model`` (an exported segment) with the ops that ``torch.export``'s decompositions split put
+    back together. A mean over every spatial axis of an image (an adaptive average pool to one
+    pixel, as ``torch.export`` writes it) becomes the global average pool it was: ORT keeps the
+    blocked layout of the convs around a ``GlobalAveragePool`` and reorders it back and forth around
+    a ``ReduceMean``. Then, by onnxscript's rewrite rules where onnxscript is installed: a clip
+    written as two, hard sigmoid (``clip(x + 3, 0, 6) / 6``) and hard swish (``x`` times that). ORT
+    fuses a ``HardSwish`` into the conv before it and keeps the blocked layout across it; the ops it
+    came from it runs one by one, each between layout reorders. A node the rules make is named in
+    the scope of the op whose output it gives (the op that computed that tensor before), so
+    :func:`op_of` knows it; and per such node, the scopes of the exported nodes it replaced.
+    ``model`` unchanged where nothing applies (the rules fail, or onnxscript is missing)."""
     import onnx
 
     try:

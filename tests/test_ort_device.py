@@ -217,6 +217,28 @@ def test_a_mean_over_every_spatial_axis_is_a_global_average_pool_again():
     np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_mean_whose_axes_are_an_input_is_a_global_average_pool_too():
+    # from opset 18 a ReduceMean takes its axes as an input (a segment exported at opset 18,
+    # for an op added then): read from the initializer, the node becomes the pool as well
+    import onnx
+    from onnx import TensorProto, helper
+
+    axes = helper.make_tensor("axes", TensorProto.INT64, [2], [-1, -2])
+    node = helper.make_node("ReduceMean", ["in0", "axes"], ["out0"], name="/op_lv/ReduceMean")
+    graph = helper.make_graph(
+        [node], "m", [helper.make_tensor_value_info("in0", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 4, 1, 1])], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    pooled, _ = ort_segments.refuse(model.SerializeToString())
+    nodes = onnx.load_from_string(pooled).graph.node
+    assert [(n.op_type, n.name, list(n.input)) for n in nodes] == [
+        ("GlobalAveragePool", "/op_lv/ReduceMean", ["in0"])]
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype("float32")
+    got = ort_segments.session(pooled, 1, "all").run(None, {"in0": x})[0]
+    np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
+
+
 def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
     model, x, mod, graph = branchy
     pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")

@@ -271,10 +271,10 @@ def _global_pools(proto) -> int:
 
     graph = proto.graph
     types = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info, *graph.output)}
-    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    # tensors by name, decoded only where a mean's axes are one (not the segment's weights)
+    consts = {i.name: i for i in graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"
+                   and n.attribute and n.attribute[0].name == "value"})
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
     made = 0
     for n in graph.node:
@@ -287,7 +287,7 @@ def _global_pools(proto) -> int:
         rank = len(ty.shape.dim)
         axes = attrs.get("axes")
         if axes is None and len(n.input) > 1 and n.input[1] in consts:
-            axes = consts[n.input[1]].reshape(-1).tolist()
+            axes = numpy_helper.to_array(consts[n.input[1]]).reshape(-1).tolist()
         if rank < 4 or axes is None or attrs.get("keepdims", 1) != 1 \
                 or sorted(int(a) % rank for a in axes) != list(range(2, rank)):
             continue

@@ -185,8 +185,14 @@ def build_key(mod: tvm.IRModule, device: Device, func_name: str = "main") -> str
     """The workload under which the whole build of ``mod`` for the CPU ``device`` is stored: a
     hash of the kernels it calls, one per call (two models calling the same kernels share it)."""
     _, funcs = _kernel_funcs(mod, device)
-    return _key_of([kernel_key(kernel_workload(funcs[name]))
-                    for name, _ in fused_groups(mod, func_name) if name in funcs])
+    return _build_key(funcs, fused_groups(mod, func_name))
+
+
+def _build_key(funcs, groups) -> str:
+    """:func:`build_key` of a build whose kernels are ``funcs`` (by name) and fused groups
+    ``groups``."""
+    return _key_of([kernel_key(kernel_workload(funcs[name])) for name, _ in groups
+                    if name in funcs])
 
 
 def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRecords,
@@ -201,7 +207,8 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
 
     timed = 0
     for mod in mods:
-        key = build_key(mod, device)
+        _, funcs = _kernel_funcs(mod, device)  # lowered once: for the key and the shares
+        key = _build_key(funcs, fused_groups(mod))
         old = store.measurement(fp, key, BUILD)
         if not (retime or again) and old is not None:
             continue
@@ -211,7 +218,7 @@ def time_builds(mods: Sequence[tvm.IRModule], device: Device, records: KernelRec
             t = run(partial(time_model, mod, device, records=records,
                             instrumented_runs=INSTRUMENTED_RUNS))
             m = Measurement(key, fp, "ok", t.median, t.min, cv=t.cv, schedule=BUILD)
-            inside = _in_build_rows(mod, device, key, fp, t)
+            inside = _in_build_rows(funcs, key, fp, t)
         except Exception as e:  # noqa: BLE001 - the kernels' times are charged unscaled
             log.warning("%s: the whole build did not run (%s); its kernels' times are charged "
                         "as timed alone", device.name, e)
@@ -236,11 +243,10 @@ def in_build_schedule(kernel: str) -> str:
     return f"{BUILD}:{kernel}"
 
 
-def _in_build_rows(mod, device: Device, key: str, fp: str, timing) -> list[Measurement]:
-    """Per kernel of ``mod``'s build (``timing``: its :class:`ModelTiming`), its seconds a call
-    in the instrumented runs, as rows of the build's workload ``key``; none where a kernel the
-    run names is not one of the build's."""
-    _, funcs = _kernel_funcs(mod, device)
+def _in_build_rows(funcs, key: str, fp: str, timing) -> list[Measurement]:
+    """Per kernel of a build (``funcs``: its kernels by name; ``timing``: its
+    :class:`ModelTiming`), its seconds a call in the instrumented runs, as rows of the build's
+    workload ``key``; none where a kernel the run names is not one of the build's."""
     seconds: dict[str, float] = {}
     calls: dict[str, int] = {}
     for k in timing.kernels:
@@ -463,10 +469,9 @@ def _timed_groups(mod, groups, device: Device, fp: str, records: KernelRecords,
             failed += 1
     factor, build_spread, shares = 1.0, None, False
     if len(found) == kernels and kernels:
-        keys = sorted(kernel_key(kernel_workload(funcs[name])) for name, _ in groups
-                      if name in funcs)
-        build = store.measurement(fp, _key_of(keys), BUILD)
-        inside = {k: store.measurement(fp, _key_of(keys), in_build_schedule(k))
+        key = _build_key(funcs, groups)
+        build = store.measurement(fp, key, BUILD)
+        inside = {k: store.measurement(fp, key, in_build_schedule(k))
                   for k in dict.fromkeys(found_keys)} if build is not None and build.ok else {}
         # A kernel of the groups that the instrumented run of the build never called (with
         # tuning records applied, a build can call fewer kernels than its groups) has no

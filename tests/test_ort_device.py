@@ -61,6 +61,14 @@ def _want(model, x):
         return model(x).numpy()
 
 
+def _one_segment(model, x):
+    """``model`` imported on ``x``, its op graph, and every op of it as one exported segment."""
+    mod = autoplace.from_torch(model, (x,))
+    graph = OpGraph.from_relax(mod)
+    span, = cut(mod["main"], [True] * len(graph.nodes))
+    return mod, graph, export(mod, span)
+
+
 def test_ort_device_specs():
     d = Device.from_spec("ort:cpu")
     assert (d.name, d.kind, d.runtime, d.spec) == ("ort", "ort", "ort", "ort:cpu")
@@ -161,10 +169,7 @@ def test_hard_swish_as_torch_export_splits_it_is_one_onnx_node_again(monkeypatch
 
     torch.manual_seed(0)
     model, x = Mobile().eval(), torch.randn(1, 3, 12, 12)
-    mod = autoplace.from_torch(model, (x,))
-    graph = OpGraph.from_relax(mod)
-    span, = cut(mod["main"], [True] * len(graph.nodes))
-    seg = export(mod, span)
+    _, graph, seg = _one_segment(model, x)
     import onnx
 
     kinds = [n.op_type for n in onnx.load_from_string(seg.onnx).graph.node]
@@ -184,6 +189,8 @@ def test_hard_swish_as_torch_export_splits_it_is_one_onnx_node_again(monkeypatch
     monkeypatch.setitem(sys.modules, "onnxscript", None)
     plain, replaced = ort_segments.refuse(seg.onnx)
     assert plain == seg.onnx and replaced == {}
+
+
 def test_a_mean_over_every_spatial_axis_is_a_global_average_pool_again():
     # torch.export writes adaptive_avg_pool2d(x, 1) as a mean over the last two axes; the
     # segment gives ORT the GlobalAveragePool it was (which keeps the convs' blocked layout),
@@ -204,10 +211,7 @@ def test_a_mean_over_every_spatial_axis_is_a_global_average_pool_again():
 
     torch.manual_seed(0)
     model, x = Squeeze().eval(), torch.randn(1, 3, 12, 12)
-    mod = autoplace.from_torch(model, (x,))
-    graph = OpGraph.from_relax(mod)
-    span, = cut(mod["main"], [True] * len(graph.nodes))
-    seg = export(mod, span)
+    _, graph, seg = _one_segment(model, x)
     nodes = {n.name: n.op_type for n in onnx.load_from_string(seg.onnx).graph.node}
     means = [n.name for n in graph.nodes if n.op_type == "mean"]
     assert len(means) == 3
@@ -356,10 +360,7 @@ def skip_norm():
     from torch_models import skip_norm
 
     model, x = skip_norm()
-    mod = autoplace.from_torch(model, (x,))
-    graph = OpGraph.from_relax(mod)
-    span, = cut(mod["main"], [True] * len(graph.nodes))
-    return model, x, mod, graph, export(mod, span)
+    return model, x, *_one_segment(model, x)
 
 
 def test_a_level_names_the_fusions_it_disables_and_ort_runs_without_them(skip_norm, tmp_path):

@@ -243,6 +243,43 @@ def test_a_mean_whose_axes_are_an_input_is_a_global_average_pool_too():
     np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
 
 
+def test_the_shapes_a_pool_needs_are_inferred_without_the_weights():
+    # the mean reads a conv whose weight is large: shape inference runs on the graph with the
+    # weight as an input of its type and shape, and the segment keeps the weight itself
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 8, 3, 3)).astype("float32")
+    assert w.size > ort_segments._WEIGHT_ELEMENTS
+    nodes = [helper.make_node("Conv", ["in0", "w"], ["y"], name="/op_c/Conv"),
+             helper.make_node("ReduceMean", ["y"], ["out0"], axes=[2, 3], keepdims=1,
+                              name="/op_m/ReduceMean")]
+    graph = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info("in0", TensorProto.FLOAT, [1, 8, 9, 9])],
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 64, 1, 1])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    pooled, _ = ort_segments.refuse(model.SerializeToString())
+    got = onnx.load_from_string(pooled).graph
+    assert [n.op_type for n in got.node] == ["Conv", "GlobalAveragePool"]
+    np.testing.assert_array_equal(numpy_helper.to_array(got.initializer[0]), w)
+    x = rng.standard_normal((1, 8, 9, 9)).astype("float32")
+    want = ort_segments.session(model.SerializeToString(), 1, "all").run(None, {"in0": x})[0]
+    out = ort_segments.session(pooled, 1, "all").run(None, {"in0": x})[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_segment_nothing_applies_to_is_handed_back_as_exported():
+    # no mean, no clip: the exported bytes themselves (a large model's are not written again)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
+    _, _, seg = _one_segment(model, torch.randn(1, 3, 8, 8))
+    out, replaced = ort_segments.refuse(seg.onnx)
+    assert out is seg.onnx and replaced == {}
+
+
 def test_a_plan_crossing_between_tvm_and_ort_matches_eager(branchy):
     model, x, mod, graph = branchy
     pool = next(n.index for n in graph.nodes if n.op_type == "nn.max_pool2d")

@@ -218,27 +218,19 @@ def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
     came from it runs one by one, each between layout reorders. A node the rules make is named in
     the scope of the op whose output it gives (the op that computed that tensor before), so
     :func:`op_of` knows it; and per such node, the scopes of the exported nodes it replaced.
-    ``model`` unchanged where nothing applies (the rules fail, or onnxscript is missing)."""
+    ``model`` itself (the same bytes, not written again: a segment of a large model is hundreds of
+    megabytes) where nothing applies, the rules fail, or onnxscript is missing."""
     import onnx
 
     try:
-        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+        proto = onnx.load_from_string(model)
+        _infer_shapes(proto)
+        pools = _global_pools(proto)
     except Exception:  # noqa: BLE001 - the rewrites are an optimization: the segment as exported
         return model, {}
-    if _global_pools(proto):
-        model = proto.SerializeToString()
-    try:
-        from onnxscript import rewriter
-        from onnxscript.rewriter.rules import common as rules
-    except ImportError:
-        return model, {}
-    try:
-        fused = rewriter.rewrite(proto, pattern_rewrite_rules=[
-            rules.successive_clip_rule, rules.successive_relu_rule,
-            rules.successive_clip_relu_rule, rules.successive_relu_clip_rule,
-            *rules.fuse_hardswish_rules()])
-    except Exception:  # noqa: BLE001 - the rules are an optimization: the segment as exported
-        return model, {}
+    fused = _rules_applied(proto)
+    if fused is None:
+        return (proto.SerializeToString() if pools else model), {}
     producer = {o: n for n in proto.graph.node for o in n.output}
     replaced = {}
     for k, node in enumerate(fused.graph.node):
@@ -261,15 +253,43 @@ def refuse(model: bytes) -> tuple[bytes, dict[str, tuple[str, ...]]]:
     return fused.SerializeToString(), replaced
 
 
+def _rules_applied(proto):
+    """``proto`` rewritten by onnxscript's rules of :func:`refuse` (unused nodes dropped), or
+    None where none applies, they fail, or onnxscript is missing."""
+    try:
+        import onnx_ir.passes.common as passes
+        from onnxscript import ir
+        from onnxscript.rewriter import RewritePass
+        from onnxscript.rewriter.rules import common as rules
+    except ImportError:
+        return None
+    try:
+        model = ir.serde.deserialize_model(proto)
+        found = RewritePass([
+            rules.successive_clip_rule, rules.successive_relu_rule,
+            rules.successive_clip_relu_rule, rules.successive_relu_clip_rule,
+            *rules.fuse_hardswish_rules()])(model)
+        if not found.modified:
+            return None
+        passes.RemoveUnusedNodesPass()(found.model)
+        return ir.serde.serialize_model(found.model)
+    except Exception:  # noqa: BLE001 - the rules are an optimization: the segment as exported
+        return None
+
+
 def _global_pools(proto) -> int:
-    """Make each ``ReduceMean`` of ``proto`` (a shape-inferred ONNX model) that averages a float
-    tensor of rank 4 or more over all its spatial axes (every axis after the channels) and keeps
-    them a ``GlobalAveragePool``, in place, under the same node name; returns how many. A mean
-    over the last axis of a rank-3 tensor (a norm's, in a transformer) stays a mean: ORT's norm
-    fusions look for it."""
+    """Make each ``ReduceMean`` of ``proto`` (a shape-inferred ONNX model: :func:`_infer_shapes`)
+    that averages a float tensor of rank 4 or more over all its spatial axes (every axis after
+    the channels) and keeps them a ``GlobalAveragePool``, in place, under the same node name;
+    returns how many. A mean over the last axis of a rank-3 tensor (a norm's, in a transformer)
+    stays a mean: ORT's norm fusions look for it."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = proto.graph
+    means = [n for n in graph.node
+             if n.op_type == "ReduceMean" and n.domain in ("", "ai.onnx") and n.input]
+    if not means:
+        return 0
     types = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info, *graph.output)}
     # tensors by name, decoded only where a mean's axes are one (not the segment's weights)
     consts = {i.name: i for i in graph.initializer}
@@ -277,9 +297,7 @@ def _global_pools(proto) -> int:
                    and n.attribute and n.attribute[0].name == "value"})
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
     made = 0
-    for n in graph.node:
-        if n.op_type != "ReduceMean" or n.domain not in ("", "ai.onnx") or not n.input:
-            continue
+    for n in means:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         ty = types.get(n.input[0])
         if ty is None or ty.elem_type not in floats or not ty.HasField("shape"):
@@ -296,6 +314,41 @@ def _global_pools(proto) -> int:
         del n.attribute[:]
         made += 1
     return made
+
+
+#: Initializers of more elements than this are weights: shape inference needs their type and
+#: shape, not their values (it reads the values of small ones, e.g. a reshape's target shape).
+_WEIGHT_ELEMENTS = 4096
+
+
+def _infer_shapes(proto) -> None:
+    """Give ``proto``'s graph the type and shape of each of its tensors (its ``value_info``, in
+    place), as ONNX's shape inference finds them on a copy of the graph whose large initializers
+    (:data:`_WEIGHT_ELEMENTS`) are graph inputs of their type and shape: the weights are
+    neither copied nor written out for it."""
+    import math
+
+    import onnx
+    from onnx import helper
+
+    graph = proto.graph
+    light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
+    g = light.graph
+    g.node.extend(graph.node)
+    g.input.extend(graph.input)
+    g.output.extend(graph.output)
+    g.value_info.extend(graph.value_info)
+    inputs = {i.name for i in graph.input}
+    for t in graph.initializer:
+        if t.name in inputs:  # listed among the inputs already (IR version 3)
+            continue
+        if math.prod(t.dims) > _WEIGHT_ELEMENTS:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    inferred = onnx.shape_inference.infer_shapes(light).graph.value_info
+    del graph.value_info[:]
+    graph.value_info.extend(inferred)
 
 
 def scope(node: str) -> str:

@@ -243,9 +243,11 @@ def test_a_mean_whose_axes_are_an_input_is_a_global_average_pool_too():
     np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
 
 
-def test_the_shapes_a_pool_needs_are_inferred_without_the_weights():
-    # the mean reads a conv whose weight is large: shape inference runs on the graph with the
-    # weight as an input of its type and shape, and the segment keeps the weight itself
+@pytest.mark.parametrize("held", ["initializer", "constant"])
+def test_the_shapes_a_pool_needs_are_inferred_without_the_weights(held, monkeypatch):
+    # the mean reads a conv whose weight is large (an initializer, or a Constant node as the
+    # exporter writes some): shape inference runs on the graph with the weight as an input of
+    # its type and shape, and the segment keeps the weight itself
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -255,16 +257,29 @@ def test_the_shapes_a_pool_needs_are_inferred_without_the_weights():
     nodes = [helper.make_node("Conv", ["in0", "w"], ["y"], name="/op_c/Conv"),
              helper.make_node("ReduceMean", ["y"], ["out0"], axes=[2, 3], keepdims=1,
                               name="/op_m/ReduceMean")]
+    weights = [numpy_helper.from_array(w, "w")]
+    if held == "constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], value=weights.pop()))
     graph = helper.make_graph(
         nodes, "m", [helper.make_tensor_value_info("in0", TensorProto.FLOAT, [1, 8, 9, 9])],
-        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 64, 1, 1])],
-        [numpy_helper.from_array(w, "w")])
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 64, 1, 1])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    infer, seen = onnx.shape_inference.infer_shapes, []
+
+    def spy(m, *a, **k):  # the largest tensor shape inference is given
+        seen.append(max([0] + [t.ByteSize() for t in m.graph.initializer]
+                        + [n.ByteSize() for n in m.graph.node]))
+        return infer(m, *a, **k)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
     pooled, _ = ort_segments.refuse(model.SerializeToString())
+    assert seen and max(seen) < w.nbytes / 4
     got = onnx.load_from_string(pooled).graph
-    assert [n.op_type for n in got.node] == ["Conv", "GlobalAveragePool"]
-    np.testing.assert_array_equal(numpy_helper.to_array(got.initializer[0]), w)
+    kinds = [n.op_type for n in got.node]
+    assert kinds[-2:] == ["Conv", "GlobalAveragePool"]
+    kept = got.initializer[0] if held == "initializer" else got.node[0].attribute[0].t
+    np.testing.assert_array_equal(numpy_helper.to_array(kept), w)
     x = rng.standard_normal((1, 8, 9, 9)).astype("float32")
     want = ort_segments.session(model.SerializeToString(), 1, "all").run(None, {"in0": x})[0]
     out = ort_segments.session(pooled, 1, "all").run(None, {"in0": x})[0]

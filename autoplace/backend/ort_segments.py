@@ -323,9 +323,9 @@ _WEIGHT_ELEMENTS = 4096
 
 def _infer_shapes(proto) -> None:
     """Give ``proto``'s graph the type and shape of each of its tensors (its ``value_info``, in
-    place), as ONNX's shape inference finds them on a copy of the graph whose large initializers
-    (:data:`_WEIGHT_ELEMENTS`) are graph inputs of their type and shape: the weights are
-    neither copied nor written out for it."""
+    place), as ONNX's shape inference finds them on a copy of the graph whose large weights
+    (:data:`_WEIGHT_ELEMENTS`), initializers or ``Constant`` nodes, are graph inputs of their
+    type and shape: the weights are neither copied nor written out for it."""
     import math
 
     import onnx
@@ -334,7 +334,14 @@ def _infer_shapes(proto) -> None:
     graph = proto.graph
     light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
     g = light.graph
-    g.node.extend(graph.node)
+    for n in graph.node:
+        value = n.attribute[0].t if n.op_type == "Constant" and len(n.attribute) == 1 \
+            and n.attribute[0].name == "value" else None
+        if value is not None and math.prod(value.dims) > _WEIGHT_ELEMENTS:
+            g.input.append(helper.make_tensor_value_info(n.output[0], value.data_type,
+                                                         list(value.dims)))
+        else:
+            g.node.append(n)
     g.input.extend(graph.input)
     g.output.extend(graph.output)
     g.value_info.extend(graph.value_info)

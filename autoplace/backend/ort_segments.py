@@ -316,8 +316,9 @@ def _global_pools(proto) -> int:
     return made
 
 
-#: Initializers of more elements than this are weights: shape inference needs their type and
-#: shape, not their values (it reads the values of small ones, e.g. a reshape's target shape).
+#: Initializers and ``Constant`` nodes of more elements than this are weights: shape inference
+#: needs their type and shape, not their values (it reads the values of small ones, e.g. a
+#: reshape's target shape).
 _WEIGHT_ELEMENTS = 4096
 
 

@@ -293,8 +293,7 @@ def _global_pools(proto) -> int:
     types = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info, *graph.output)}
     # tensors by name, decoded only where a mean's axes are one (not the segment's weights)
     consts = {i.name: i for i in graph.initializer}
-    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"
-                   and n.attribute and n.attribute[0].name == "value"})
+    consts.update({n.output[0]: t for n in graph.node if (t := _constant(n)) is not None})
     floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
     made = 0
     for n in means:
@@ -327,22 +326,18 @@ def _infer_shapes(proto) -> None:
     place), as ONNX's shape inference finds them on a copy of the graph whose large weights
     (:data:`_WEIGHT_ELEMENTS`), initializers or ``Constant`` nodes, are graph inputs of their
     type and shape: the weights are neither copied nor written out for it."""
-    import math
-
     import onnx
-    from onnx import helper
 
     graph = proto.graph
     light = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
     g = light.graph
     for n in graph.node:
-        value = n.attribute[0].t if n.op_type == "Constant" and len(n.attribute) == 1 \
-            and n.attribute[0].name == "value" else None
-        if value is not None and math.prod(value.dims) > _WEIGHT_ELEMENTS:
-            g.input.append(helper.make_tensor_value_info(n.output[0], value.data_type,
-                                                         list(value.dims)))
-        else:
+        value = _constant(n)
+        typed = None if value is None else _as_input(n.output[0], value)
+        if typed is None:
             g.node.append(n)
+        else:
+            g.input.append(typed)
     g.input.extend(graph.input)
     g.output.extend(graph.output)
     g.value_info.extend(graph.value_info)
@@ -350,13 +345,33 @@ def _infer_shapes(proto) -> None:
     for t in graph.initializer:
         if t.name in inputs:  # listed among the inputs already (IR version 3)
             continue
-        if math.prod(t.dims) > _WEIGHT_ELEMENTS:
-            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
+        typed = _as_input(t.name, t)
+        if typed is None:
             g.initializer.append(t)
+        else:
+            g.input.append(typed)
     inferred = onnx.shape_inference.infer_shapes(light).graph.value_info
     del graph.value_info[:]
     graph.value_info.extend(inferred)
+
+
+def _constant(node):
+    """The tensor a ``Constant`` node gives, or None for any other node."""
+    if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return node.attribute[0].t
+    return None
+
+
+def _as_input(name: str, tensor):
+    """A graph input named ``name`` of ``tensor``'s type and shape where it is a weight (more
+    than :data:`_WEIGHT_ELEMENTS` elements), else None."""
+    import math
+
+    from onnx import helper
+
+    if math.prod(tensor.dims) <= _WEIGHT_ELEMENTS:
+        return None
+    return helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
 
 
 def scope(node: str) -> str:

@@ -308,8 +308,9 @@ def _per_key(workloads, targets, analysis, part: int, width: int) -> np.ndarray:
         targets = [targets] * len(keys)
     if not keys:
         return np.zeros((0, width))
-    return np.stack([analysis.code_counts(k, None if t is None else str(t))[part]
-                     for k, t in zip(keys, targets)])
+    targets = [None if t is None else str(t) for t in targets]
+    analysis.count(zip(keys, targets))
+    return np.stack([analysis.code_counts(k, t)[part] for k, t in zip(keys, targets)])
 
 
 def _keys(workloads) -> list[str]:

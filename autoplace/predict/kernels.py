@@ -14,11 +14,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from autoplace.backend.lowering import legalize
+from autoplace.backend.threads import process_cpus
 from autoplace.predict.misses import MISS_NAMES
 from autoplace.predict.misses import misses as cache_misses
 from autoplace.predict.llvm_ir import EXECUTED_COUNT_NAMES, FLOAT_VECTOR, line_kind
@@ -79,15 +82,37 @@ class KernelAnalysis:
         target string or its JSON); ``nan`` where there is no LLVM target or no PrimFunc. What
         a CPU target compiles to is also kept on disk (:func:`counts_dir`), so that another
         process, or another model with the same workloads, compiles nothing again."""
-        if (key, target) not in self._code:
+        self.count([(key, target)])
+        return self._code[key, target]
+
+    def count(self, pairs) -> None:
+        """Compute :meth:`code_counts` of every (key, target) pair in ``pairs`` not yet known
+        here or on disk. The LLVM builds run on threads, one per core this process may use (LLVM
+        gives the interpreter up while it compiles): call it with every pair a prediction needs,
+        where nothing is being timed."""
+        todo = []
+        for key, target in dict.fromkeys(pairs):
+            if (key, target) in self._code:
+                continue
             path = _counts_path(key, target)
             found = _read_counts(path) if path is not None else None
-            if found is None:
-                found = self._compile_and_count(key, target)
-                if path is not None:
-                    _write_counts(path, found)
+            if found is not None:
+                self._code[key, target] = found
+            else:
+                todo.append((key, target, path))
+        for key, target, _ in todo:  # the interpreter's part first, shared by the threads
+            if _is_cpu(target) and self.prim_funcs(key, "llvm"):
+                self.loop_misses(key)
+        if len(todo) > 1 and len(cpus := process_cpus()) > 1:
+            with ThreadPoolExecutor(min(len(todo), len(cpus)), initializer=_unpin,
+                                    initargs=(cpus,)) as pool:
+                counted = list(pool.map(lambda t: self._compile_and_count(t[0], t[1]), todo))
+        else:
+            counted = [self._compile_and_count(key, target) for key, target, _ in todo]
+        for (key, target, path), found in zip(todo, counted):
+            if path is not None:
+                _write_counts(path, found)
             self._code[key, target] = found
-        return self._code[key, target]
 
     def loop_misses(self, key: str) -> dict[str, float] | None:
         """:func:`autoplace.predict.misses.misses` of the key's PrimFuncs as a CPU build lowers
@@ -166,6 +191,13 @@ class KernelAnalysis:
                                                    1, -1, None)
             self._context = context
         return self._context
+
+
+def _unpin(cpus) -> None:
+    """Let a worker thread run on ``cpus``: a thread starts on its creator's cores, and the
+    thread that runs TVM's kernels is pinned to one."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
 
 
 def _parse_target(target: str):

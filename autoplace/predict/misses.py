@@ -121,9 +121,25 @@ class _Access:
             values[0] = first
         env = {v: x.reshape([-1 if j == i else 1 for j in range(len(values))])
                for i, ((v, _), x) in enumerate(zip(self.loops[depth:], values))}
-        lines = np.unique(np.broadcast_to(self.addresses(env), [len(x) for x in values]) // LINE)
+        lines = np.broadcast_to(self.addresses(env), [len(x) for x in values]) // LINE
+        return _distinct(lines.ravel())
+
+
+def _distinct(lines: np.ndarray) -> np.ndarray:
+    """Distinct ``lines`` per in-page offset (64 counts) and distinct pages (last): marked in a
+    table of the lines they span where that is not much larger than they are, else sorted."""
+    if not lines.size:
+        return np.zeros(_CLASSES + 1)
+    low = int(lines.min()) // _CLASSES * _CLASSES
+    span = int(lines.max()) + 1 - low
+    if span > 8 * lines.size + _ENUMERATED:
+        lines = np.unique(lines)
         return np.append(np.bincount(lines % _CLASSES, minlength=_CLASSES),
                          np.unique(lines // _CLASSES).size).astype(float)
+    seen = np.zeros(-(-span // _CLASSES) * _CLASSES, dtype=bool)
+    seen[lines - low] = True
+    pages = seen.reshape(-1, _CLASSES)
+    return np.append(pages.sum(axis=0), pages.any(axis=1).sum()).astype(float)
 
 
 def _nest_misses(a: _Access, accesses, level) -> float:
@@ -152,7 +168,7 @@ def _shares(a: _Access, b: _Access, depth: int) -> bool:
 def _lost(footprint: np.ndarray, level) -> float:
     """Share of a footprint's lines (pages) a cache (TLB) cannot keep: lines in sets holding
     more than their ways, with a page's 64 lines placed on a random colour of ``sets / 64``."""
-    from scipy.stats import binom
+    from scipy.special import bdtrc
 
     if len(level) == 2:
         return float(footprint[-1] > level[1])
@@ -164,8 +180,10 @@ def _lost(footprint: np.ndarray, level) -> float:
     if colours == 1:
         return float(n[n > ways].sum() / n.sum())
     # E[X; X > ways] for X ~ Binomial(n, 1/colours) is n/colours * P(Binomial(n-1, .) >= ways)
-    count = np.maximum(np.round(n), 1)
-    return float((n * binom.sf(ways - 1, count - 1, 1 / colours)).sum() / n.sum())
+    # (bdtrc: the binomial's upper tail, nan where n - 1 < ways, which has none)
+    others = np.maximum(np.round(n), 1).astype(np.int64) - 1
+    tail = np.where(others >= ways, bdtrc(ways - 1, np.maximum(others, ways), 1 / colours), 0.0)
+    return float((n * tail).sum() / n.sum())
 
 
 def _accesses(func) -> list[_Access]:

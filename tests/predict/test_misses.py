@@ -111,3 +111,42 @@ def test_code_counts_are_kept_on_disk_for_the_next_process(tmp_path, monkeypatch
     monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
     for a, b in zip(first, KernelAnalysis().code_counts(key, target)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_distinct_lines_match_a_sort_whether_they_are_dense_or_sparse():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for lines in (rng.integers(-300, 5000, 2000), rng.integers(0, 1 << 40, 50),
+                  np.arange(64 * 3) * 7):
+        unique = np.unique(lines)
+        expected = np.append(np.bincount(unique % cache.LINE, minlength=64),
+                             np.unique(unique // 64).size)
+        np.testing.assert_array_equal(cache._distinct(lines), expected)
+
+
+def test_counts_compiled_on_threads_equal_those_compiled_one_at_a_time(tmp_path, monkeypatch):
+    """Every workload a prediction needs is counted in one call, its LLVM builds on threads (two
+    workers here even on one core): the same counts as one workload at a time."""
+    import numpy as np
+
+    from autoplace import Device
+    from autoplace.predict import kernels
+
+    target = str(Device.cpu(0).tvm_target())
+    keys = [json.dumps([f"relax.{op}", [[[1, n], "float32"]], {}, []])
+            for op in ("nn.relu", "exp", "negative") for n in (64, 1000)]
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path / "alone"))
+    alone = [KernelAnalysis().code_counts(k, target) for k in keys]
+    cpus = kernels.process_cpus()
+    monkeypatch.setattr(kernels, "process_cpus", lambda: cpus * 2)
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path / "together"))
+    analysis, builds = KernelAnalysis(), []
+    compile_and_count = analysis._compile_and_count
+    monkeypatch.setattr(analysis, "_compile_and_count",
+                        lambda *a: builds.append(a) or compile_and_count(*a))
+    analysis.count([(k, target) for k in keys * 2])
+    assert len(builds) == len(keys)  # each once
+    for key, expected in zip(keys, alone):
+        for a, b in zip(analysis.code_counts(key, target), expected):
+            np.testing.assert_array_equal(a, b)

@@ -297,9 +297,10 @@ def shipped_base(kind: str = "cpu"):
 
     found = []
     for path in sorted(shipped_dir().glob("*.xgb.json")):
-        model = XGBCostModel.load(path)
-        if any(d.get("kind", "cpu") == kind for d in model.devices_.values()):
-            found.append((model, path.name))
+        saved = json.loads(path.read_text())  # the trees are read into XGBoost for one only
+        if any(d.get("kind", "cpu") == kind for d in saved.get("devices", {}).values()):
+            found.append((saved, path))
     if len(found) != 1:
         raise ValueError(f"{len(found)} learned models ship for {kind} devices; pass base")
-    return found[0]
+    saved, path = found[0]
+    return XGBCostModel.from_saved(saved, path), path.name

@@ -242,7 +242,12 @@ class XGBCostModel(_Learned):
 
     @classmethod
     def load(cls, path: str | Path) -> XGBCostModel:
-        d = _read(path, cls.model_name)
+        return cls.from_saved(json.loads(Path(path).read_text()), path)
+
+    @classmethod
+    def from_saved(cls, d: dict, path: str | Path) -> XGBCostModel:
+        """The model of ``d``, what :meth:`save` wrote to ``path`` (named in errors)."""
+        _check_name(d, path, cls.model_name)
         if d.get("format_version") != 3:
             raise ValueError(f"{path} was saved by an older autoplace (format "
                              f"{d.get('format_version')}, this one reads 3); train it again "
@@ -348,9 +353,13 @@ def _op_type(row) -> str:
 
 def _read(path, name: str) -> dict:
     d = json.loads(Path(path).read_text())
+    _check_name(d, path, name)
+    return d
+
+
+def _check_name(d: dict, path, name: str) -> None:
     if d.get("model") != name:
         raise ValueError(f"{path} is not a {name} cost model (model={d.get('model')!r})")
-    return d
 
 
 def booster_to_json(booster) -> dict:

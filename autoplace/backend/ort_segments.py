@@ -174,8 +174,12 @@ def session(model: bytes, threads: int, level: str, profile_prefix: str | None =
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                             f"ORT_ENABLE_{level.upper()}")
     opts.log_severity_level = 3
-    if optimized is not None:
+    if optimized is not None:  # the graph is what is read of it: weights in a file apart
         opts.optimized_model_filepath = optimized
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                      os.path.basename(optimized) + ".weights")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if profile_prefix is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix

@@ -2,6 +2,7 @@
 and called from the VM as one ORT session, priced as ORT's profiler splits them (issue 52)."""
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -599,6 +600,29 @@ def test_ort_costs_and_edge_are_stored_in_the_profile_and_read_back(branchy, tmp
     monkeypatch.setattr(ort_timings, "between_bytes", lambda g: 10 * first.between_bytes)
     with ProfileStore(db, readonly=True) as store:
         assert ort_timings.stored(store, graph, ort) is None
+
+
+def test_the_same_graph_again_reads_what_this_host_timed_of_it(branchy, tmp_path, monkeypatch):
+    """Without a store, a graph's timings are kept in the host's cache: the same graph again
+    (the same model in another process) times nothing; another graph, or a file that cannot be
+    read, is timed."""
+    from autoplace.profile import ort_timings
+
+    _, _, mod, graph = branchy
+    ort = Device.onnxruntime()
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    first = time_ort_device(mod, graph, ort, runs=3)
+    assert not first.kept
+    timed, real = [], ort_timings._timed
+    monkeypatch.setattr(ort_timings, "_timed", lambda *a: timed.append(1) or real(*a))
+    again = time_ort_device(mod, graph, ort, runs=3)
+    assert again.kept and not timed and "earlier run" in OrtCostModel(again).describe(graph)
+    assert again == replace(first, kept=True)
+    time_ort_device(mod, graph, ort, threads=2, runs=3)  # other threads: timed
+    assert len(timed) == 1
+    for f in ort_timings.kept_dir().glob("*.json"):
+        f.write_text("{not json")
+    assert not time_ort_device(mod, graph, ort, runs=3).kept and len(timed) == 2
 
 
 def test_a_saved_module_with_ort_segments_loads_and_runs_in_a_new_process(branchy, tmp_path):

@@ -85,4 +85,5 @@ class OrtCostModel:
                 "per tensor entering or leaving a segment (half a call from the VM: "
                 f"{t.call_s * 1e6:.1f} us, with {t.between_bytes / 2**20:.1f} MB written "
                 f"between two calls) and {t.edge_byte_s * 1e12:.0f} us per MB of it "
-                "(ORT's reorders at the edges)")
+                "(ORT's reorders at the edges)"
+                + ("; timed by an earlier run of the same graph on this host" if t.kept else ""))

@@ -46,7 +46,8 @@ class OrtTimings:
     segments run at (None: ``threads``), ``variants_s`` what the largest segment took at each
     ``(level, threads)`` timed; ``segments``: how many were profiled; ``call_s``: one call from the
     VM beyond its nodes, with ``between_bytes`` written by other ops between two calls
-    (:func:`measure_call`); ``stored``: read from a profile store, not timed here."""
+    (:func:`measure_call`); ``stored``: read from a profile store, not timed here; ``kept``:
+    what this host timed of the same graph before (:func:`kept_dir`), not timed again."""
 
     ops: Mapping[int, float]
     edge_s: float
@@ -60,6 +61,7 @@ class OrtTimings:
     edge_byte_s: float = 0.0
     between_bytes: int = 0
     run_threads: int | None = None
+    kept: bool = False
 
     @property
     def session_threads(self) -> int:
@@ -87,6 +89,8 @@ def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "ma
     device (its fingerprint: this CPU, ONNX Runtime's version, ``threads``), they are read from
     it and nothing is timed; otherwise what is timed here is written to it (each workload's
     seconds in context, schedule ``"ort:<level>"``, and the edge as overhead ``"ort_edge"``).
+    Without ``db``, what this host timed of the same graph before is read (:func:`kept_dir`),
+    else what is timed is kept there.
     """
     from autoplace.backend.ort_segments import require
 
@@ -100,7 +104,82 @@ def time_ort_device(mod, graph: OpGraph, device: Device, *, func_name: str = "ma
                 found = _timed(mod, graph, device, func_name, threads, runs)
                 store_timings(store, graph, device, found)
         return found
-    return _timed(mod, graph, device, func_name, threads, runs)
+    path = _kept_path(graph, device, threads, runs)
+    found = _read_kept(path)
+    if found is None:
+        found = _timed(mod, graph, device, func_name, threads, runs)
+        _keep(path, found)
+    return found
+
+
+#: What :func:`kept_dir` keeps of a graph's timings, in which form (part of the folder's name).
+KEPT_FORMAT = 1
+
+
+def kept_dir():
+    """Where this host keeps what its ORT devices timed of each graph, so that the same graph
+    again (the same model, its weights changed or not) times nothing: a folder of the
+    calibration cache entry of this host's CPU
+    (:func:`~autoplace.profile.calibration_cache.cache_entry`) per ONNX Runtime and PyTorch
+    version (its exporter) and how sessions wait (``THREADS_WAIT``)."""
+    import onnxruntime
+    import torch
+
+    from autoplace.backend.ort_segments import THREADS_WAIT
+    from autoplace.devices import Device
+    from autoplace.profile.calibration_cache import cache_entry
+
+    _, entry = cache_entry(Device.cpu(0))
+    return entry / (f"ort_device-{onnxruntime.__version__}-torch{torch.__version__}-"
+                    f"{THREADS_WAIT}-f{KEPT_FORMAT}")
+
+
+def _kept_path(graph: OpGraph, device: Device, threads: int, runs: int):
+    """The file of ``graph``'s timings on ``device``: named by what decides them (each op's
+    workload, the edges between them, which ops the device takes, the threads and runs
+    given)."""
+    import hashlib
+    import json
+
+    what = [threads, runs, runnable(graph, device),
+            [(n.workload_key, n.is_output) for n in graph.nodes],
+            sorted((e.src, e.dst) for e in graph.edges)]
+    digest = hashlib.sha1(json.dumps(what).encode()).hexdigest()[:24]
+    return kept_dir() / f"{digest}.json"
+
+
+def _read_kept(path) -> OrtTimings | None:
+    """The timings kept at ``path``, or None (nothing kept, or a file that cannot be read:
+    timed again)."""
+    import json
+
+    try:
+        d = json.loads(path.read_text())
+        return OrtTimings(
+            {int(i): np.inf if s is None else float(s) for i, s in d["ops"]},
+            float(d["edge_s"]), str(d["level"]), int(d["threads"]),
+            {(str(lv), int(t)): float(s) for lv, t, s in d["variants_s"]},
+            int(d["segments"]), {int(i): str(w) for i, w in d["why"]}, float(d["call_s"]),
+            edge_byte_s=float(d["edge_byte_s"]), between_bytes=int(d["between_bytes"]),
+            run_threads=None if d["run_threads"] is None else int(d["run_threads"]),
+            kept=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _keep(path, t: OrtTimings) -> None:
+    from autoplace.profile.calibration_cache import write_whole
+
+    try:
+        write_whole(path, {
+            "ops": [[i, s if np.isfinite(s) else None] for i, s in t.ops.items()],
+            "edge_s": t.edge_s, "level": t.level, "threads": t.threads,
+            "variants_s": [[lv, n, s] for (lv, n), s in t.variants_s.items()],
+            "segments": t.segments, "why": [[i, w] for i, w in t.why.items()],
+            "call_s": t.call_s, "edge_byte_s": t.edge_byte_s,
+            "between_bytes": t.between_bytes, "run_threads": t.run_threads})
+    except OSError as e:
+        log.warning("could not keep the ORT device's timings in %s: %s", path.parent, e)
 
 
 def ort_info(device: Device, threads: int = 1) -> dict:

@@ -332,6 +332,7 @@ def test_a_call_is_charged_what_it_costs_in_the_models_sequence(convnet, monkeyp
     assert torch_runner.time_in_sequence(runs) is None  # inputs past the limit: not timed
 
     prof = _profile_of(timings)  # the calls as timed: none timed again
+    monkeypatch.setattr(torch_timings, "kept_dir", lambda place: None)  # the sequence timed
     alone = sum(timings.calls[n.workload_key] for n in runs[:2])
     for found, want in (((alone + 4e-5, [n.index for n in runs[:2]]), 2e-5),
                         ((alone / 2, [n.index for n in runs[:2]]), 0.0),  # never below alone
@@ -987,15 +988,17 @@ def test_calls_and_chains_timed_for_one_model_are_kept_for_the_next(chains, monk
     first = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole)
     assert not first.kept and first.chains
     timed = []
-    for name in ("time_torch_call", "time_fused_chain"):
+    for name in ("time_torch_call", "time_fused_chain", "time_in_sequence"):
         monkeypatch.setattr(torch_timings, name, lambda *a, **k: timed.append(a) or 1 / 0)
     again = time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole)
     assert not timed and again.calls == first.calls and again.chains == first.chains
+    assert again.in_sequence_s == first.in_sequence_s  # the same calls in the same order
     assert "timed on this host for an earlier model" in TorchCostModel(again).describe(g)
     for f in torch_timings.kept_dir().glob("*.json"):
         f.write_text("[")  # damaged: timed again
     monkeypatch.setattr(torch_timings, "time_fused_chain", torch_runner.time_fused_chain)
     monkeypatch.setattr(torch_timings, "time_torch_call", torch_runner.time_torch_call)
+    monkeypatch.setattr(torch_timings, "time_in_sequence", torch_runner.time_in_sequence)
     assert not time_torch_device(g, Device.torch(), handoff_s=5e-6, chains=whole).kept
 
 

@@ -153,7 +153,7 @@ def time_torch_device(graph: OpGraph, device: Device, *, profile: DeviceProfile 
             if np.isfinite(timed_chains[key]):
                 _keep(folder, name, timed_chains[key])
     return TorchTimings(place, calls, handoff_s, handoff_from,
-                        _in_sequence(graph, device, calls), timed_chains,
+                        _in_sequence(graph, device, calls, folder), timed_chains,
                         frozenset(known) & frozenset(runs), profile, frozenset(kept),
                         len(unscreened), handoffs)
 
@@ -208,9 +208,9 @@ def _kept_path(folder, key: str):
     return folder / (hashlib.sha1(key.encode()).hexdigest() + ".json")
 
 
-def _read_kept(folder, key: str) -> float | None:
-    """The seconds kept for ``key`` in ``folder``, or None (nothing kept, or a file that cannot
-    be read or is not this key's: timed again)."""
+def _read_kept(folder, key: str, zero: bool = False) -> float | None:
+    """The seconds kept for ``key`` in ``folder`` (``zero``: 0 is a figure too), or None
+    (nothing kept, or a file that cannot be read or is not this key's: timed again)."""
     import json
 
     if folder is None:
@@ -220,7 +220,9 @@ def _read_kept(folder, key: str) -> float | None:
         seconds = data["seconds"] if data.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return float(seconds) if isinstance(seconds, float) and 0 < seconds < np.inf else None
+    if not isinstance(seconds, float) or not seconds < np.inf:
+        return None
+    return seconds if seconds > 0 or (zero and seconds == 0) else None
 
 
 def _keep(folder, key: str, seconds: float) -> None:
@@ -255,11 +257,13 @@ def _chain_seconds(graph: OpGraph, chain: Sequence[int], device: Device,
         return np.inf
 
 
-def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float]) -> float:
+def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float],
+                 folder=None) -> float:
     """Seconds a PyTorch call of ``graph`` costs beyond its time alone, where the model's calls
     on ``device`` run one after another
     (:func:`~autoplace.profile.torch_runner.time_in_sequence`): their time in sequence less
-    their times alone, over their number; at least 0, and 0 where it cannot be measured.
+    their times alone, over their number; at least 0, and 0 where it cannot be measured. Kept in
+    ``folder`` (:func:`kept_dir`) for the same calls in the same order.
 
     A call timed alone runs the same code on the same shapes again and again; in a model the
     next call is another op's, and each pays for code and data the last one evicted
@@ -268,6 +272,13 @@ def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float]) -> 
              and np.isfinite(calls.get(n.workload_key, np.inf))]
     if not nodes:
         return 0.0
+    import hashlib
+    import json
+
+    name = "sequence:" + hashlib.sha1(json.dumps([n.workload_key for n in nodes]).encode()
+                                      ).hexdigest()
+    if (kept := _read_kept(folder, name, zero=True)) is not None:
+        return kept
     try:
         found = time_in_sequence(nodes, place=device.torch_place)
     except Exception as e:  # noqa: BLE001 - a plan charged without it rather than none
@@ -277,7 +288,9 @@ def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float]) -> 
         return 0.0
     seconds, ran = found
     alone = sum(calls[graph.nodes[i].workload_key] for i in ran)
-    return max(0.0, (seconds - alone) / len(ran))
+    extra = max(0.0, (seconds - alone) / len(ran))
+    _keep(folder, name, extra)
+    return extra
 
 
 def torch_profile(device: Device, *, db=None, cost_model=None) -> DeviceProfile | None:

@@ -272,11 +272,7 @@ def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float],
              and np.isfinite(calls.get(n.workload_key, np.inf))]
     if not nodes:
         return 0.0
-    import hashlib
-    import json
-
-    name = "sequence:" + hashlib.sha1(json.dumps([n.workload_key for n in nodes]).encode()
-                                      ).hexdigest()
+    name = "sequence:" + "|".join(n.workload_key for n in nodes)  # as a chain's is named
     if (kept := _read_kept(folder, name, zero=True)) is not None:
         return kept
     try:

@@ -417,13 +417,21 @@ def _reason(e: Exception) -> str:
     return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
+#: How many times slower than the fastest contender's slowest block every block of another
+#: must be, after two rounds, for it to be timed no more (:func:`_blocks`): far beyond the
+#: margins a choice turns on (:func:`margin`), so that only blocks that each met a slow phase
+#: the fastest's blocks all missed could drop one that would have been chosen.
+FAR_BEHIND = 1.5
+
+
 def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
             ) -> dict[str, float]:
     """Median seconds of a call of each of ``contenders`` (name -> callable) on ``inputs``,
     timed in blocks in turn (:func:`~autoplace.run.overhead.blocks_s`: ``rounds`` rounds of a
     block each, within about ``budget_s`` where calls are short, at least two timed calls a
     block where they are not), after a warm-up each: each timed as it runs called back to back,
-    all through the same phases of the machine."""
+    all through the same phases of the machine. One whose every block is :data:`FAR_BEHIND` times
+    the fastest's slowest after two rounds is timed no more (it would not be chosen)."""
     from autoplace.backend import settle
 
     fns = [functools.partial(fn, *inputs) for fn in contenders.values()]
@@ -432,7 +440,8 @@ def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
         settle(max_s=1.0)  # TVM's idle workers spin for a while and slow PyTorch down
         for fn in fns[1:]:
             fn()
-        medians, _ = blocks_s(fns, block_s=budget_s / (rounds * len(fns)), rounds=rounds)
+        medians, _ = blocks_s(fns, block_s=budget_s / (rounds * len(fns)), rounds=rounds,
+                              drop_above=FAR_BEHIND)
     return dict(zip(contenders, medians))
 
 

@@ -293,8 +293,8 @@ def turns_s(fns, *, most: int, budget_s: float, least: int,
     return [statistics.median(t) for t in times], len(times[0])
 
 
-def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2,
-             warm: int = 1) -> tuple[list[float], int]:
+def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
+             drop_above: float | None = None) -> tuple[list[float], int]:
     """Median seconds of a call of each of ``fns`` (callables of no argument), timed in blocks:
     each called back to back for ``block_s`` (at least ``least`` timed calls, after ``warm``
     untimed ones), in turn, ``rounds`` times, each round begun one function further on; per
@@ -305,12 +305,20 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2,
     for a while after its calls and take the cores from the next; another's weights evict its
     own), which an untimed call of its own between does not undo; and in turn, so that all meet
     the same phases of a machine whose speed drifts. Warm-up calls before the first block are
-    the caller's."""
+    the caller's.
+
+    ``drop_above``: after two rounds, a function whose fastest block so far took more than this
+    many times the slowest block of the fastest function (by median) is out of the race: it is
+    called no more, and its median is that of the blocks it had. A function far behind takes
+    most of the time of the rounds and changes no choice between the others."""
     blocks: list[list[float]] = [[] for _ in fns]
     calls = [0] * len(fns)
+    out: set[int] = set()
     for r in range(rounds):
         for k in range(len(fns)):
             i = (r + k) % len(fns)
+            if i in out:
+                continue
             for _ in range(warm):
                 fns[i]()
             times, end = [], time.perf_counter() + block_s
@@ -320,6 +328,10 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2,
                 times.append(time.perf_counter() - t)
             blocks[i].append(statistics.median(times))
             calls[i] += len(times)
+        if drop_above is not None and r >= 1:
+            lead = min(range(len(fns)), key=lambda j: statistics.median(blocks[j]))
+            out.update(j for j in range(len(fns))
+                       if min(blocks[j]) > drop_above * max(blocks[lead]))
     return [statistics.median(b) for b in blocks], min(calls, default=0)
 
 

@@ -169,7 +169,7 @@ def test_blocks_call_each_function_back_to_back_in_turn():
     assert calls == len(order) > 2  # a block goes on until block_s has passed
 
 
-def test_blocks_stop_timing_a_function_far_behind_after_two_rounds(monkeypatch):
+def test_blocks_stop_timing_a_function_behind_after_two_or_three_rounds(monkeypatch):
     # A clock that moves only when a function runs: each call takes its function's cost.
     clock = [0.0]
     monkeypatch.setattr(overhead.time, "perf_counter", lambda: clock[0])
@@ -183,13 +183,26 @@ def test_blocks_stop_timing_a_function_far_behind_after_two_rounds(monkeypatch):
 
     fns = [fn(0, 1.0), fn(1, 1.9), fn(2, 2.5)]
     medians, calls = overhead.blocks_s(fns, block_s=0.0, rounds=5, least=2, warm=0,
-                                       drop_above=2.0)
+                                       drop_above={2: 2.0})
     assert medians == pytest.approx([1.0, 1.9, 2.5])
     # Two rounds of all three; then the one at 2.5x the fastest is out, the 1.9x one is not.
     assert order.count(0) == order.count(1) == 10 and order.count(2) == 4 and calls == 4
     order.clear()
     overhead.blocks_s(fns, block_s=0.0, rounds=5, least=2, warm=0)  # no dropping asked
     assert order.count(2) == 10
+    # A tighter factor from the third round on: the 1.9x one is out after three rounds too,
+    # and with the fastest alone left, the rounds end.
+    order.clear()
+    medians, calls = overhead.blocks_s(fns, block_s=0.0, rounds=5, least=2, warm=0,
+                                       drop_above={2: 2.0, 3: 1.05})
+    assert medians == pytest.approx([1.0, 1.9, 2.5])
+    assert order.count(0) == order.count(1) == 6 and order.count(2) == 4 and calls == 4
+    # Within the factor (a noisy second function, its blocks overlapping the first's): kept.
+    order.clear()
+    costs = iter([1.0, 1.0, 1.04, 1.04, 1.2, 1.2] * 5)
+    noisy = [fn(0, 1.0), lambda: (order.append(1), clock.__setitem__(0, clock[0] + next(costs)))]
+    overhead.blocks_s(noisy, block_s=0.0, rounds=5, least=2, warm=0, drop_above={3: 1.05})
+    assert order.count(1) == 10
 
 
 def test_blocks_take_the_median_of_the_blocks_medians():

@@ -417,11 +417,13 @@ def _reason(e: Exception) -> str:
     return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
-#: How many times slower than the fastest contender's slowest block every block of another
-#: must be, after two rounds, for it to be timed no more (:func:`_blocks`): far beyond the
-#: margins a choice turns on (:func:`margin`), so that only blocks that each met a slow phase
-#: the fastest's blocks all missed could drop one that would have been chosen.
-FAR_BEHIND = 1.5
+#: Rounds done -> how many times slower than the fastest contender's slowest block every block of
+#: another must be, from then on, for it to be timed no more (:func:`_blocks`). After two rounds,
+#: far beyond the margins a choice turns on (:func:`margin`), so that only blocks that each met
+#: a slow phase the fastest's blocks all missed could drop one that would have been chosen; after
+#: three, beyond the widest margin (``1 / EAGER_MARGIN``): three blocks each slower than all three
+#: of the fastest's, by more than a margin, in rounds that met the machine's phases alike.
+BEHIND = {2: 1.5, 3: 1.05}
 
 
 def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
@@ -430,8 +432,9 @@ def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
     timed in blocks in turn (:func:`~autoplace.run.overhead.blocks_s`: ``rounds`` rounds of a
     block each, within about ``budget_s`` where calls are short, at least two timed calls a
     block where they are not), after a warm-up each: each timed as it runs called back to back,
-    all through the same phases of the machine. One whose every block is :data:`FAR_BEHIND` times
-    the fastest's slowest after two rounds is timed no more (it would not be chosen)."""
+    all through the same phases of the machine. One whose every block is as many times the
+    fastest's slowest as :data:`BEHIND` says, after two rounds or three, is timed no more (it
+    would not be chosen); where the fastest alone is left, the rounds end."""
     from autoplace.backend import settle
 
     fns = [functools.partial(fn, *inputs) for fn in contenders.values()]
@@ -441,7 +444,7 @@ def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
         for fn in fns[1:]:
             fn()
         medians, _ = blocks_s(fns, block_s=budget_s / (rounds * len(fns)), rounds=rounds,
-                              drop_above=FAR_BEHIND)
+                              drop_above=BEHIND)
     return dict(zip(contenders, medians))
 
 

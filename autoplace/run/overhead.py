@@ -294,7 +294,7 @@ def turns_s(fns, *, most: int, budget_s: float, least: int,
 
 
 def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
-             drop_above: float | None = None) -> tuple[list[float], int]:
+             drop_above: Mapping[int, float] | None = None) -> tuple[list[float], int]:
     """Median seconds of a call of each of ``fns`` (callables of no argument), timed in blocks:
     each called back to back for ``block_s`` (at least ``least`` timed calls, after ``warm``
     untimed ones), in turn, ``rounds`` times, each round begun one function further on; per
@@ -307,10 +307,12 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
     the same phases of a machine whose speed drifts. Warm-up calls before the first block are
     the caller's.
 
-    ``drop_above``: after two rounds, a function whose fastest block so far took more than this
-    many times the slowest block of the fastest function (by median) is out of the race: it is
-    called no more, and its median is that of the blocks it had. A function far behind takes
-    most of the time of the rounds and changes no choice between the others."""
+    ``drop_above``: rounds done -> a factor; from that many rounds on (the factor of the most
+    rounds reached applies), a function whose fastest block so far took more than that many
+    times the slowest block of the fastest function (by median) is out of the race: it is
+    called no more, and its median is that of the blocks it had. Where one function alone is
+    left in it, the rounds end. A function far behind takes most of the time of the rounds and
+    changes no choice between the others."""
     blocks: list[list[float]] = [[] for _ in fns]
     calls = [0] * len(fns)
     out: set[int] = set()
@@ -328,10 +330,14 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
                 times.append(time.perf_counter() - t)
             blocks[i].append(statistics.median(times))
             calls[i] += len(times)
-        if drop_above is not None and r >= 1:
+        reached = [n for n in (drop_above or {}) if n <= r + 1]
+        if reached:
+            factor = drop_above[max(reached)]
             lead = min(range(len(fns)), key=lambda j: statistics.median(blocks[j]))
             out.update(j for j in range(len(fns))
-                       if min(blocks[j]) > drop_above * max(blocks[lead]))
+                       if min(blocks[j]) > factor * max(blocks[lead]))
+            if len(out) >= len(fns) - 1:
+                break
     return [statistics.median(b) for b in blocks], min(calls, default=0)
 
 

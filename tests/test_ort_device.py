@@ -384,6 +384,61 @@ def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branch
         timings.edge_s + (1 << 20) * timings.edge_byte_s)
 
 
+def test_levels_far_behind_are_timed_no_more(monkeypatch):
+    import time
+
+    # A clock that moves only when a session runs: each call takes its session's cost.
+    clock, calls = [0.0], []
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    class Timed:
+        def __init__(self, k, cost):
+            self.k, self.cost = k, cost
+
+        def get_inputs(self):
+            return []
+
+        def run(self, names, feed):
+            calls.append(self.k)
+            clock[0] += self.cost
+
+    sessions = [Timed(0, 1e-3), Timed(1, 1.2e-3), Timed(2, 2e-3)]
+    walls = ort_segments._walls_in_turn(sessions, [], runs=10, warm=0,
+                                        drop_above={2: 1.5, 3: 1.05})
+    # Two rounds of all three, then the one at 2x the fastest is out; after the third the
+    # one at 1.2x too, and with the fastest alone left the rounds end.
+    assert [len(w) for w in walls] == [3, 3, 2]
+    assert walls[2] == pytest.approx([2e-3, 2e-3])
+    walls = ort_segments._walls_in_turn(sessions, [], runs=10, warm=0)  # none dropped
+    assert [len(w) for w in walls] == [10, 10, 10]
+
+
+def test_the_largest_segment_is_profiled_once_at_the_level_chosen(branchy, monkeypatch,
+                                                                   tmp_path):
+    from autoplace.profile import ort_timings
+
+    model, x, mod, graph = branchy
+    made, real = [], ort_segments.session
+
+    def counted(onnx, threads, level, profile_prefix=None, *args, **kwargs):
+        made.append((level, profile_prefix is not None))
+        return real(onnx, threads, level, profile_prefix, *args, **kwargs)
+
+    monkeypatch.setattr(ort_segments, "session", counted)
+    monkeypatch.setattr(ort_segments, "slower_fusions", lambda *a, **k: ((), {}))
+    monkeypatch.setattr(ort_timings, "host_call", lambda threads, between: 1e-5)
+    timings = time_ort_device(mod, graph, Device.onnxruntime(), runs=3, db=tmp_path / "p.db")
+    assert timings.segments == 1
+    # The two levels timed in turn, then the one chosen under ORT's profiler: what the
+    # segment's profile reads (its nodes' times, and its whole call in the session that ran
+    # at that level), nothing made again for it.
+    assert sorted(made) == sorted([("all", False), ("extended", False), (timings.level, True)])
+    assert all(np.isfinite(timings.ops[i]) and timings.ops[i] >= 0 for i in range(len(graph)))
+    # What the device charges still runs: a plan of every op on it matches the model.
+    plan = Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes))
+    np.testing.assert_allclose(_run(mod, plan, x), _want(model, x), rtol=1e-4, atol=1e-5)
+
+
 def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branchy,
                                                                          monkeypatch):
     _, _, mod, graph = branchy
@@ -394,7 +449,9 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
     extended = ort_segments.session(seg.onnx, 1, "extended").get_session_options() \
         .graph_optimization_level
 
-    def walls(sessions, feeds, runs, warm=2):  # ORT_ENABLE_EXTENDED on one thread the fastest
+    def walls(sessions, feeds, runs, warm=2, **_):  # ORT_ENABLE_EXTENDED on one thread fastest
+        for s in sessions:  # each called (a profile reads its nodes), each timed as told
+            s.run(None, dict(zip([i.name for i in s.get_inputs()], feeds)))
         opts = [s.get_session_options() for s in sessions]
         return [[1e-3 if (o.intra_op_num_threads, o.graph_optimization_level) == (1, extended)
                  else 2e-3] * 3 for o in opts]
@@ -456,18 +513,26 @@ def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
     def tagged(model, threads, level, *args, **kwargs):  # each session knows its level
         sess = real(model, threads, level, *args, **kwargs)
         sess.autoplace_level = level
+        sess.autoplace_profiled = bool(args and args[0] or kwargs.get("profile_prefix"))
         return sess
 
     def walls(sessions, feeds, runs, warm=2):  # 'extended' the fastest; without the fusion: x
         def seconds(level):
             base = 1e-3 if level.startswith("extended") else 2e-3
             return base * (without if "SkipLayerNormFusion" in level else 1.0)
+        for s in sessions:  # each called (a profile reads its nodes), each timed as told
+            s.run(None, dict(zip([i.name for i in s.get_inputs()], feeds)))
         return [[seconds(s.autoplace_level)] * 3 for s in sessions]
 
-    rounds = []
+    rounds = []  # the sessions timed in turn, each time (not the profiled one's calls)
+
+    def in_turn(sessions, feeds, runs, warm=2, **_):
+        if not sessions[0].autoplace_profiled:
+            rounds.append([s.autoplace_level for s in sessions])
+        return walls(sessions, feeds, runs)
+
     monkeypatch.setattr(ort_segments, "session", tagged)
-    monkeypatch.setattr(ort_segments, "_walls_in_turn", lambda sessions, feeds, runs, warm=2: (
-        rounds.append([s.autoplace_level for s in sessions]) or walls(sessions, feeds, runs)))
+    monkeypatch.setattr(ort_segments, "_walls_in_turn", in_turn)
     level, threads, times = ort_segments.fastest_variant(seg, 1, runs=3)
     assert times[("extended-SkipLayerNormFusion", 1)] == pytest.approx(without * 1e-3)
     assert level == ("extended-SkipLayerNormFusion" if disabled else "extended")
@@ -499,7 +564,7 @@ def test_segments_are_priced_and_stored_at_the_threads_that_ran_fastest(branchy,
     _, _, mod, graph = branchy
     ort, db = Device.onnxruntime(), tmp_path / "prof.db"
     times = {("all", 2): 3e-4, ("all", 1): 2e-4, ("extended", 2): 4e-4, ("extended", 1): 5e-4}
-    monkeypatch.setattr(ort_segments, "fastest_variant", lambda seg, threads, runs: (
+    monkeypatch.setattr(ort_segments, "fastest_variant", lambda seg, threads, runs, **_: (
         "all", 1, {k: v for k, v in times.items() if k[1] in (threads, 1)}))
     profiled, called = [], []
     real_profile = ort_segments.profile

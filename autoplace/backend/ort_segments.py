@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplace.backend.tensors import ALIGN, aligned_empty
+from autoplace.backend.timing import BEHIND, far_behind
 
 #: Prefix of the global function names of ORT segments.
 PREFIX = "autoplace.ort_segment."
@@ -515,9 +516,41 @@ class SegmentTimes:
     added_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class ProfiledRun:
+    """Calls of an ONNX model under ORT's profiler at ``level`` on ``threads``: the profile's
+    ``events``, the seconds of each timed call (``walls``, after two warm-up calls), and of
+    the nodes of ORT's optimized graph, each one's ``"domain:op_type"`` (``kind_of``) and the
+    op it computes for where not named after one (``owners``, :func:`_owners`)."""
+
+    level: str
+    threads: int
+    events: list = field(repr=False)
+    walls: list[float]
+    kind_of: Mapping[str, str]
+    owners: Mapping[str, str]
+
+
+def profiled_run(model: bytes, threads: int, level: str, runs: int,
+                 feeds: Sequence[np.ndarray], ops: Sequence[str] = ()) -> ProfiledRun:
+    """Up to ``runs`` calls (after two warm-up calls: :func:`_walls`) of ONNX ``model`` on
+    ``feeds`` under ORT's profiler, in a session at ``level`` on ``threads``; ``ops``: the
+    op-graph nodes the model computes, whose fused nodes :attr:`ProfiledRun.owners` names."""
+    with tempfile.TemporaryDirectory() as tmp:
+        optimized = os.path.join(tmp, "optimized.onnx")
+        sess = session(model, threads, level, os.path.join(tmp, "ort"), optimized)
+        owners = _owners(optimized, ops, model)
+        kind_of = _node_kind_of(optimized)
+        walls = _walls(sess, feeds, runs)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    return ProfiledRun(level, threads, events, walls, kind_of, owners)
+
+
 def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
             inputs: Sequence[np.ndarray] | None = None,
-            weights: Mapping[str, float] | None = None) -> SegmentTimes:
+            weights: Mapping[str, float] | None = None, *, profiled: ProfiledRun | None = None,
+            warm=None) -> SegmentTimes:
     """Run ``segment`` ``runs`` times (after two warm-up calls) under ORT's profiler
     (``SessionOptions.enable_profiling``) on ``inputs`` (random ones of its shapes by default)
     and split the time among its ops by the nodes of the optimized graph each became.
@@ -529,20 +562,19 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
     their FLOPs; equal shares without). A node ORT added inside the segment (a layout reorder)
     is charged to the op whose output it reads. What the call takes beyond its nodes (ORT's
     executor between them, which grows with their number) is shared among the ops by their
-    nodes (``other_s`` says how much)."""
+    nodes (``other_s`` says how much).
+
+    ``profiled``: the segment's :func:`profiled_run` on ``inputs`` where one was made already
+    (used where its level and threads are these); ``warm``: a session of it at this level and
+    threads that has run already (:func:`fastest_variant` made both): neither is made again."""
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
-    with tempfile.TemporaryDirectory() as tmp:
-        optimized = os.path.join(tmp, "optimized.onnx")
-        sess = session(segment.onnx, threads, level, os.path.join(tmp, "ort"), optimized)
-        owners = _owners(optimized, segment.ops, segment.onnx)
-        walls = _walls(sess, feeds, runs)
-        path = sess.end_profiling()
-        with open(path) as f:
-            events = json.load(f)
-    per_op, other, forward, nodes = _split(events, segment.ops, len(walls) + 2, skip=2,
-                                           owners=owners)
+    if profiled is None or (profiled.level, profiled.threads) != (level, threads):
+        profiled = profiled_run(segment.onnx, threads, level, runs, feeds, segment.ops)
+    walls = profiled.walls
+    per_op, other, forward, nodes = _split(profiled.events, segment.ops, len(walls) + 2, skip=2,
+                                           owners=profiled.owners)
     # The profiler slows every node down a little: its split, scaled to a call without it.
-    whole = profile_whole(segment, threads, level, runs, feeds)
+    whole = profile_whole(segment, threads, level, runs, feeds, session=warm)
     scale = min(1.0, whole / max(float(np.median(walls)), 1e-12))
     per_op = {k: v * scale for k, v in per_op.items()}
     other *= scale
@@ -661,30 +693,41 @@ def thread_options(threads: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, int(threads)), 1}, reverse=True))
 
 
-def fastest_variant(segment: OrtSegment, threads: int = 1, runs: int = 10
-                    ) -> tuple[str, int, dict[tuple[str, int], float]]:
+def fastest_variant(segment: OrtSegment, threads: int = 1, runs: int = 10,
+                    kept: dict | None = None) -> tuple[str, int, dict[tuple[str, int], float]]:
     """The graph optimization level and intra-op thread count (of :func:`thread_options`)
     under which ``segment`` ran fastest here, and each variant's median seconds, keyed
     ``(level, threads)``: ``ORT_ENABLE_ALL`` is not always the fastest, nor all the threads,
     nor every fusion ORT makes (:func:`slower_fusions`: the level returned names those it
     disables). The variants are called in turn, so that all meet the same phases of the
-    machine; the fusions' variants in a round of their own, against the fastest level again,
-    which decides (the times returned for them are from that round)."""
+    machine, one far behind timed no more (:data:`~autoplace.backend.timing.BEHIND`); the
+    fusions' variants in a round of their own, against the fastest level again, which decides
+    (the times returned for them are from that round).
+
+    ``kept``: where given and the level returned disables no fusion, it gets what
+    :func:`profile` of the segment at that level and thread count would make again:
+    ``profiled`` (a :class:`ProfiledRun`) and ``warm`` (a session that has run)."""
     variants = [(lv, t) for lv in ("all", "extended") for t in thread_options(threads)]
     feeds = random_inputs(segment.inputs)
     sessions = [segment.session(t, lv) for lv, t in variants]
-    walls = _walls_in_turn(sessions, feeds, runs)
+    walls = _walls_in_turn(sessions, feeds, runs, drop_above=BEHIND)
     times = {v: float(np.median(w)) for v, w in zip(variants, walls)}
     level, best = min(times, key=times.get)
-    disabled, timed = slower_fusions(segment.onnx, level, best, feeds, runs,
-                                     base=sessions[variants.index((level, best))])
+    base = sessions[variants.index((level, best))]
+    del sessions  # the others' memory
+    profiled = profiled_run(segment.onnx, best, level, runs, feeds, segment.ops)
+    disabled, timed = slower_fusions(segment.onnx, level, best, feeds, runs, base=base,
+                                     profiled=profiled)
     # the fusions' variants were timed in a round of their own, against the level again
     times.update({(lv, best): s for lv, s in timed.items() if lv != level})
+    if kept is not None and not disabled:
+        kept.update(profiled=profiled, warm=base)
     return "-".join((level, *disabled)), best, times
 
 
 def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.ndarray],
-                   runs: int = 10, base=None) -> tuple[tuple[str, ...], dict[str, float]]:
+                   runs: int = 10, base=None, profiled: ProfiledRun | None = None
+                   ) -> tuple[tuple[str, ...], dict[str, float]]:
     """The fusions of :data:`FUSIONS` (by transformer name) that ONNX model ``model`` runs
     faster without, here, at graph optimization ``level`` on ``threads`` intra-op threads,
     on ``feeds``; and the median seconds of each variant timed, by level (``level`` itself,
@@ -696,13 +739,14 @@ def slower_fusions(model: bytes, level: str, threads: int, feeds: Sequence[np.nd
     one more than :data:`EARLY_DROP` slower is dropped then; the rest are timed in turn with
     ``level``, and kept disabled where they run at least :data:`FUSION_MARGIN` faster.
     ``base``: a session of ``model`` at ``level`` and ``threads`` already made, timed as the
-    level (one is made where None)."""
+    level (one is made where None); ``profiled``: the model's :func:`profiled_run` at
+    ``level`` and ``threads`` on ``feeds``, which gives the fused nodes' time (one call is
+    profiled where None)."""
+    if profiled is None:
+        profiled = profiled_run(model, threads, level, 1, feeds)
+    have = Counter(profiled.kind_of.values())
+    share = _kind_shares(profiled.events, profiled.kind_of)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "base.onnx")
-        profiled = session(model, threads, level, os.path.join(tmp, "p"), optimized=path)
-        kind_of = _node_kind_of(path)
-        have = Counter(kind_of.values())
-        share = _kind_shares(profiled, feeds, kind_of)
         sessions = {level: base if base is not None else session(model, threads, level)}
         for name, makes in FUSIONS.items():
             if sum(v for k, v in share.items() if _made_by(k, makes)) < FUSION_MARGIN:
@@ -744,19 +788,9 @@ def _made_by(kind: str, makes: Sequence[str]) -> bool:
     return kind in makes or kind.split(":")[0] in makes
 
 
-def _kind_shares(sess, feeds: Sequence[np.ndarray], kind_of: Mapping[str, str]
-                 ) -> dict[str, float]:
-    """Per ``"domain:op_type"`` (``kind_of``: by node name), the share of a call of profiled
-    session ``sess`` on ``feeds`` its nodes took (one call after a warm-up; empty where the
-    profile cannot be read)."""
-    feed = dict(zip([i.name for i in sess.get_inputs()], feeds))
-    for _ in range(2):
-        sess.run(None, feed)
-    try:
-        with open(sess.end_profiling()) as f:
-            events = json.load(f)
-    except (OSError, ValueError):
-        return {}
+def _kind_shares(events: list, kind_of: Mapping[str, str]) -> dict[str, float]:
+    """Per ``"domain:op_type"`` (``kind_of``: by node name), the share of the last call of
+    ORT's profile ``events`` its nodes took (empty where they name no node)."""
     runs = _model_runs(events)
     spent: Counter = Counter()
     for node, dur in _kernel_times(events, runs[-1]["ts"] if runs else 0):
@@ -784,10 +818,13 @@ def _node_kinds(path: str) -> Counter:
 
 
 def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
-                  inputs: Sequence[np.ndarray] | None = None) -> float:
+                  inputs: Sequence[np.ndarray] | None = None, session=None) -> float:
     """Median seconds of one call of ``segment`` alone, without the profiler (on ``inputs``,
-    random ones by default; after two warm-ups)."""
+    random ones by default; after two warm-ups), in a new session at ``level`` on ``threads``
+    or in ``session``, one of those that has run already (after one warm-up then)."""
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
+    if session is not None:
+        return float(np.median(_walls_in_turn([session], feeds, runs, warm=1)[0]))
     return float(np.median(_walls(segment.session(threads, level), feeds, runs)))
 
 
@@ -802,12 +839,14 @@ def _walls(sess, feeds: Sequence[np.ndarray], runs: int) -> list[float]:
     return _walls_in_turn([sess], feeds, runs)[0]
 
 
-def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int, warm: int = 2
-                   ) -> list[list[float]]:
+def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int, warm: int = 2,
+                   drop_above: Mapping[int, float] | None = None) -> list[list[float]]:
     """Per ORT session of ``sessions`` (of one graph), the seconds of each of up to ``runs``
     calls on ``feeds``, one call of each in turn, after ``warm`` warm-up calls each: fewer
-    rounds (three at least, where ``runs`` allows) where all the calls pass
-    :data:`WALLS_BUDGET_S` a session."""
+    rounds (three at least, where ``runs`` allows) where the calls pass
+    :data:`WALLS_BUDGET_S` a session. ``drop_above``: rounds -> factor, after which a session
+    that far behind the fastest is called no more
+    (:func:`~autoplace.backend.timing.far_behind`); where one alone is left, the rounds end."""
     import time
 
     feed_of = [dict(zip([i.name for i in s.get_inputs()], feeds)) for s in sessions]
@@ -815,12 +854,20 @@ def _walls_in_turn(sessions, feeds: Sequence[np.ndarray], runs: int, warm: int =
         for _ in range(warm):
             sess.run(None, feed)
     walls: list[list[float]] = [[] for _ in sessions]
-    while len(walls[0]) < runs and (len(walls[0]) < 3
-                                    or sum(map(sum, walls)) < WALLS_BUDGET_S * len(sessions)):
-        for sess, feed, w in zip(sessions, feed_of, walls):
+    out: set[int] = set()
+    rounds = 0
+    while rounds < runs and (rounds < 3 or sum(sum(w) for k, w in enumerate(walls) if k not in out)
+                             < WALLS_BUDGET_S * (len(sessions) - len(out))):
+        for k, (sess, feed, w) in enumerate(zip(sessions, feed_of, walls)):
+            if k in out:
+                continue
             t = time.perf_counter()
             sess.run(None, feed)
             w.append(time.perf_counter() - t)
+        rounds += 1
+        out |= far_behind(walls, rounds, drop_above)
+        if out and len(out) >= len(sessions) - 1:
+            break
     return walls
 
 

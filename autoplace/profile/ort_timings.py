@@ -293,11 +293,13 @@ def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
     if not segments:
         return OrtTimings(ops, DEFAULT_CALL_S / 2, "all", threads, why=why)
     largest = max(segments, key=lambda s: len(s.ops))
-    level, run_threads, variants_s = fastest_variant(largest, threads, runs)
+    kept: dict = {}  # the largest's profile at the level chosen, where made there already
+    level, run_threads, variants_s = fastest_variant(largest, threads, runs, kept=kept)
     flops = {n.name: n.flops for n in graph.nodes}
     added = []
     for seg in segments:
-        times = profile(seg, run_threads, level, runs, weights=flops)
+        times = profile(seg, run_threads, level, runs, weights=flops,
+                        **(kept if seg is largest else {}))
         for name, s in times.ops.items():
             ops[graph.index(name)] = s
         crossing = sum(_nbytes(s, d) for s, d in (*seg.inputs, *seg.outputs))

@@ -31,6 +31,7 @@ from autoplace.backend import calls_at, own_pool
 from autoplace.backend.ort_segments import (level_parts, level_text, onnx_export, own_run,
                                              session, thread_options)
 from autoplace.backend.tensors import ALIGN, InputSlot
+from autoplace.backend.timing import BEHIND
 from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices, torch_threads
 from autoplace.plan import Plan
@@ -417,15 +418,6 @@ def _reason(e: Exception) -> str:
     return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
-#: Rounds done -> how many times slower than the fastest contender's slowest block every block of
-#: another must be, from then on, for it to be timed no more (:func:`_blocks`). After two rounds,
-#: far beyond the margins a choice turns on (:func:`margin`), so that only blocks that each met
-#: a slow phase the fastest's blocks all missed could drop one that would have been chosen; after
-#: three, beyond the widest margin (``1 / EAGER_MARGIN``): three blocks each slower than all three
-#: of the fastest's, by more than a margin, in rounds that met the machine's phases alike.
-BEHIND = {2: 1.5, 3: 1.05}
-
-
 def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
             ) -> dict[str, float]:
     """Median seconds of a call of each of ``contenders`` (name -> callable) on ``inputs``,
@@ -433,8 +425,9 @@ def _blocks(contenders: dict, inputs, budget_s: float = 1.0, rounds: int = 5
     block each, within about ``budget_s`` where calls are short, at least two timed calls a
     block where they are not), after a warm-up each: each timed as it runs called back to back,
     all through the same phases of the machine. One whose every block is as many times the
-    fastest's slowest as :data:`BEHIND` says, after two rounds or three, is timed no more (it
-    would not be chosen); where the fastest alone is left, the rounds end."""
+    fastest's slowest as :data:`~autoplace.backend.timing.BEHIND` says, after two rounds or
+    three, is timed no more (it would not be chosen); where the fastest alone is left, the
+    rounds end."""
     from autoplace.backend import settle
 
     fns = [functools.partial(fn, *inputs) for fn in contenders.values()]

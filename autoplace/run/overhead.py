@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoplace.backend.timing import far_behind
 from autoplace.devices import Device
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
@@ -307,8 +308,8 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
     the same phases of a machine whose speed drifts. Warm-up calls before the first block are
     the caller's.
 
-    ``drop_above``: rounds done -> a factor; from that many rounds on (the factor of the most
-    rounds reached applies), a function whose fastest block so far took more than that many
+    ``drop_above``: rounds done -> a factor (:func:`~autoplace.backend.timing.far_behind`);
+    from that many rounds on, a function whose fastest block so far took more than that many
     times the slowest block of the fastest function (by median) is out of the race: it is
     called no more, and its median is that of the blocks it had. Where one function alone is
     left in it, the rounds end. A function far behind takes most of the time of the rounds and
@@ -330,14 +331,9 @@ def blocks_s(fns, *, block_s: float, rounds: int, least: int = 2, warm: int = 1,
                 times.append(time.perf_counter() - t)
             blocks[i].append(statistics.median(times))
             calls[i] += len(times)
-        reached = [n for n in (drop_above or {}) if n <= r + 1]
-        if reached:
-            factor = drop_above[max(reached)]
-            lead = min(range(len(fns)), key=lambda j: statistics.median(blocks[j]))
-            out.update(j for j in range(len(fns))
-                       if min(blocks[j]) > factor * max(blocks[lead]))
-            if len(out) >= len(fns) - 1:
-                break
+        out |= far_behind(blocks, r + 1, drop_above)
+        if drop_above and min(drop_above) <= r + 1 and len(out) >= len(fns) - 1:
+            break
     return [statistics.median(b) for b in blocks], min(calls, default=0)
 
 

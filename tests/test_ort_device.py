@@ -384,6 +384,48 @@ def test_ort_costs_come_from_the_profile_and_crossing_is_charged_on_links(branch
         timings.edge_s + (1 << 20) * timings.edge_byte_s)
 
 
+def test_an_unaligned_input_only_ort_reads_is_not_copied_and_one_tvm_reads_is(branchy,
+                                                                             monkeypatch):
+    from autoplace.pytorch import module as module_mod
+
+    model, x, mod, graph = branchy
+    odd = torch.randn(x.numel() + 1)[1:].view(x.shape)  # 4 bytes off 64-byte alignment
+    assert odd.data_ptr() % 64
+    copied = []
+    real = module_mod._into_slot
+    monkeypatch.setattr(module_mod, "_into_slot",
+                        lambda slot, t: copied.append(1) or real(slot, t))
+    n = len(graph.nodes)
+    for where, only_ort in ((["ort"] * n, True), (["cpu0"] + ["ort"] * (n - 1), False)):
+        build = autoplace.compile(mod, Plan.from_assignment(graph, DEVICES, where))
+        assert build.runtime_inputs == (only_ort,)
+        m = module_mod.AutoplaceModule(build, [module_mod.TensorSpec.of(x)])
+        copied.clear()
+        for _ in range(2):
+            np.testing.assert_allclose(m.run_flat([odd])[0].numpy(), _want(model, odd),
+                                       rtol=1e-4, atol=1e-5)
+        assert bool(copied) != only_ort
+
+
+def test_runtime_only_inputs_are_those_every_use_of_which_is_another_runtimes_call():
+    from tvm import relax
+
+    from autoplace.run.compile import runtime_only
+
+    ty = relax.TensorType((4,), "float32")
+    bb = relax.BlockBuilder()
+    a, b, c, d = (relax.Var(n, ty) for n in "abcd")
+    with bb.function("main", [a, b, c, d]):
+        with bb.dataflow():
+            ort = bb.emit(relax.op.call_pure_packed(f"{ort_segments.PREFIX}x_1_all", a, b,
+                                                    ty_args=ty))
+            tvm_op = bb.emit(relax.op.add(b, ort))  # b also read by a TVM kernel
+            other = bb.emit(relax.op.call_pure_packed("some.function", c, ty_args=ty))
+            out = bb.emit_output(relax.Tuple([tvm_op, other, d]))  # d returned as it is
+        bb.emit_func_output(out)
+    assert runtime_only(bb.get()["main"], 4) == (True, False, False, False)
+
+
 def test_levels_far_behind_are_timed_no_more(monkeypatch):
     import time
 

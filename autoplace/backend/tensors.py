@@ -45,7 +45,7 @@ class InputSlot:
 
     def __init__(self, dev: tvm.runtime.Device):
         self.dev = dev
-        self._tensor = self._view = None
+        self._tensor = self._view = self._span = None
         self._kind = None  # (shape, dtype) of the tensor held
 
     def fill(self, x) -> tvm.runtime.Tensor:
@@ -58,6 +58,8 @@ class InputSlot:
             self._tensor = to_tvm(x, self.dev)
             self._view = np.from_dlpack(self._tensor) if _on_cpu(self.dev) and x.size else None
             self._kind = (x.shape, x.dtype)
+            start = None if self._view is None else self._view.ctypes.data
+            self._span = None if start is None else (start, start + max(self._view.nbytes, 1))
         elif self._view is not None:
             np.copyto(self._view, x)
         else:
@@ -69,6 +71,11 @@ class InputSlot:
         """The held tensor's memory as a numpy array (None on a device numpy cannot read, or
         before the first fill)."""
         return self._view
+
+    def holds(self, address: int) -> bool:
+        """Whether byte ``address`` of this process lies in the held tensor's memory (False on
+        a device numpy cannot read, or before the first fill)."""
+        return self._span is not None and self._span[0] <= address < self._span[1]
 
 
 def to_numpy(t: tvm.runtime.Tensor) -> np.ndarray:

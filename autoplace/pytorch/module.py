@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 import tvm
+import tvm_ffi
 
 from autoplace.frontends import export_torch, from_exported
 from autoplace._version import __version__
@@ -27,7 +28,6 @@ from autoplace.annotate import vm_devices
 from autoplace.api import optimize
 from autoplace.report.result import (COMPILED, EAGER, ONNXRUNTIME, OptimizeResult,
                                      with_measured_baseline)
-from autoplace.backend import calls_at, own_pool
 from autoplace.backend.ort_segments import (level_parts, level_text, onnx_export, own_run,
                                              session, thread_options)
 from autoplace.backend.tensors import ALIGN, InputSlot
@@ -36,7 +36,7 @@ from autoplace.backend.torch_bridge import called, missing
 from autoplace.devices import Device, local_devices, torch_threads
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
-from autoplace.run.compile import flat_tensors
+from autoplace.run.compile import call_vm
 from autoplace.run.overhead import blocks_s, turns_s
 
 log = logging.getLogger(__name__)
@@ -478,6 +478,12 @@ def _aligned_copy(t: torch.Tensor) -> tvm.runtime.Tensor:
     return tvm.runtime.from_dlpack(t.clone(memory_format=torch.contiguous_format))
 
 
+def _any_alignment(t: torch.Tensor) -> tvm.runtime.Tensor:
+    """``t`` (contiguous) as a TVM tensor sharing its memory at whatever alignment it has: for
+    an input that only other runtimes' calls read (a TVM kernel would assume 64 bytes)."""
+    return tvm_ffi.from_dlpack(t, require_alignment=0, require_contiguous=True)
+
+
 def _into_slot(slot: InputSlot, t: torch.Tensor) -> tvm.runtime.Tensor | None:
     """``t`` (on the CPU) copied into ``slot``'s buffer, by numpy on this thread (PyTorch's copy
     of a large tensor wakes PyTorch's threads, which then spin on the cores that the build's
@@ -489,15 +495,6 @@ def _into_slot(slot: InputSlot, t: torch.Tensor) -> tvm.runtime.Tensor | None:
         return slot.fill(t.numpy())
     except (TypeError, RuntimeError):
         return None
-
-
-def _shares(t: torch.Tensor, slot: InputSlot) -> bool:
-    """Whether ``t``'s data lies in the buffer ``slot`` holds."""
-    view = slot.view
-    if view is None or t.device.type != "cpu":
-        return False
-    start = view.__array_interface__["data"][0]
-    return start <= t.data_ptr() < start + max(view.nbytes, 1)
 
 
 def _tensors(example_inputs) -> list[torch.Tensor]:
@@ -512,11 +509,11 @@ class AutoplaceModule(torch.nn.Module):
     dtypes and device it was built for and returns what the model returned (a tensor, or the
     same tuple/list/dict structure), on the caller's device.
 
-    Inputs reach the build without a copy (DLPack; a tensor that is not contiguous or not
-    64-byte aligned is copied first, and so is one whose device the plan runs elsewhere), and
-    the outputs are the build's own tensors, shared with torch, not copied. Calls from several
-    threads take turns (TVM's VM runs one call at a time). Inference only: no gradients flow
-    through it.
+    Inputs reach the build without a copy (DLPack; a tensor that is not contiguous, or not
+    64-byte aligned where a TVM kernel reads it, is copied first, and so is one whose device the
+    plan runs elsewhere), and the outputs are the build's own tensors, shared with torch, not
+    copied. Calls from several threads take turns (TVM's VM runs one call at a time). Inference
+    only: no gradients flow through it.
 
     Attributes
     ----------
@@ -552,6 +549,8 @@ class AutoplaceModule(torch.nn.Module):
         self._outs_home = False  # whether the outputs were all on the caller's device
         self._lock = threading.Lock()  # TVM's VM runs one call at a time
         self._slots = [InputSlot(tvm.cpu(0)) for _ in self.inputs]  # run_flat's copies
+        # Per input: whether only other runtimes read it (unaligned memory is not copied).
+        self._loose = build.runtime_inputs or (False,) * len(self.inputs)
         self._eager = None  # the contender calls run instead of the build (run_eagerly)
         self._runs, self._runs_note = "build", ""  # what calls run (runs), and why
         self.times: dict[str, float] = {}
@@ -617,7 +616,8 @@ class AutoplaceModule(torch.nn.Module):
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The build's outputs, flat, as torch tensors on the caller's device (the DLPack
         capsule handed over directly: half the time of ``torch.from_dlpack`` on the tensor).
-        A CPU input that is not contiguous or not 64-byte aligned is copied into a buffer kept
+        A CPU input that is not contiguous, or not 64-byte aligned where a TVM kernel reads it
+        (only ONNX Runtime segments and PyTorch calls do not care), is copied into a buffer kept
         for that input from call to call (a new buffer each call costs the next kernels its
         cache misses, and ORT's sessions more); an output that shares it is copied out."""
         if len(inputs) != len(self._checks):
@@ -625,7 +625,8 @@ class AutoplaceModule(torch.nn.Module):
                             f"({'; '.join(map(str, self.inputs))}), got {len(inputs)}")
         with self._lock:
             args, kept = [], []
-            for t, (shape, dtype, device, move), slot in zip(inputs, self._checks, self._slots):
+            for t, (shape, dtype, device, move), slot, loose in zip(inputs, self._checks,
+                                                                    self._slots, self._loose):
                 if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.shape != shape \
                         or t.device != device:
                     raise self._mismatch(len(args), t)
@@ -633,6 +634,8 @@ class AutoplaceModule(torch.nn.Module):
                     t = t.detach()
                 if t.data_ptr() % ALIGN == 0 and t.is_contiguous():
                     a = tvm.runtime.from_dlpack(t)
+                elif loose and move is None and t.is_contiguous():  # only other runtimes read it
+                    a = _any_alignment(t)
                 elif (a := _into_slot(slot, t)) is not None:
                     kept.append(slot)
                 else:
@@ -647,7 +650,8 @@ class AutoplaceModule(torch.nn.Module):
                 got = [torch.from_dlpack((o if o.device == home else o.copyto(home)).__dlpack__())
                        for o in outs]
             if kept:  # the next call overwrites the kept buffers
-                got = [o.clone() if any(_shares(o, slot) for slot in kept) else o for o in got]
+                got = [o.clone() if any(slot.holds(o.data_ptr()) for slot in kept) else o
+                       for o in got]
         return got
 
     def call_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -729,6 +733,7 @@ class AutoplaceModule(torch.nn.Module):
                               else called(self._build.mod)),
                 "outputs": (None if self._out_spec is None
                             else pytree.treespec_dumps(self._out_spec)),
+                "runtime_inputs": list(self._loose),
                 "runs": "build" if ort is None else ONNXRUNTIME,
                 "ort_level": None if ort is None else ort.level,
                 "ort_threads": None if ort is None else ort.threads}
@@ -794,7 +799,8 @@ def load_module(path: str | os.PathLike) -> AutoplaceModule:
         _register_segments(segments, path)
     plan = Plan.from_json(plan_text)
     consts = list(zip(arrays, meta["constant_devices"]))
-    build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"])
+    build = _LoadedBuild(plan, lib, meta["input_devices"], consts, meta["func_name"],
+                         tuple(bool(b) for b in meta.get("runtime_inputs") or ()))
     inputs = [TensorSpec(tuple(s["shape"]), s["dtype"], s["device"]) for s in meta["inputs"]]
     out_spec = None if meta["outputs"] is None else pytree.treespec_loads(meta["outputs"])
     module = AutoplaceModule(build, inputs, out_spec, _saved={
@@ -845,7 +851,8 @@ class _LoadedBuild:
     """A saved build's library loaded for the plan's devices: what :class:`AutoplaceModule`
     calls, as it calls a :class:`~autoplace.run.CompiledModel`."""
 
-    def __init__(self, plan: Plan, lib: bytes, positions: Sequence[int], consts, func_name: str):
+    def __init__(self, plan: Plan, lib: bytes, positions: Sequence[int], consts, func_name: str,
+                 runtime_inputs: tuple[bool, ...] = ()):
         from tvm import relax
 
         self.plan, self.func_name = plan, func_name
@@ -861,13 +868,12 @@ class _LoadedBuild:
         self._vm = relax.VirtualMachine(library, devices)
         self._fn = self._vm[func_name]
         self.input_devices = tuple(devices[k] for k in positions)
+        self.runtime_inputs = runtime_inputs  # as the saved build's were (none: all aligned)
         self._consts = [tvm.runtime.tensor(value, devices[k]) for value, k in consts]
         self._calls = torch_threads(plan.used_devices())  # as a CompiledModel calls PyTorch
 
     def call_tensors(self, *args) -> list:
-        own_pool(self.plan.threads)
-        with calls_at(self._calls):
-            return flat_tensors(self._fn(*args, *self._consts))
+        return call_vm(self._fn, args, self._consts, self.plan.threads, self._calls)
 
 
 def _tvm_device(name: str) -> tvm.runtime.Device:

@@ -6,16 +6,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import tvm
 
 from autoplace.annotate import annotate_lifted, vm_devices
-from autoplace.backend import calls_at, lowering_pipeline, own_pool, to_numpy
+from autoplace.backend import call_threads, calls_at, lowering_pipeline, own_pool, to_numpy
 from autoplace.backend.tensors import InputSlot
 from autoplace.devices import torch_threads
 from autoplace.plan import Plan
 
 if TYPE_CHECKING:
-    import tvm
-
     from autoplace.backend.tuned import KernelRecords
 
 
@@ -23,8 +22,6 @@ def build(annotated: tvm.IRModule, plan: Plan, records: KernelRecords | None = N
           counts: dict[str, int] | None = None):
     """Compile an annotated module for every device the plan uses; returns a VM executable.
     Kernels that ``records`` has get their tuned schedules; ``counts`` gets how many did."""
-    import tvm
-
     used = vm_devices(plan)[0]
     pipeline = lowering_pipeline(gpu=any(d.is_gpu for d in used), multi_device=len(used) > 1,
                                  records=records, counts=counts)
@@ -52,7 +49,6 @@ class CompiledModel:
     trial: ClassVar[Any] = None
 
     def __post_init__(self):
-        import tvm
         from tvm import relax
 
         devices = [d.tvm_device() for d in vm_devices(self.plan)[0]]
@@ -68,6 +64,8 @@ class CompiledModel:
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
         object.__setattr__(self, "_calls", torch_threads(self.plan.used_devices()))
+        object.__setattr__(self, "_runtime_inputs", runtime_only(self.mod[self.func_name],
+                                                                 len(params)))
 
     @property
     def num_inputs(self) -> int:
@@ -99,9 +97,14 @@ class CompiledModel:
     def call_tensors(self, *args: tvm.runtime.Tensor) -> list[tvm.runtime.Tensor]:
         """One call on TVM tensors already on their :attr:`input_devices`: nothing is copied in
         or out; the outputs are the VM's own tensors, on the devices the plan left them."""
-        own_pool(self.plan.threads)
-        with calls_at(self._calls):
-            return flat_tensors(self._fn(*args, *self._consts))
+        return call_vm(self._fn, args, self._consts, self.plan.threads, self._calls)
+
+    @property
+    def runtime_inputs(self) -> tuple[bool, ...]:
+        """Per input: whether only other runtimes' calls read it (ONNX Runtime segments,
+        PyTorch calls), which take a tensor at any alignment; False where a TVM kernel or the
+        VM itself does (TVM's kernels assume 64-byte aligned inputs)."""
+        return self._runtime_inputs
 
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
@@ -131,9 +134,58 @@ def _flatten(result) -> list[np.ndarray]:
 
 def flat_tensors(result) -> list:
     """The tensors of a VM result (a tensor, or nested tuples of them), in order."""
-    if hasattr(result, "numpy"):
-        return [result]
-    return [a for item in result for a in flat_tensors(item)]
+    if isinstance(result, _NESTED):
+        return [a for item in result for a in flat_tensors(item)]
+    return [result]
+
+
+#: What a VM result nests its tensors in.
+_NESTED = (tvm.ir.Array, tuple, list)
+
+
+def call_vm(fn, args, consts, threads: int | None, calls: int | None) -> list:
+    """The flat outputs of one call of VM function ``fn`` on ``args`` and ``consts``, its TVM
+    pool set up for ``threads`` (:func:`~autoplace.backend.own_pool`), its PyTorch calls at
+    ``calls`` threads (:func:`~autoplace.backend.calls_at`; nothing to set where they already
+    are: a call of a small model pays for each step it takes)."""
+    own_pool(threads)
+    if call_threads() == calls:
+        return flat_tensors(fn(*args, *consts))
+    with calls_at(calls):
+        return flat_tensors(fn(*args, *consts))
+
+
+def runtime_only(fn, inputs: int) -> tuple[bool, ...]:
+    """Per one of the first ``inputs`` parameters of Relax function ``fn``: whether its every
+    use is as an argument of a call into a function another runtime registered (an ONNX Runtime
+    segment's, a PyTorch call's: ``R.call_pure_packed`` of a name under their prefixes)."""
+    from tvm import relax
+
+    from autoplace.backend import ort_segments, torch_bridge
+
+    params = list(fn.params[:inputs])
+    other = set()  # the parameters something else reads
+    packed = tvm.ir.Op.get("relax.call_pure_packed")
+    runtimes = (ort_segments.PREFIX, torch_bridge.PREFIX)
+
+    def read(expr) -> None:
+        other.update(k for k, p in enumerate(params)
+                     if any(v.same_as(p) for v in relax.analysis.free_vars(expr)))
+
+    body = fn.body
+    for block in body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and value.op.same_as(packed) \
+                    and isinstance(value.args[0], relax.ExternFunc) \
+                    and str(value.args[0].global_symbol).startswith(runtimes):
+                for arg in value.args[1:]:
+                    if not isinstance(arg, relax.Var):
+                        read(arg)
+            else:
+                read(value)
+    read(body.body)
+    return tuple(k not in other for k in range(len(params)))
 
 
 def compile(mod: tvm.IRModule, plan: Plan, func_name: str = "main", *,

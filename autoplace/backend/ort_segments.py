@@ -574,7 +574,7 @@ def profile(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int
     per_op, other, forward, nodes = _split(profiled.events, segment.ops, len(walls) + 2, skip=2,
                                            owners=profiled.owners)
     # The profiler slows every node down a little: its split, scaled to a call without it.
-    whole = profile_whole(segment, threads, level, runs, feeds, session=warm)
+    whole = profile_whole(segment, threads, level, runs, feeds, warm=warm)
     scale = min(1.0, whole / max(float(np.median(walls)), 1e-12))
     per_op = {k: v * scale for k, v in per_op.items()}
     other *= scale
@@ -818,13 +818,13 @@ def _node_kinds(path: str) -> Counter:
 
 
 def profile_whole(segment: OrtSegment, threads: int = 1, level: str = "all", runs: int = 10,
-                  inputs: Sequence[np.ndarray] | None = None, session=None) -> float:
+                  inputs: Sequence[np.ndarray] | None = None, warm=None) -> float:
     """Median seconds of one call of ``segment`` alone, without the profiler (on ``inputs``,
     random ones by default; after two warm-ups), in a new session at ``level`` on ``threads``
-    or in ``session``, one of those that has run already (after one warm-up then)."""
+    or in ``warm``, one of those that has run already (after one warm-up then)."""
     feeds = list(inputs) if inputs is not None else random_inputs(segment.inputs)
-    if session is not None:
-        return float(np.median(_walls_in_turn([session], feeds, runs, warm=1)[0]))
+    if warm is not None:
+        return float(np.median(_walls_in_turn([warm], feeds, runs, warm=1)[0]))
     return float(np.median(_walls(segment.session(threads, level), feeds, runs)))
 
 

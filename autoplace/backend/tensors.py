@@ -66,12 +66,6 @@ class InputSlot:
             self._tensor.copyfrom(np.ascontiguousarray(x))
         return self._tensor
 
-    @property
-    def view(self) -> np.ndarray | None:
-        """The held tensor's memory as a numpy array (None on a device numpy cannot read, or
-        before the first fill)."""
-        return self._view
-
     def holds(self, address: int) -> bool:
         """Whether byte ``address`` of this process lies in the held tensor's memory (False on
         a device numpy cannot read, or before the first fill)."""

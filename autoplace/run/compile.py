@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,8 +65,6 @@ class CompiledModel:
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
         object.__setattr__(self, "_calls", torch_threads(self.plan.used_devices()))
-        object.__setattr__(self, "_runtime_inputs", runtime_only(self.mod[self.func_name],
-                                                                 len(params)))
 
     @property
     def num_inputs(self) -> int:
@@ -84,10 +83,8 @@ class CompiledModel:
             names = [p.name for p in self.mod[self.func_name].params[: self.num_inputs]]
             raise TypeError(f"expected {self.num_inputs} inputs ({', '.join(names)}), "
                             f"got {len(inputs)}")
-        own_pool(self.plan.threads)
         args = [slot.fill(x) for slot, x in zip(self._slots, inputs)]
-        with calls_at(self._calls):
-            return _flatten(self._fn(*args, *self._consts))
+        return [to_numpy(t) for t in self.call_tensors(*args)]
 
     @property
     def input_devices(self) -> tuple:
@@ -99,12 +96,14 @@ class CompiledModel:
         or out; the outputs are the VM's own tensors, on the devices the plan left them."""
         return call_vm(self._fn, args, self._consts, self.plan.threads, self._calls)
 
-    @property
+    @functools.cached_property
     def runtime_inputs(self) -> tuple[bool, ...]:
         """Per input: whether only other runtimes' calls read it (ONNX Runtime segments,
         PyTorch calls), which take a tensor at any alignment; False where a TVM kernel or the
-        VM itself does (TVM's kernels assume 64-byte aligned inputs)."""
-        return self._runtime_inputs
+        VM itself does (TVM's kernels assume 64-byte aligned inputs). Read from the annotated
+        function the first time it is asked for (a module asks; a build called on numpy
+        arrays copies every input)."""
+        return runtime_only(self.mod[self.func_name], self.num_inputs)
 
     def close(self) -> None:
         """Nothing to stop (a :class:`~autoplace.run.ConcurrentModel` has workers): here so
@@ -126,10 +125,6 @@ def _vdevice_position(vdev, vdevs) -> int:
         if (v.target.kind.name, int(v.vdevice_id)) == key:
             return k
     raise ValueError(f"input on vdevice {key} that the module does not list")
-
-
-def _flatten(result) -> list[np.ndarray]:
-    return [to_numpy(t) for t in flat_tensors(result)]
 
 
 def flat_tensors(result) -> list:

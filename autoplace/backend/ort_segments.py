@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplace.backend.tensors import ALIGN, aligned_empty
+from autoplace.backend.tensors import aligned_empty
 from autoplace.backend.timing import BEHIND, far_behind
 
 #: Prefix of the global function names of ORT segments.
@@ -467,7 +467,6 @@ def _function(segment: OrtSegment, sess):
     # aligned, which the VM adopts: binding new output buffers each call (I/O binding) costs
     # ORT more than it saves.
     run = own_run(sess)
-    from_dlpack = tvm.runtime.from_dlpack
     several = len(outs) > 1
 
     def call(*args):
@@ -476,25 +475,31 @@ def _function(segment: OrtSegment, sess):
         except Exception as e:  # noqa: BLE001 - any ORT error, named for the caller
             raise OrtSegmentError(f"ONNX Runtime segment of {ops} raised "
                                   f"{type(e).__name__}: {e}") from e
-        out = [from_dlpack(_as_given(a, shape, dtype, ops)) for a, (shape, dtype) in zip(got, outs)]
+        out = [_adopted(a, shape, dtype, ops) for a, (shape, dtype) in zip(got, outs)]
         return tvm.runtime.convert(out) if several else out[0]
 
     return call
 
 
-def _as_given(a: np.ndarray, shape: tuple, dtype: np.dtype, ops: str) -> np.ndarray:
-    """ORT's output ``a`` as the segment gives it: of ``dtype``, in memory TVM adopts (64-byte
-    aligned, contiguous); an :class:`OrtSegmentError` where its shape is not ``shape``."""
+def _adopted(a: np.ndarray, shape: tuple, dtype: np.dtype, ops: str):
+    """ORT's output ``a`` as the TVM tensor the segment gives: ``a`` itself where it is of
+    ``dtype`` in memory TVM adopts (64-byte aligned, contiguous: TVM's own check, cheaper than
+    reading the address from numpy), else a copy into such memory; an
+    :class:`OrtSegmentError` where its shape is not ``shape``."""
+    import tvm
+
     a = np.asarray(a)
     if a.shape != shape:
         raise OrtSegmentError(f"ONNX Runtime segment of {ops} gave an output of shape "
                               f"{a.shape} where {shape} was expected")
-    if a.dtype != dtype or a.__array_interface__["data"][0] % ALIGN \
-            or not a.flags.c_contiguous:
-        out = aligned_empty(shape, dtype)
-        np.copyto(out, a, casting="unsafe")
-        return out
-    return a
+    if a.dtype == dtype:
+        try:
+            return tvm.runtime.from_dlpack(a)
+        except RuntimeError:  # not aligned, or not contiguous
+            pass
+    out = aligned_empty(shape, dtype)
+    np.copyto(out, a, casting="unsafe")
+    return tvm.runtime.from_dlpack(out)
 
 
 # ------------------------------------------------------------------------------------ profiling

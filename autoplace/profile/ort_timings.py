@@ -362,7 +362,8 @@ def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
     after a TVM kernel wrote ``between_bytes`` (what the model's other ops touch between two
     calls, which takes ORT's code and state out of the caches), over ``rounds`` runs
     (:func:`~autoplace.profile.cold_calls.cold_call_seconds`), less ORT's own time for their
-    nodes. Where it cannot be measured: :data:`DEFAULT_CALL_S`, with a warning."""
+    nodes. Where it cannot be measured, or measures no more than the nodes alone (noise):
+    :data:`DEFAULT_CALL_S`, with a warning."""
     from tvm import relax
 
     from autoplace.backend.ort_segments import profile, register, relax_call
@@ -377,7 +378,9 @@ def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
                                 ty, data, between_bytes, samples=calls, rounds=rounds)
         node_s = float(np.mean([sum(profile(seg, threads, "all", runs=10).ops.values())
                                 for seg in segs]))
-        return max(0.0, one - node_s)
+        if one <= node_s:  # the call measured no slower than its nodes: noise, not a figure
+            raise RuntimeError(f"a call took {one * 1e6:.2f} us, its nodes {node_s * 1e6:.2f}")
+        return one - node_s
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         log.warning("could not measure an ONNX Runtime call from the VM (%s): charged %.1f us",
                     e, DEFAULT_CALL_S * 1e6)

@@ -33,10 +33,10 @@ from autoplace.backend.ort_segments import (level_parts, level_text, onnx_export
 from autoplace.backend.tensors import ALIGN, InputSlot
 from autoplace.backend.timing import BEHIND
 from autoplace.backend.torch_bridge import called, missing
-from autoplace.devices import Device, local_devices, torch_threads
+from autoplace.devices import Device, local_devices
 from autoplace.plan import Plan
 from autoplace.run import CompiledModel, compile
-from autoplace.run.compile import call_vm
+from autoplace.run.compile import call_vm, pytorch_call_threads
 from autoplace.run.overhead import blocks_s, turns_s
 
 log = logging.getLogger(__name__)
@@ -870,7 +870,7 @@ class _LoadedBuild:
         self.input_devices = tuple(devices[k] for k in positions)
         self.runtime_inputs = runtime_inputs  # as the saved build's were (none: all aligned)
         self._consts = [tvm.runtime.tensor(value, devices[k]) for value, k in consts]
-        self._calls = torch_threads(plan.used_devices())  # as a CompiledModel calls PyTorch
+        self._calls = pytorch_call_threads(plan)  # as a CompiledModel calls PyTorch
 
     def call_tensors(self, *args) -> list:
         return call_vm(self._fn, args, self._consts, self.plan.threads, self._calls)

@@ -64,7 +64,7 @@ class CompiledModel:
         object.__setattr__(self, "_input_devices", input_devices)
         object.__setattr__(self, "_slots", [InputSlot(d) for d in input_devices])
         object.__setattr__(self, "_consts", consts)
-        object.__setattr__(self, "_calls", torch_threads(self.plan.used_devices()))
+        object.__setattr__(self, "_calls", pytorch_call_threads(self.plan))
 
     @property
     def num_inputs(self) -> int:
@@ -129,9 +129,15 @@ def _vdevice_position(vdev, vdevs) -> int:
 
 def flat_tensors(result) -> list:
     """The tensors of a VM result (a tensor, or nested tuples of them), in order."""
-    if isinstance(result, _NESTED):
-        return [a for item in result for a in flat_tensors(item)]
-    return [result]
+    if not isinstance(result, _NESTED):
+        return [result]
+    out = []
+    for item in result:  # a tuple of tensors, the most common, without a call per tensor
+        if isinstance(item, _NESTED):
+            out.extend(flat_tensors(item))
+        else:
+            out.append(item)
+    return out
 
 
 #: What a VM result nests its tensors in.
@@ -141,13 +147,22 @@ _NESTED = (tvm.ir.Array, tuple, list)
 def call_vm(fn, args, consts, threads: int | None, calls: int | None) -> list:
     """The flat outputs of one call of VM function ``fn`` on ``args`` and ``consts``, its TVM
     pool set up for ``threads`` (:func:`~autoplace.backend.own_pool`), its PyTorch calls at
-    ``calls`` threads (:func:`~autoplace.backend.calls_at`; nothing to set where they already
-    are: a call of a small model pays for each step it takes)."""
+    ``calls`` threads (:func:`~autoplace.backend.calls_at`; None: it makes none,
+    :func:`pytorch_call_threads`; nothing to set where they already are: a call of a small
+    model pays for each step it takes)."""
     own_pool(threads)
-    if call_threads() == calls:
+    if calls is None or call_threads() == calls:
         return flat_tensors(fn(*args, *consts))
     with calls_at(calls):
         return flat_tensors(fn(*args, *consts))
+
+
+def pytorch_call_threads(plan: Plan) -> int | None:
+    """The PyTorch threads a build of ``plan`` makes its PyTorch calls at
+    (:func:`~autoplace.devices.torch_threads`), or None where it makes none (only a torch
+    device runs them): then a call sets nothing for them."""
+    used = plan.used_devices()
+    return torch_threads(used) if any(d.runtime == "torch" for d in used) else None
 
 
 def runtime_only(fn, inputs: int) -> tuple[bool, ...]:

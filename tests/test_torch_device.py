@@ -1204,6 +1204,28 @@ def test_the_hand_off_is_charged_as_a_model_makes_it_and_kept_for_the_host(convn
     np.testing.assert_allclose(low.handoffs, want)
 
 
+def test_a_hand_off_after_fewer_bytes_is_charged_no_more_than_one_after_more(convnet,
+                                                                             monkeypatch,
+                                                                             tmp_path):
+    # a moment of another process's work inflates one power's figure: the figures a model needs
+    # are made monotone in the bytes, each power taking the least of it and every larger one
+    from autoplace.profile import torch_timings
+
+    monkeypatch.setenv("AUTOPLACE_CACHE_DIR", str(tmp_path))
+    figures = {0: 6e-6, 1 << 17: 15e-6, 1 << 18: 19e-6, 1 << 19: 8.7e-6, 1 << 20: 24e-6}
+    monkeypatch.setattr(torch_timings, "measure_handoff",
+                        lambda strict=False, place="cpu", between_bytes=0: figures[between_bytes])
+    g = OpGraph.from_relax(convnet[2])
+    runs = [i for i, node in enumerate(g.nodes) if Device.torch().can_run(node.op_type)]
+    assert len(runs) >= 4
+    between = [100] * len(g.nodes)
+    for i, size in zip(runs, (1 << 17, 1 << 18, 1 << 19, 1 << 20)):
+        between[i] = size
+    got = time_torch_device(g, Device.torch(), between=between).handoffs
+    assert [got[i] for i in runs[:4]] == pytest.approx([8.7e-6, 8.7e-6, 8.7e-6, 24e-6])
+    assert all(got[i] == pytest.approx(6e-6) for i in runs[4:])  # warm: below WARM_BYTES
+
+
 def test_pytorch_calls_from_the_vm_run_at_the_threads_they_are_priced_at(monkeypatch):
     # A build calls PyTorch at the threads set around its call (the plan's), at one on a
     # thread given a share of the cores, else at PyTorch's own count; PyTorch's count is left

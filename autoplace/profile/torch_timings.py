@@ -166,18 +166,24 @@ def _handoffs(graph: OpGraph, device: Device, between: Sequence[int], warm_s: fl
               ) -> tuple[float, ...]:
     """Per node of ``graph``, the hand-off of its call on ``device`` after ``between[i]`` bytes
     touched (rounded up to a power of two, each power measured once: :func:`host_handoff`),
-    at least ``warm_s``; ``warm_s`` where the device runs no such op."""
-    out, measured = [], {}
+    at least ``warm_s``; ``warm_s`` where the device runs no such op.
+
+    A call after more bytes cannot cost less, and another process's work only adds to a
+    measurement: a power's figure above a larger power's (of those the model needs) is taken
+    as that one's."""
+    sizes, measured = [], {}
     for node, nbytes in zip(graph.nodes, between):
         nbytes = int(nbytes)
         if nbytes < max(1, WARM_BYTES) or not device.can_run(node.op_type):
-            out.append(warm_s)
+            sizes.append(None)
             continue
-        size = 1 << (nbytes - 1).bit_length()
-        if size not in measured:
-            measured[size] = host_handoff(device.torch_place, size)
-        out.append(max(warm_s, measured[size]))
-    return tuple(out)
+        sizes.append(1 << (nbytes - 1).bit_length())
+        if sizes[-1] not in measured:
+            measured[sizes[-1]] = host_handoff(device.torch_place, sizes[-1])
+    least = {}  # per power, the least figure of it and every larger one
+    for size in sorted(measured, reverse=True):
+        least[size] = min(measured[size], *least.values()) if least else measured[size]
+    return tuple(warm_s if size is None else max(warm_s, least[size]) for size in sizes)
 
 
 def kept_dir(place: str = "cpu"):

@@ -246,59 +246,98 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
 SEQUENCE_MAX_BYTES = 1 << 30
 
 #: How long :func:`time_in_sequence` times a model's calls in sequence.
-SEQUENCE_POLICY = TimingPolicy(min_repeat_ms=5.0, min_repeats=5, max_repeats=15, round_size=5,
+SEQUENCE_POLICY = TimingPolicy(min_repeat_ms=5.0, min_repeats=3, max_repeats=41, round_size=5,
                                cv_target=0.03, budget_s=1.0)
 
 
 def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
                      rng: np.random.Generator | None = None, place: str = "cpu"
-                     ) -> tuple[float, list[int]] | None:
-    """Median seconds of ``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one
-    after another on device ``place``, each on random inputs of its own shapes, as a build runs
-    them where all are
-    placed on PyTorch, holding their constants
+                     ) -> tuple[float, float, list[int]] | None:
+    """``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one after another on
+    device ``place``, each on random inputs of its own shapes, as a build runs them where all
+    are placed on PyTorch, holding their constants
     (:func:`~autoplace.backend.torch_calls.holding_constants`: a conv's weight packed or plain,
-    whichever is faster); and the indices of the nodes it ran: one that has no call or raises
-    on its inputs is left out. None where none runs, or their inputs would take more than
-    :data:`SEQUENCE_MAX_BYTES`.
+    whichever is faster): the median seconds of the sequence; the median over rounds of what a
+    call costs in it beyond the same op called right after itself on a copy of its inputs and
+    constants of its own (its code just run, its data as far out of the caches as in the
+    sequence: a call as :func:`time_torch_call` times it alone), per call; and the indices of
+    the nodes it ran (one that has no call or raises on its inputs is left out). Each round runs
+    the sequence, then every op twice in a row, once on each copy, so that both meet the
+    machine in the same moment: the excess is a difference of two close times, which timings
+    made at another moment would swamp. None where no call runs, or the inputs would take more
+    than :data:`SEQUENCE_MAX_BYTES`.
 
-    Each call timed alone (:func:`time_torch_call`) runs the same code again and again; in a
-    model the next call is another op's, its code and data no longer in the caches."""
+    Each call timed alone runs the same code again and again; in a model the next call is
+    another op's, its code no longer in the caches."""
     import torch
 
     from autoplace.backend.torch_bridge import at_call_threads
-    from autoplace.backend.torch_calls import holding_constants
 
     rng = rng or np.random.default_rng(0)
-    calls, ran, nbytes = [], [], 0
+    calls, again, ran, nbytes = [], [], [], 0
     with at_call_threads(), torch.no_grad():
         for node in nodes:
             op = torch_op_for(node)
             if op is None:
                 continue
-            tensors = random_torch_inputs(node, rng, place)
-            nbytes += sum(t.numel() * t.element_size() for t in tensors)
-            if nbytes > SEQUENCE_MAX_BYTES:
-                return None
-            try:
-                op, takes = holding_constants(op, node.op_type, len(tensors),
-                                              lambda i, ts=tensors: ts[i].cpu().numpy(),
-                                              tensors[0].shape if tensors else (), place)
-                held, tensors = takes < len(tensors), tensors[:takes]
-                for _ in range(8 if held else 1):  # a held weight's first calls choose
-                    op.call(tensors)               # packed or plain
-            except Exception:  # noqa: BLE001 - random inputs may be invalid for the op
+            pair = []
+            for _ in range(2):  # two copies of the inputs and held constants
+                tensors = random_torch_inputs(node, rng, place)
+                nbytes += sum(t.numel() * t.element_size() for t in tensors)
+                if nbytes > SEQUENCE_MAX_BYTES:
+                    return None
+                pair.append(_held_call(op, node, tensors, place))
+            if None in pair:
                 continue
-            calls.append((op, tensors))
+            calls.append(pair[0])
+            again.append(pair[1])
             ran.append(node.index)
         if not calls:
             return None
+        sync = synchronizer(place) or (lambda: None)
 
         def sequence():
             for op, tensors in calls:
                 op.call(tensors)
+            sync()
 
-        return call_timing(sequence, policy, place).median_s, ran
+        def twice():
+            for (op, tensors), (op2, tensors2) in zip(calls, again):
+                op.call(tensors)
+                op2.call(tensors2)
+            sync()
+
+        sequence(), twice()  # the first runs set up kernels and threads
+        spans, excess = [], []
+        start = time.perf_counter()
+        while len(spans) < policy.max_repeats and (
+                len(spans) < policy.min_repeats or time.perf_counter() - start < policy.budget_s):
+            t0 = time.perf_counter()
+            sequence()
+            t1 = time.perf_counter()
+            twice()
+            t2 = time.perf_counter()
+            spans.append(t1 - t0)  # twice's second calls took (t2 - t1) - (t1 - t0)
+            excess.append((2 * (t1 - t0) - (t2 - t1)) / len(calls))
+    return float(np.median(spans)), float(np.median(excess)), ran
+
+
+def _held_call(op, node, tensors, place: str):
+    """``op`` (``node``'s call) holding its constants among ``tensors``
+    (:func:`~autoplace.backend.torch_calls.holding_constants`), after the calls that choose
+    packed or plain, and the tensors it then takes; None where it raises on them."""
+    from autoplace.backend.torch_calls import holding_constants
+
+    try:
+        op, takes = holding_constants(op, node.op_type, len(tensors),
+                                      lambda i: tensors[i].cpu().numpy(),
+                                      tensors[0].shape if tensors else (), place)
+        held, tensors = takes < len(tensors), tensors[:takes]
+        for _ in range(8 if held else 1):  # a held weight's first calls choose
+            op.call(tensors)               # packed or plain
+    except Exception:  # noqa: BLE001 - random inputs may be invalid for the op
+        return None
+    return op, tensors
 
 
 class TorchRunner:

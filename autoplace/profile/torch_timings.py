@@ -265,20 +265,22 @@ def _chain_seconds(graph: OpGraph, chain: Sequence[int], device: Device,
 
 def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float],
                  folder=None) -> float:
-    """Seconds a PyTorch call of ``graph`` costs beyond its time alone, where the model's calls
-    on ``device`` run one after another
-    (:func:`~autoplace.profile.torch_runner.time_in_sequence`): their time in sequence less
-    their times alone, over their number; at least 0, and 0 where it cannot be measured. Kept in
-    ``folder`` (:func:`kept_dir`) for the same calls in the same order.
+    """Seconds a PyTorch call of ``graph`` (of those ``calls`` timed) costs beyond its time
+    alone, where the model's calls on ``device`` run one after another: what
+    :func:`~autoplace.profile.torch_runner.time_in_sequence` measures, at least 0, and 0 where
+    it cannot be measured. Kept in ``folder`` (:func:`kept_dir`) for the same calls in the same
+    order.
 
-    A call timed alone runs the same code on the same shapes again and again; in a model the
-    next call is another op's, and each pays for code and data the last one evicted
-    (docs/results.md says how much on models of many small ops)."""
+    A call timed alone runs the same code again and again; in a model the next call is another
+    op's, and each pays for code the last one evicted (docs/results.md says how much on models
+    of many small ops)."""
     nodes = [n for n in graph.nodes if device.can_run(n.op_type)
              and np.isfinite(calls.get(n.workload_key, np.inf))]
     if not nodes:
         return 0.0
-    name = "sequence:" + "|".join(n.workload_key for n in nodes)  # as a chain's is named
+    # named as a chain is; "paired": against the calls made again in the same rounds (a figure
+    # of the sequence against times alone made at another moment is not read)
+    name = "sequence-paired:" + "|".join(n.workload_key for n in nodes)
     if (kept := _read_kept(folder, name, zero=True)) is not None:
         return kept
     try:
@@ -288,9 +290,7 @@ def _in_sequence(graph: OpGraph, device: Device, calls: Mapping[str, float],
         found = None
     if found is None:
         return 0.0
-    seconds, ran = found
-    alone = sum(calls[graph.nodes[i].workload_key] for i in ran)
-    extra = max(0.0, (seconds - alone) / len(ran))
+    extra = max(0.0, found[1])
     _keep(folder, name, extra)
     return extra
 

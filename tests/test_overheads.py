@@ -215,3 +215,15 @@ def test_blocks_take_the_median_of_the_blocks_medians():
     slow = lambda: time.sleep(next(sleeps))  # noqa: E731
     (median,), calls = overhead.blocks_s([slow], block_s=0.0, rounds=3, least=3, warm=0)
     assert calls == 9 and median < 0.01
+
+
+def test_walls_in_rounds_time_each_callable_per_round_within_their_bounds():
+    from autoplace.backend.timing import walls_in_rounds
+
+    order = []
+    fns = [lambda: order.append("a"), lambda: order.append("b")]
+    walls = walls_in_rounds(fns, least=3, most=5, budget_s=0.0)  # past the budget at once
+    assert walls.shape == (3, 2) and (walls >= 0).all() and order == ["a", "b"] * 3
+    order.clear()
+    assert walls_in_rounds(fns, least=1, most=4, budget_s=60.0).shape == (4, 2)  # most
+    assert order == ["a", "b"] * 4

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autoplace.backend.timing import walls_in_rounds
 from autoplace.devices import Device
 from autoplace.profile.measure import (OpFailed, Timing, TimingPolicy, _cpu_model,
                                        check_runs_probe, op_failed, time_adaptively)
@@ -308,18 +309,10 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
             sync()
 
         sequence(), twice()  # the first runs set up kernels and threads
-        spans, excess = [], []
-        start = time.perf_counter()
-        while len(spans) < policy.max_repeats and (
-                len(spans) < policy.min_repeats or time.perf_counter() - start < policy.budget_s):
-            t0 = time.perf_counter()
-            sequence()
-            t1 = time.perf_counter()
-            twice()
-            t2 = time.perf_counter()
-            spans.append(t1 - t0)  # twice's second calls took (t2 - t1) - (t1 - t0)
-            excess.append((2 * (t1 - t0) - (t2 - t1)) / len(calls))
-    return float(np.median(spans)), float(np.median(excess)), ran
+        walls = walls_in_rounds([sequence, twice], least=policy.min_repeats,
+                                most=policy.max_repeats, budget_s=policy.budget_s)
+    seq, two = walls[:, 0], walls[:, 1]  # twice's second calls took two - seq
+    return float(np.median(seq)), float(np.median((2 * seq - two) / len(calls))), ran
 
 
 def _held_call(op, node, tensors, place: str):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplace.backend.timing import walls_in_rounds
 from autoplace.profile.measure import TimingPolicy
 from autoplace.profile.torch_runner import (call_timing, time_fused_chain, time_in_sequence,
                                             time_torch_call, torch_op_for)
@@ -180,9 +181,9 @@ def _handoffs(graph: OpGraph, device: Device, between: Sequence[int], warm_s: fl
         sizes.append(1 << (nbytes - 1).bit_length())
         if sizes[-1] not in measured:
             measured[sizes[-1]] = host_handoff(device.torch_place, sizes[-1])
-    least = {}  # per power, the least figure of it and every larger one
+    least, floor = {}, np.inf  # per power, the least figure of it and every larger one
     for size in sorted(measured, reverse=True):
-        least[size] = min(measured[size], *least.values()) if least else measured[size]
+        least[size] = floor = min(floor, measured[size])
     return tuple(warm_s if size is None else max(warm_s, least[size]) for size in sizes)
 
 
@@ -432,20 +433,12 @@ def measure_handoff(calls: int = 32, shape: Sequence[int] = (64, 8, 8), *,
             if not between_bytes:
                 vm_s = call_timing(lambda: with_calls(*data), policy, place).median_s
             else:  # less the kernels between the calls, timed turn by turn with them
-                import time
-
                 without = built(False)
                 for run in (with_calls, without):
                     run(*data)
-                paired = []  # each turn's difference: the machine drifts less within a turn
-                for _ in range(25):
-                    walls = []
-                    for run in (with_calls, without):
-                        t0 = time.perf_counter()
-                        run(*data)
-                        walls.append(time.perf_counter() - t0)
-                    paired.append(walls[0] - walls[1])
-                vm_s = float(np.median(paired))
+                walls = walls_in_rounds([lambda: with_calls(*data), lambda: without(*data)],
+                                        least=25, most=25, budget_s=0.0)
+                vm_s = float(np.median(walls[:, 0] - walls[:, 1]))
         return max(0.0, (vm_s - eager_s) / calls)
     except Exception as e:  # noqa: BLE001 - a default rather than no plan
         if strict:

@@ -1,11 +1,13 @@
 """Profiling campaigns on this machine's CPU: dedup, resume after a kill, concurrent writers,
 unsupported ops discovered, and measured costs flowing into ``optimize``."""
 
+import collections
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -14,7 +16,8 @@ import pytest
 import autoplace
 from autoplace import zoo
 from autoplace.predict import MeasuredCostModel
-from autoplace.profile import DeviceProfile, ProfileStore, TimingPolicy, run_campaign
+from autoplace.profile import (DeviceProfile, ProfileStore, ProfileStoreError, TimingPolicy,
+                               run_campaign)
 
 FAST = TimingPolicy(min_repeat_ms=1, min_repeats=2, max_repeats=3, round_size=2, budget_s=0.3)
 
@@ -36,13 +39,30 @@ def _cumsum_of_bool():
     return bb.get()
 
 
-def _cli(*args):
-    return subprocess.Popen([sys.executable, "-m", "autoplace", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _cli(*args, drained=False):
+    """``python -m autoplace *args``. ``drained``: its output read as it comes (a pipe left
+    unread stops a process that fills it), its last lines kept for ``p.tail()``."""
+    if not drained:
+        return subprocess.Popen([sys.executable, "-m", "autoplace", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "autoplace", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = collections.deque(maxlen=20)
+    threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+    p.tail = lambda: "".join(lines)[-2000:] or "(nothing)"
+    return p
 
 
 def _rows(db):
-    with ProfileStore(db) as store:
+    """The store's measurements, read only (a reader that created tables or switched the
+    journal while a campaign writes would be part of what the tests check)."""
+    if not db.exists():
+        return {}
+    try:
+        store = ProfileStore(db, readonly=True)
+    except ProfileStoreError:  # the campaign has made the file, not yet its tables
+        return {}
+    with store:
         return {(m.workload, m.device): (m.median_s, m.measured_at) for m in store.measurements()}
 
 
@@ -171,14 +191,17 @@ def test_killed_campaign_resumes_without_remeasuring(tmp_path):
     # --cv 0 makes every workload use its whole budget, so the kill lands mid-campaign.
     args = ("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
             "--cv", "0", "--budget", "0.4", "--no-links", "--no-overheads")
-    p = _cli(*args)
-    deadline = time.time() + 120
-    while time.time() < deadline and (not db.exists() or len(_rows(db)) < 2):
+    p = _cli(*args, drained=True)
+    deadline, seen = time.time() + 120, {}
+    while time.time() < deadline and len(seen) < 2 and p.poll() is None:
         time.sleep(0.05)
+        seen = _rows(db)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=30)
     first = _rows(db)
-    assert 2 <= len(first) < 9, "the campaign was not killed mid-way"
+    assert 2 <= len(first) < 9, (
+        f"the campaign was not killed mid-way: {len(seen)} rows seen before the kill, "
+        f"{len(first)} after it; exit {p.returncode}; its output ended: {p.tail()}")
 
     dry = _cli("profile", "--model", "zoo:branchy_cnn", "--device", "cpu:0", "--db", str(db),
                "--dry-run", "--json")

@@ -76,23 +76,14 @@ class OptimizeResult:
             return self.delivery.predicted_s
         return self.solution.value
 
-    def mixing_room(self) -> tuple[float, str, float] | None:
-        """What mixing devices can gain at most, by the costs the solver saw: the seconds the
-        plan's ops take each on its cheapest device with no copy or call between devices
-        charged (no plan over these costs is predicted faster), the device that runs every op
-        for the least, and its seconds for them; their ratio bounds a mix's gain over that
-        device. None where the devices run side by side (the plan's time is then not the sum
-        of its ops'), no device runs every op, or the ops cost nothing."""
+    @property
+    def cheapest_ops_s(self) -> float | None:
+        """Seconds the plan's ops take each on its cheapest device, no copy or call between
+        devices charged: no plan over the costs the solver saw is predicted faster, so against
+        the fastest whole-model alternative it bounds what mixing devices can gain. None where
+        the devices run side by side (a plan's time is then not the sum of its ops')."""
         p = self.problem
-        if not p.serial:
-            return None
-        cost = np.asarray(p.cost, dtype=float)
-        alone = cost.sum(axis=0)
-        if not np.isfinite(alone).any():
-            return None
-        best = int(np.argmin(np.where(np.isfinite(alone), alone, np.inf)))
-        cheapest = float(cost.min(axis=1).sum())
-        return (cheapest, p.device_names[best], float(alone[best])) if cheapest > 0 else None
+        return float(np.asarray(p.cost, dtype=float).min(axis=1).sum()) if p.serial else None
 
     @property
     def copies(self) -> int:
@@ -250,11 +241,9 @@ class OptimizeResult:
                  *self.outside_note, *self.records_note, *self.overheads_note,
                  f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
-        if (room := self.mixing_room()) is not None and len(self.plan.devices) > 1:
-            cheapest, device, alone = room
-            lines.append(f"each op on its cheapest device: {_ms(cheapest, rate)} before copies "
-                         f"and calls; every op on {device}: {_ms(alone, rate)} (mixing gains "
-                         f"at most {alone / cheapest:.2f}x by these costs)")
+        if self.cheapest_ops_s is not None and len(self.plan.devices) > 1:
+            lines.append(f"each op on its cheapest device: {_ms(self.cheapest_ops_s, rate)} before "
+                         "copies and calls (no plan over these costs is predicted faster)")
         if self.expected_error:
             lines.append(f"expected error: {self.expected_error}")
         if self.delivery is not None:

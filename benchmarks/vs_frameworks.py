@@ -262,14 +262,13 @@ def _worker_module(cfg: dict) -> dict:
         here = _here_ms(m, model.module, args, work, cfg)
         build_ms = here.pop("build")
     plan = m.plan  # the build's: the result's, or a close call's
-    cheapest = m.result.cheapest_ops_s
     return {"runs": m.runs, "runs_note": m.runs_note, "ort_variant": m.ort_variant,
             "here_ms": here,
             "times_ms": {k: v * 1e3 for k, v in m.times.items()},
             "ms": ms, "n": n, "build_ms": build_ms,
             "predicted_ms": None if plan.predicted_s is None else plan.predicted_s * 1e3,
             "devices": [d.name for d in plan.devices], "ops": dict(Counter(plan.assignment)),
-            "cheapest_ms": None if cheapest is None else cheapest * 1e3,
+            "bound_ms": m.result.solution.bound * 1e3,
             "plan_threads": plan.threads,
             "kernels": m.result.kernels, "optimize_s": optimize_s, "first_call_s": first_call_s,
             "first_s": optimize_s + first_call_s, "steps_s": dict(m.result.steps_s),
@@ -687,7 +686,7 @@ def _module(m: dict | None, user, single) -> dict:
             "ms": m["ms"], "build_ms": m["build_ms"],
             "eager_here_ms": (m.get("here_ms") or {}).get("eager"), "times_ms": m["times_ms"],
             "m/p": m["build_ms"] / m["predicted_ms"] if m["predicted_ms"] else None,
-            "room": single[1] / m["cheapest_ms"] if single and m.get("cheapest_ms") else None,
+            "room": single[1] / m["bound_ms"] if single and m.get("bound_ms") else None,
             "ops": m["ops"], "first_s": m["first_s"], "first_call_s": m["first_call_s"],
             "steps_s": m["steps_s"], "other_s": m["optimize_s"] - sum(m["steps_s"].values()),
             "rel_error": m["rel_error"],
@@ -766,10 +765,10 @@ def _autoplace_table(pairs) -> list[str]:
         "contender that measured faster: eager, onnxruntime, torch.compile); module: its "
         "median, called back to back; build: the build's own; eager here: eager in the same "
         "process, in blocks turn by turn with the build; m/p: the build's measured/predicted; "
-        "room: the fastest single framework (measured) over the plan's ops each on its "
-        "cheapest device by the plan's costs, no copy or call charged (OptimizeResult."
-        "cheapest_ops_s): no mix over these costs is predicted faster, so room bounds what "
-        "mixing could gain; ops per device: the plan's. "
+        "room: the fastest single framework (measured) over the solver's proven lower bound "
+        "(summary()'s bound: at least each op on its cheapest device, no copy charged): no plan "
+        "over the plan's costs is predicted faster, so room bounds what mixing could gain; "
+        "ops per device: the plan's. "
         f"best/module: the fastest of eager, frozen and ORT over the module (target, defaults: "
         f">= {DEFAULTS_TARGET}x); here: the faster of eager and ORT over the module, the "
         "three timed in blocks turn by turn in the module's process (the frameworks' own "

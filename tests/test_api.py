@@ -30,9 +30,6 @@ def test_plan_predicts_no_worse_than_any_baseline(devs):
         assert res.predicted_latency_s <= value * (1 + 1e-9)
     assert res.plan.cost_sources == ("roofline",) * len(res.graph)
     assert "predicted latency" in res.summary()
-    # devices side by side: a plan's time is not the sum of its ops', so no bound from it
-    assert not res.problem.serial and res.cheapest_ops_s is None
-    assert "each op on its cheapest device" not in res.summary()
 
 
 def test_devices_that_cannot_run_an_op_never_get_it():

@@ -282,10 +282,10 @@ def test_a_plan_with_pytorch_calls_is_solved_as_one_thread_runs_it(convnet):
                                                       rel=1e-5, abs=1e-9)
     assert res.solution.value == pytest.approx(chosen.sum(), rel=1e-9)
     assert res.predicted_latency_s == pytest.approx(res.delivery.serial_s, rel=1e-9)
-    # no plan over these costs is predicted faster than each op on its cheapest device
-    assert res.cheapest_ops_s == pytest.approx(p.cost.min(axis=1).sum(), rel=1e-9)
-    assert res.cheapest_ops_s <= res.solution.value * (1 + 1e-9)
-    assert f"each op on its cheapest device: {res.cheapest_ops_s * 1e3:.4f} ms" in res.summary()
+    # the solver's bound, which the benchmark's room divides by: no plan over these costs is
+    # predicted faster, and it is at least each op on its cheapest device
+    assert res.solution.bound >= p.cost.min(axis=1).sum() * (1 - 1e-9)
+    assert res.solution.bound <= res.solution.value * (1 + 1e-9)
 
 
 def test_timing_ordinary_ops_on_pytorch_waits_once_for_tvms_pool(convnet, monkeypatch,

@@ -77,15 +77,6 @@ class OptimizeResult:
         return self.solution.value
 
     @property
-    def cheapest_ops_s(self) -> float | None:
-        """Seconds the plan's ops take each on its cheapest device, no copy or call between
-        devices charged: no plan over the costs the solver saw is predicted faster, so against
-        the fastest whole-model alternative it bounds what mixing devices can gain. None where
-        the devices run side by side (a plan's time is then not the sum of its ops')."""
-        p = self.problem
-        return float(np.asarray(p.cost, dtype=float).min(axis=1).sum()) if p.serial else None
-
-    @property
     def copies(self) -> int:
         """Cross-device copies the plan makes: one per tensor and destination device."""
         return len(copies_needed(self.problem, self.solution.assignment))
@@ -241,9 +232,6 @@ class OptimizeResult:
                  *self.outside_note, *self.records_note, *self.overheads_note,
                  f"predicted {what}: {_ms(self.predicted_latency_s, rate)}  (solver {s.solver}, "
                  f"{s.status}, bound {s.bound * 1e3:.4f} ms, gap {s.gap:.1%})"]
-        if self.cheapest_ops_s is not None and len(self.plan.devices) > 1:
-            lines.append(f"each op on its cheapest device: {_ms(self.cheapest_ops_s, rate)} before "
-                         "copies and calls (no plan over these costs is predicted faster)")
         if self.expected_error:
             lines.append(f"expected error: {self.expected_error}")
         if self.delivery is not None:

@@ -42,11 +42,10 @@ def _cumsum_of_bool():
 def _cli(*args, drained=False):
     """``python -m autoplace *args``. ``drained``: its output read as it comes (a pipe left
     unread stops a process that fills it), its last lines kept for ``p.tail()``."""
+    p = subprocess.Popen([sys.executable, "-m", "autoplace", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT if drained else subprocess.PIPE, text=True)
     if not drained:
-        return subprocess.Popen([sys.executable, "-m", "autoplace", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    p = subprocess.Popen([sys.executable, "-m", "autoplace", *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return p
     lines = collections.deque(maxlen=20)
     threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
     p.tail = lambda: "".join(lines)[-2000:] or "(nothing)"

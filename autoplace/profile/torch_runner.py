@@ -246,13 +246,13 @@ def time_fused_chain(nodes, policy: TimingPolicy, rng: np.random.Generator | Non
 #: Most bytes of inputs :func:`time_in_sequence` makes for one model's calls.
 SEQUENCE_MAX_BYTES = 1 << 30
 
-#: How long :func:`time_in_sequence` times a model's calls in sequence.
-SEQUENCE_POLICY = TimingPolicy(min_repeat_ms=5.0, min_repeats=3, max_repeats=41, round_size=5,
-                               cv_target=0.03, budget_s=1.0)
+#: How many rounds :func:`time_in_sequence` times (at least, at most), and for how long (none
+#: begun after that).
+SEQUENCE_ROUNDS = (3, 41)
+SEQUENCE_BUDGET_S = 1.0
 
 
-def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
-                     rng: np.random.Generator | None = None, place: str = "cpu"
+def time_in_sequence(nodes, rng: np.random.Generator | None = None, place: str = "cpu"
                      ) -> tuple[float, float, list[int]] | None:
     """``nodes``' PyTorch calls (op-graph nodes, in the model's order) run one after another on
     device ``place``, each on random inputs of its own shapes, as a build runs them where all
@@ -309,8 +309,9 @@ def time_in_sequence(nodes, policy: TimingPolicy = SEQUENCE_POLICY,
             sync()
 
         sequence(), twice()  # the first runs set up kernels and threads
-        walls = walls_in_rounds([sequence, twice], least=policy.min_repeats,
-                                most=policy.max_repeats, budget_s=policy.budget_s)
+        least, most = SEQUENCE_ROUNDS
+        walls = walls_in_rounds([sequence, twice], least=least, most=most,
+                                budget_s=SEQUENCE_BUDGET_S)
     seq, two = walls[:, 0], walls[:, 1]  # twice's second calls took two - seq
     return float(np.median(seq)), float(np.median((2 * seq - two) / len(calls))), ran
 

@@ -29,7 +29,7 @@ def _child(name: str, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from autoplace.pytorch import module as door
+    from autoplace.pytorch import contenders as door
 
     m = _models.load(name)
     inputs = [torch.from_numpy(x) for x in m.inputs]

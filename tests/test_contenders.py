@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 import autoplace  # noqa: E402
 from autoplace import Device  # noqa: E402
 from autoplace.pytorch import load_module, optimize_module  # noqa: E402
-from autoplace.pytorch import module as door  # noqa: E402
+from autoplace.pytorch import contenders as door  # noqa: E402
+from autoplace.pytorch.module import FORMAT  # noqa: E402
 from autoplace.report.result import COMPILED, EAGER, ONNXRUNTIME  # noqa: E402
 
 CPU = [Device.cpu(0)]
@@ -61,7 +62,7 @@ def assert_runs_the_fastest(m):
             if k != "build" and v < door.margin(k, m.plan) * m.times["build"]}
     best = min(beat, key=beat.get) if beat else None
     assert m.runs == (RUNS[best] if best else "build")
-    how = f" ({door._variant_text((m._eager.level, m._eager.threads))})" \
+    how = f" ({door.variant_text((m._eager.level, m._eager.threads))})" \
         if best == ONNXRUNTIME else ""
     assert f"runs {best or 'the build'}{how}: it measured" in m.summary()
     assert m.summary().endswith(m.runs_note)
@@ -129,7 +130,7 @@ def test_a_module_running_onnxruntime_saves_its_graph_and_loads_running_it(tmp_p
     with zipfile.ZipFile(tmp_path / "m.apmod") as z:
         meta = json.loads(z.read("meta.json"))
         assert "model.onnx" in z.namelist()
-    assert meta["format"] == door.FORMAT == 2 and meta["runs"] == ONNXRUNTIME
+    assert meta["format"] == FORMAT == 2 and meta["runs"] == ONNXRUNTIME
     assert meta["ort_level"] == "ORT_ENABLE_EXTENDED"
     loaded = load_module(tmp_path / "m.apmod")
     assert loaded.runs == "onnxruntime" and "ORT_ENABLE_EXTENDED" in loaded.summary()
@@ -267,7 +268,7 @@ def test_onnxruntime_chosen_on_several_threads_keeps_orts_default_wait(cnn_modul
         torch.testing.assert_close(m(x), model(x), atol=1e-4, rtol=1e-4)
     # on one thread there are no threads to wait: the timed session is kept
     one = door.OrtModel(door.onnx_bytes(model, [x]), "ORT_ENABLE_ALL", threads=1)
-    assert door._serving(one) is one and _stops_threads(one)
+    assert door.serving(one) is one and _stops_threads(one)
 
 
 def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_module, monkeypatch,

@@ -237,10 +237,10 @@ def _timed(**ms):
 
 
 def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch, tmp_path, caplog):
-    from autoplace.pytorch import module as module_mod
+    from autoplace.pytorch import contenders
 
     model, x = small_cnn(), torch.randn(1, 3, 8, 8)
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=2.0, eager=1.0))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=2.0, eager=1.0))
     m = optimize_module(model, (x,), CPU, **FAST)
     assert m.runs == "eager"
     assert "runs pytorch eager: it measured 1 ms a call here against build 2 ms" in m.summary()
@@ -254,19 +254,19 @@ def test_a_module_runs_the_model_eagerly_where_eager_measured_faster(monkeypatch
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=1e-5)
     # Within the margin, or asked not to, or a model in training mode: the build runs.
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=1.0, eager=0.99))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=1.0, eager=0.99))
     assert optimize_module(model, (x,), CPU, **FAST).runs == "build"
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=2.0, eager=1.0))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=2.0, eager=1.0))
     assert optimize_module(model, (x,), CPU, **FAST, eager_fallback=False).runs == "build"
     assert optimize_module(model.train(), (x,), CPU, **FAST).runs == "build"
     model.eval()
 
 
 def test_a_build_whose_outputs_differ_from_eager_is_not_run(monkeypatch, caplog):
-    from autoplace.pytorch import module as module_mod
+    from autoplace.pytorch import contenders, module as module_mod
 
     model, x = small_cnn(), torch.randn(1, 3, 8, 8)
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=1.0, eager=2.0))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=1.0, eager=2.0))
     right = module_mod.AutoplaceModule.run_flat
     monkeypatch.setattr(module_mod.AutoplaceModule, "run_flat",  # a build that is 10 % off
                         lambda self, inputs: [o * 1.1 for o in right(self, inputs)])
@@ -285,13 +285,13 @@ def test_a_build_whose_outputs_differ_from_eager_is_not_run(monkeypatch, caplog)
 
 
 def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, caplog):
-    from autoplace.pytorch import module as module_mod
+    from autoplace.pytorch import contenders
 
     model, x = small_cnn(), torch.randn(1, 3, 8, 8)
     compiled = []
-    monkeypatch.setattr(module_mod, "_compiled",
+    monkeypatch.setattr(contenders, "_compiled",
                         lambda m, inputs: compiled.append(m) or (lambda *a: m(*a)))
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=2.0, eager=1.5, compiled=1.0))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=2.0, eager=1.5, compiled=1.0))
     m = optimize_module(model, (x,), CPU, **dict(FAST, torch_compile=True))
     assert compiled == [model] and m.runs == "torch.compile"
     assert m.result.baselines["torch.compile"] == pytest.approx(1e-3)
@@ -307,12 +307,12 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
     by_default = {k: v for k, v in FAST.items() if k != "torch_compile"}
     m = optimize_module(model, (x,), CPU, **by_default)
     assert compiled == []
-    monkeypatch.setattr(module_mod, "_onnxruntime", lambda *a, **k: None)
+    monkeypatch.setattr(contenders, "_onnxruntime", lambda *a, **k: None)
     m = optimize_module(model, (x,), CPU, **by_default)
     assert compiled == [model] and m.runs == "torch.compile"
     # Where Inductor fails, a warning says why and the module runs what measured fastest.
     monkeypatch.undo()
-    monkeypatch.setattr(module_mod, "_blocks", _timed(build=1.0, eager=2.0, compiled=0.1))
+    monkeypatch.setattr(contenders, "_blocks", _timed(build=1.0, eager=2.0, compiled=0.1))
     monkeypatch.setattr(torch, "compile", lambda *a, **k: (_ for _ in ()).throw(
         RuntimeError("no C++ compiler")))
     with caplog.at_level("WARNING"):
@@ -323,7 +323,7 @@ def test_torch_compile_is_a_measured_baseline_the_module_may_run(monkeypatch, ca
 
 @pytest.mark.slow
 def test_torch_compile_really_compiles_the_model():
-    from autoplace.pytorch.module import _compiled
+    from autoplace.pytorch.contenders import _compiled
 
     model, x = small_cnn(), torch.randn(1, 3, 8, 8)
     compiled = _compiled(model, (x,))

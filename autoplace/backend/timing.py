@@ -16,7 +16,7 @@ import numpy as np
 #: of another must be, from then on, for it to be timed no more. After two rounds, far beyond
 #: the margins a choice turns on, so that only samples that each met a slow phase the fastest's
 #: all missed could drop one that would have been chosen; after three, beyond the widest margin
-#: a model's contenders are chosen by (``1 / autoplace.pytorch.module.EAGER_MARGIN``): three
+#: a model's contenders are chosen by (``1 / autoplace.pytorch.contenders.EAGER_MARGIN``): three
 #: samples each slower than all three of the fastest's, by more than a margin, in rounds that
 #: met the machine's phases alike.
 BEHIND = {2: 1.5, 3: 1.05}

@@ -14,8 +14,8 @@ import torch
 from autoplace.api import optimize
 from autoplace.devices import Device
 from autoplace.frontends import export_torch, from_exported
-from autoplace.pytorch.module import (AutoplaceModule, TensorSpec, _eager_s, build_of, contend,
-                                      default_devices)
+from autoplace.pytorch.contenders import contend, time_eager
+from autoplace.pytorch.module import AutoplaceModule, TensorSpec, build_of, default_devices
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class AutoplaceBackend:
             wrapper = _Frozen(gm, args, weights, scalars, user, computed)
             eager = _Frozen(gm, args, weights, scalars, user, computed, as_dynamo=True)
             inputs = [args[k] for k in user]
-            eager_s, note = _eager_s(eager, inputs) if self.eager_fallback else (None, "")
+            eager_s, note = time_eager(eager, inputs) if self.eager_fallback else (None, "")
             exported = export_torch(wrapper, inputs)
             sig = exported.graph_signature
             if sig.buffers_to_mutate or sig.user_inputs_to_mutate:

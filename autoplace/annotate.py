@@ -314,7 +314,8 @@ def _ort_call(mod, span, func_name: str, args, types, threads: int = 1,
     """The call of ``span`` as a registered ORT session on ``threads`` intra-op threads, at
     graph optimization ``level``; with no level, the level, and unless ``fixed`` the thread
     count (``threads`` or one), that run it fastest here."""
-    from autoplace.backend.ort_segments import fastest_variant, register, relax_call
+    from autoplace.backend.ort_profiling import fastest_variant
+    from autoplace.backend.ort_segments import register, relax_call
     from autoplace.graph.segments import export
 
     segment = export(mod, span, func_name)

@@ -2,7 +2,7 @@
 
 Where a plan runs on several threads, the ORT device's segments are priced at the plan's thread
 count and at one (on a small graph, one thread can be the faster), and run at whichever ran the
-largest segment faster (``autoplace.backend.ort_segments.fastest_variant``). Per model, this
+largest segment faster (``autoplace.backend.ort_profiling.fastest_variant``). Per model, this
 prices the ORT device at ``--threads`` (what it chose, and what each variant of the largest
 segment took), then builds the plan that puts every op ORT can run on it (the others on TVM) at
 each thread count, and times the builds in blocks, turn by turn, in this process. ``chosen /
@@ -28,7 +28,7 @@ DEFAULT_MODELS = ("zoo:transformer", "zoo:resnet", "resnet18", "mobilenet_v3_sma
 def _row(name: str, threads: int, rounds: int) -> list[str]:
     import autoplace
     from autoplace import Device
-    from autoplace.backend.ort_segments import thread_options
+    from autoplace.backend.ort_profiling import thread_options
     from autoplace.graph import OpGraph
     from autoplace.plan import Plan
     from autoplace.profile.ort_timings import time_ort_device

@@ -320,10 +320,10 @@ def test_onnxruntime_is_timed_on_one_thread_too_and_runs_on_the_faster(cnn_modul
 def test_ort_on_the_whole_model_wins_a_tie_with_a_build_of_ort_segments(monkeypatch):
     # The build's ORT segments are cut from the model ORT runs whole: as fast, it is the same
     # work without the VM's calls between segments. Against eager, the build keeps a tie.
-    from autoplace.backend import ort_segments
+    from autoplace.backend import ort_profiling
 
     # ORT's fusions kept, whatever this machine measures: the contenders are the ones listed
-    monkeypatch.setattr(ort_segments, "slower_fusions", lambda *a, **k: ((), {}))
+    monkeypatch.setattr(ort_profiling, "slower_fusions", lambda *a, **k: ((), {}))
     model, x = cnn(), torch.randn(1, 3, 16, 16)
     ort = Device.onnxruntime()
     m = optimize_module(model, (x,), CPU + [ort], **FAST, pins=[("op:nn.conv2d", "ort")],
@@ -365,11 +365,11 @@ def test_ort_on_the_whole_model_is_timed_without_the_fusions_its_device_measured
         monkeypatch):
     from torch_models import skip_norm
 
-    from autoplace.backend import ort_segments
+    from autoplace.backend import ort_profiling
 
     model, x = skip_norm()
     # the ORT device's search found the fused node slower than the two it replaces
-    monkeypatch.setattr(ort_segments, "slower_fusions",
+    monkeypatch.setattr(ort_profiling, "slower_fusions",
                         lambda *a, **k: (("SkipLayerNormFusion",), {}))
     timed = []
 

@@ -14,7 +14,7 @@ import tvm  # noqa: E402
 
 import autoplace  # noqa: E402
 from autoplace import Device, RooflineCostModel  # noqa: E402
-from autoplace.backend import ort_segments  # noqa: E402
+from autoplace.backend import ort_profiling, ort_segments  # noqa: E402
 from autoplace.graph import OpGraph  # noqa: E402
 from autoplace.graph.segments import cut, export  # noqa: E402
 from autoplace.plan import Plan  # noqa: E402
@@ -121,7 +121,7 @@ def test_profile_splits_the_segment_among_its_ops(branchy):
     _, _, mod, graph = branchy
     span, = cut(mod["main"], [True] * len(graph.nodes))
     seg = export(mod, span)
-    times = ort_segments.profile(seg, runs=5, weights={n.name: n.flops for n in graph.nodes})
+    times = ort_profiling.profile(seg, runs=5, weights={n.name: n.flops for n in graph.nodes})
     assert times.whole_s > 0 and all(v >= 0 for v in times.ops.values())
     assert sum(times.ops.values()) <= times.whole_s * 1.5  # the nodes fit in the call
     convs = [n.name for n in graph.nodes if n.op_type == "nn.conv2d"]
@@ -144,7 +144,7 @@ def test_nodes_ort_fuses_under_names_of_their_own_and_its_executor_are_charged_t
     mod = autoplace.from_torch(Block().eval(), (torch.randn(1, 8, 32),))
     graph = OpGraph.from_relax(mod)
     span, = cut(mod["main"], [True] * len(graph.nodes))
-    times = ort_segments.profile(export(mod, span), level="all", runs=5)
+    times = ort_profiling.profile(export(mod, span), level="all", runs=5)
     assert sum(times.ops.values()) == pytest.approx(times.whole_s) and times.other_s > 0
     assert times.added_s == 0.0  # no node left without an op
     norm = next(n.name for n in graph.nodes if n.op_type == "nn.layer_norm")
@@ -183,7 +183,7 @@ def test_hard_swish_as_torch_export_splits_it_is_one_onnx_node_again(monkeypatch
     assert tails and all(seg.onnx_nodes[t] for t in tails)  # each op has its node(s)
     for t in tails:
         assert all(ort_segments.op_of(o, seg.ops) for o in seg.onnx_nodes[t])
-    times = ort_segments.profile(seg, runs=3)
+    times = ort_profiling.profile(seg, runs=3)
     assert all(times.ops[t] > 0 for t in tails)  # the node's time shared among its ops
 
     # without onnxscript, the segment is ORT's to run as exported
@@ -334,8 +334,8 @@ def test_a_build_gives_ort_segments_the_plans_level_and_measures_one_it_lacks(br
     plan = Plan.from_assignment(graph, DEVICES, ["ort"] * len(graph.nodes),
                                 ort_levels=(("ort", "basic"),))
     measured, registered = [], []
-    real_variant, real_register = ort_segments.fastest_variant, ort_segments.register
-    monkeypatch.setattr(ort_segments, "fastest_variant",
+    real_variant, real_register = ort_profiling.fastest_variant, ort_segments.register
+    monkeypatch.setattr(ort_profiling, "fastest_variant",
                         lambda *a, **k: measured.append(1) or real_variant(*a, **k))
     monkeypatch.setattr(ort_segments, "register",
                         lambda seg, threads, level: registered.append((level, threads))
@@ -466,13 +466,13 @@ def test_levels_far_behind_are_timed_no_more(monkeypatch):
             clock[0] += self.cost
 
     sessions = [Timed(0, 1e-3), Timed(1, 1.2e-3), Timed(2, 2e-3)]
-    walls = ort_segments._walls_in_turn(sessions, [], runs=10, warm=0,
+    walls = ort_profiling._walls_in_turn(sessions, [], runs=10, warm=0,
                                         drop_above={2: 1.5, 3: 1.05})
     # Two rounds of all three, then the one at 2x the fastest is out; after the third the
     # one at 1.2x too, and with the fastest alone left the rounds end.
     assert [len(w) for w in walls] == [3, 3, 2]
     assert walls[2] == pytest.approx([2e-3, 2e-3])
-    walls = ort_segments._walls_in_turn(sessions, [], runs=10, warm=0)  # none dropped
+    walls = ort_profiling._walls_in_turn(sessions, [], runs=10, warm=0)  # none dropped
     assert [len(w) for w in walls] == [10, 10, 10]
 
 
@@ -487,8 +487,9 @@ def test_the_largest_segment_is_profiled_once_at_the_level_chosen(branchy, monke
         made.append((level, profile_prefix is not None))
         return real(onnx, threads, level, profile_prefix, *args, **kwargs)
 
-    monkeypatch.setattr(ort_segments, "session", counted)
-    monkeypatch.setattr(ort_segments, "slower_fusions", lambda *a, **k: ((), {}))
+    for where in (ort_segments, ort_profiling):  # a segment's own sessions, and others
+        monkeypatch.setattr(where, "session", counted)
+    monkeypatch.setattr(ort_profiling, "slower_fusions", lambda *a, **k: ((), {}))
     monkeypatch.setattr(ort_timings, "host_call", lambda threads, between: 1e-5)
     timings = time_ort_device(mod, graph, Device.onnxruntime(), runs=3, db=tmp_path / "p.db")
     assert timings.segments == 1
@@ -507,8 +508,8 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
     _, _, mod, graph = branchy
     span, = cut(mod["main"], [True] * len(graph.nodes))
     seg = export(mod, span)
-    assert ort_segments.thread_options(1) == (1,)
-    assert ort_segments.thread_options(4) == (4, 1)
+    assert ort_profiling.thread_options(1) == (1,)
+    assert ort_profiling.thread_options(4) == (4, 1)
     extended = ort_segments.session(seg.onnx, 1, "extended").get_session_options() \
         .graph_optimization_level
 
@@ -519,8 +520,8 @@ def test_fastest_variant_times_each_level_at_the_threads_given_and_at_one(branch
         return [[1e-3 if (o.intra_op_num_threads, o.graph_optimization_level) == (1, extended)
                  else 2e-3] * 3 for o in opts]
 
-    monkeypatch.setattr(ort_segments, "_walls_in_turn", walls)
-    level, threads, times = ort_segments.fastest_variant(seg, 2, runs=3)
+    monkeypatch.setattr(ort_profiling, "_walls_in_turn", walls)
+    level, threads, times = ort_profiling.fastest_variant(seg, 2, runs=3)
     assert (level, threads) == ("extended", 1)
     levels = {("all", 2): 2e-3, ("all", 1): 2e-3, ("extended", 2): 2e-3, ("extended", 1): 1e-3}
     assert {k: times[k] for k in levels} == levels
@@ -550,7 +551,7 @@ def test_a_level_names_the_fusions_it_disables_and_ort_runs_without_them(skip_no
     for level in ("extended", "extended-SkipLayerNormFusion"):
         path = str(tmp_path / f"{level}.onnx")
         sess = ort_segments.session(seg.onnx, 1, level, optimized=path)
-        kinds[level] = ort_segments._node_kinds(path)
+        kinds[level] = ort_profiling._node_kinds(path)
         got, = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
         np.testing.assert_allclose(got, _want(model, x), rtol=1e-4, atol=1e-5)
     assert kinds["extended"]["com.microsoft:SkipLayerNormalization"] == 1
@@ -594,9 +595,10 @@ def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
             rounds.append([s.autoplace_level for s in sessions])
         return walls(sessions, feeds, runs)
 
-    monkeypatch.setattr(ort_segments, "session", tagged)
-    monkeypatch.setattr(ort_segments, "_walls_in_turn", in_turn)
-    level, threads, times = ort_segments.fastest_variant(seg, 1, runs=3)
+    for where in (ort_segments, ort_profiling):  # a segment's own sessions, and others
+        monkeypatch.setattr(where, "session", tagged)
+    monkeypatch.setattr(ort_profiling, "_walls_in_turn", in_turn)
+    level, threads, times = ort_profiling.fastest_variant(seg, 1, runs=3)
     assert times[("extended-SkipLayerNormFusion", 1)] == pytest.approx(without * 1e-3)
     assert level == ("extended-SkipLayerNormFusion" if disabled else "extended")
     assert threads == 1
@@ -605,17 +607,17 @@ def test_a_fusion_stays_disabled_only_where_the_segment_runs_faster_without_it(
     assert rounds[1][0] == "extended" and "extended-SkipLayerNormFusion" in rounds[1]
     assert rounds[2][0] == "extended"
     assert ("extended-SkipLayerNormFusion" in rounds[2]) == (
-        without <= 1 + ort_segments.EARLY_DROP)
+        without <= 1 + ort_profiling.EARLY_DROP)
 
 
 @pytest.mark.parametrize("share, tried", [(0.02, False), (0.5, True)])
 def test_a_fusion_is_tried_only_where_its_nodes_take_enough_of_the_call_to_win(
         skip_norm, monkeypatch, share, tried):
     # without its fused nodes, at most their time is saved: under the margin, nothing to win
-    monkeypatch.setattr(ort_segments, "_kind_shares", lambda *a: {
+    monkeypatch.setattr(ort_profiling, "_kind_shares", lambda *a: {
         "com.microsoft:SkipLayerNormalization": share, "ai.onnx:MatMul": 1 - share})
     feeds = ort_segments.random_inputs(skip_norm[-1].inputs)
-    _, times = ort_segments.slower_fusions(skip_norm[-1].onnx, "extended", 1, feeds, runs=3)
+    _, times = ort_profiling.slower_fusions(skip_norm[-1].onnx, "extended", 1, feeds, runs=3)
     assert ("extended-SkipLayerNormFusion" in times) == tried
 
 
@@ -627,11 +629,11 @@ def test_segments_are_priced_and_stored_at_the_threads_that_ran_fastest(branchy,
     _, _, mod, graph = branchy
     ort, db = Device.onnxruntime(), tmp_path / "prof.db"
     times = {("all", 2): 3e-4, ("all", 1): 2e-4, ("extended", 2): 4e-4, ("extended", 1): 5e-4}
-    monkeypatch.setattr(ort_segments, "fastest_variant", lambda seg, threads, runs, **_: (
+    monkeypatch.setattr(ort_profiling, "fastest_variant", lambda seg, threads, runs, **_: (
         "all", 1, {k: v for k, v in times.items() if k[1] in (threads, 1)}))
     profiled, called = [], []
-    real_profile = ort_segments.profile
-    monkeypatch.setattr(ort_segments, "profile", lambda seg, threads, *a, **k: (
+    real_profile = ort_profiling.profile
+    monkeypatch.setattr(ort_profiling, "profile", lambda seg, threads, *a, **k: (
         profiled.append(threads) or real_profile(seg, threads, *a, **k)))
     monkeypatch.setattr(ort_timings, "host_call",
                         lambda threads, between: called.append(threads) or 1e-5)
@@ -875,7 +877,7 @@ def test_the_ort_call_is_measured_from_the_vm_on_segments_of_one_node(caplog):
     sess = seg.session()
     (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-x)), rtol=1e-5)
-    assert set(ort_segments.profile(seg, runs=3).ops) == {"sigmoid"}  # its node is the op's
+    assert set(ort_profiling.profile(seg, runs=3).ops) == {"sigmoid"}  # its node is the op's
     with caplog.at_level("WARNING"):
         seconds = ort_timings.measure_call(1, calls=2, between_bytes=1 << 20, rounds=1)
     if "could not measure" in caplog.text:  # a busy machine: the call no slower than its nodes

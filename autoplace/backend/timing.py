@@ -1,7 +1,7 @@
 """Timing callables against each other: when to stop timing a contender that is far behind, the
 rule every race of callables in turn applies (a model's contenders,
 :func:`autoplace.run.overhead.blocks_s`; an ORT segment's graph optimization levels,
-:func:`autoplace.backend.ort_segments.fastest_variant`); and rounds whose figures are compared
+:func:`autoplace.backend.ort_profiling.fastest_variant`); and rounds whose figures are compared
 within each (:func:`walls_in_rounds`)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ exports every run of ops the device can take as one segment
 (:func:`autoplace.graph.segments.cut`, :func:`~autoplace.graph.segments.export`), measures which
 graph optimization level and intra-op thread count run the largest fastest here, and profiles
 each segment with ORT's profiler at them: each op costs what its nodes of the optimized graph took
-(:func:`autoplace.backend.ort_segments.profile`). What entering and leaving a segment costs (the
+(:func:`autoplace.backend.ort_profiling.profile`). What entering and leaving a segment costs (the
 call from the VM, the layout reorders ORT adds at its edges) is charged per tensor that crosses
 (:attr:`OrtTimings.edge_s`, and per byte, :attr:`OrtTimings.edge_byte_s`: the reorders grow with
 the tensor), on the links between the device and TVM's.
@@ -185,7 +185,7 @@ def _keep(path, t: OrtTimings) -> None:
 def ort_info(device: Device, threads: int = 1) -> dict:
     """What makes an ORT device's figures comparable: the CPU, ONNX Runtime's and PyTorch's
     (its exporter's) versions, the thread count, the variants timed to choose the session's
-    (:func:`~autoplace.backend.ort_segments.fastest_variant`) (fingerprinted by
+    (:func:`~autoplace.backend.ort_profiling.fastest_variant`) (fingerprinted by
     :func:`~autoplace.profile.measure.fingerprint`)."""
     import platform
 
@@ -271,7 +271,8 @@ def store_timings(store, graph: OpGraph, device: Device, timings: OrtTimings) ->
 
 def _timed(mod, graph: OpGraph, device: Device, func_name: str, threads: int,
            runs: int) -> OrtTimings:
-    from autoplace.backend.ort_segments import OrtSegmentError, fastest_variant, profile
+    from autoplace.backend.ort_profiling import fastest_variant, profile
+    from autoplace.backend.ort_segments import OrtSegmentError
     from autoplace.graph.segments import cut, export
 
     on = runnable(graph, device)
@@ -366,7 +367,8 @@ def measure_call(threads: int = 1, calls: int = 8, shape=(64, 8, 8),
     :data:`DEFAULT_CALL_S`, with a warning."""
     from tvm import relax
 
-    from autoplace.backend.ort_segments import profile, register, relax_call
+    from autoplace.backend.ort_profiling import profile
+    from autoplace.backend.ort_segments import register, relax_call
     from autoplace.profile.cold_calls import cold_call_seconds
 
     ty = relax.TensorType(list(shape), "float32")

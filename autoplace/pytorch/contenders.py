@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.utils._pytree as pytree
 
-from autoplace.backend.ort_segments import (level_parts, level_text, onnx_export, own_run,
-                                             session, thread_options)
+from autoplace.backend.ort_profiling import thread_options
+from autoplace.backend.ort_segments import level_parts, level_text, onnx_export, own_run, session
 from autoplace.backend.timing import BEHIND
 from autoplace.plan import Plan
 from autoplace.report.result import COMPILED, EAGER, ONNXRUNTIME, with_measured_baseline
@@ -188,7 +188,7 @@ ORT_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED")
 def ort_threads() -> tuple[int, ...]:
     """The intra-op thread counts ONNX Runtime on the whole model is timed at: PyTorch's
     count (the threads the caller gives the model), and one where that is more
-    (:func:`~autoplace.backend.ort_segments.thread_options`)."""
+    (:func:`~autoplace.backend.ort_profiling.thread_options`)."""
     return thread_options(torch.get_num_threads())
 
 
@@ -228,7 +228,7 @@ def _onnxruntime(model, inputs: Sequence[torch.Tensor], source=None,
 
 def disabled_fusions(result) -> tuple[str, ...]:
     """The fusions of ORT's that ``result``'s ONNX Runtime devices run without (measured slower
-    on the model's largest segment, :func:`~autoplace.backend.ort_segments.fastest_variant`):
+    on the model's largest segment, :func:`~autoplace.backend.ort_profiling.fastest_variant`):
     ORT on the whole model is timed without them too."""
     from autoplace.predict.ort_costs import OrtCostModel
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.utils._pytree as pytree
@@ -20,9 +19,6 @@ from autoplace.backend.timing import BEHIND
 from autoplace.plan import Plan
 from autoplace.report.result import COMPILED, EAGER, ONNXRUNTIME, with_measured_baseline
 from autoplace.run.overhead import blocks_s, turns_s
-
-if TYPE_CHECKING:
-    from autoplace.pytorch.module import AutoplaceModule
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +43,14 @@ def margin(contender: str, plan: Plan) -> float:
             return 1.0
     return EAGER_MARGIN
 
-def contend(module: AutoplaceModule, model, inputs: Sequence[torch.Tensor], eager_s: float,
-            note: str, *, eager_fallback: bool = True, torch_compile: bool | None = None,
+
+def contend(module, model, inputs: Sequence[torch.Tensor], eager_s: float, note: str, *,
+            eager_fallback: bool = True, torch_compile: bool | None = None,
             onnx_source=None) -> None:
-    """Check ``module``'s build against ``model`` run eagerly on ``inputs`` and time it against
-    the whole-model alternatives a PyTorch user has, making ``module`` run the fastest of
-    those that beat the build by their :func:`margin` (:meth:`AutoplaceModule.run_eagerly
-    <autoplace.pytorch.module.AutoplaceModule.run_eagerly>`).
+    """Check ``module``'s build (an :class:`~autoplace.pytorch.module.AutoplaceModule`) against
+    ``model`` run eagerly on ``inputs`` and time it against the whole-model alternatives a
+    PyTorch user has, making ``module`` run the fastest of those that beat the build by their
+    :func:`margin` (:meth:`~autoplace.pytorch.module.AutoplaceModule.run_eagerly`).
 
     ``eager_s``: eager's seconds a call, timed before the build (``note``: how), recorded among
     the baselines. A build whose outputs differ from eager's is replaced by eager (unless

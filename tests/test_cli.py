@@ -202,3 +202,18 @@ def test_solve_refuses_a_time_limit_that_is_not_positive(bench, limit):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == (f"autoplace solve: error: time_limit must be positive seconds, "
                                 f"got {float(limit)!r}")
+
+
+def test_the_tune_advice_names_only_the_devices_whose_kernels_tvm_builds():
+    from types import SimpleNamespace
+
+    from autoplace.cli.optimize import _unseen_machine_advice
+
+    args = SimpleNamespace(no_profile=True, model="zoo:resnet", db="p.db",
+                           device=["cpu:0", "torch:cpu", "ort:cpu", "cpu:1:generic"])
+    res = SimpleNamespace(cost_model="measured")
+    advice = _unseen_machine_advice(args, res, None, {"default": 3, "tuned": 0})
+    tune = re.search(r"autoplace tune [^&(]*", advice).group(0)
+    assert tune.split() == ["autoplace", "tune", "--model", "zoo:resnet", "--device", "cpu:0",
+                            "--device", "cpu:1:generic", "--db", "p.db", "--trials", "64"]
+    assert _unseen_machine_advice(args, res, None, {"default": 3, "tuned": 2}) is None

@@ -147,6 +147,7 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     """One line when nothing measured on these devices was used: no profile matched (roofline
     costs) or no tuning record did (every kernel default), with the commands that fix it and
     how long they take."""
+    from autoplace import Device
     from autoplace.tuning.tuner import SECONDS_PER_TRIAL
 
     profiled = args.no_profile or not res.cost_model.startswith("roofline")  # asked for roofline
@@ -156,7 +157,7 @@ def _unseen_machine_advice(args, res, model, kernels: dict) -> str | None:
     spec = args.model or options.default_model()
     every = " ".join(f"--device {d}" for d in args.device)
     devs = " ".join(f"--device {d}" for d in args.device  # a runtime's kernels are not tuned
-                    if not d.strip().startswith(("torch", "ort", "onnxruntime")))
+                    if Device.from_spec(d).runtime == "tvm")
     db = getattr(args, "db", None) or "prof.db"
     steps, seconds = [], 0.0
     if not profiled:
